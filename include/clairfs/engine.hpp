@@ -1,0 +1,35 @@
+// The seam between the FUSE front-end and whatever serves file bytes.
+//
+// The front-end translates each kernel request into one call here and replies with the result; it holds
+// no policy. Today the only implementation reads SOURCE directly (SourceReader); the clairvoyant engine
+// (staging, tiers, peers) implements the same interface, so the front-end does not change.
+//
+// Every call is on the data path: it returns -errno, never throws, and never returns bytes it has not
+// verified belong to the file the manifest describes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Opens regular file `id` for reading. On success stores an opaque handle and returns 0.
+  virtual int open(EntryId id, uint64_t* handle) = 0;
+
+  // Reads up to `size` bytes at `offset` into `buf`; returns the byte count (short only at end of file)
+  // or -errno.
+  virtual ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) = 0;
+
+  // Ends a handle from open(). Never fails.
+  virtual void release(uint64_t handle) = 0;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,107 @@
+// The manifest: an immutable index of SOURCE, built once at mount (or loaded from `clairfs index`).
+//
+// Entries are laid out breadth first: entry 0 is the root, and the children of every directory are
+// contiguous and sorted by name (byte order), so a lookup is a binary search and a readdir is a slice.
+// An entry's id is its position; the FUSE inode number is id + 1. Each entry is 56 bytes plus its name
+// (and a symlink's target) in one shared blob.
+//
+// On top of the tree the manifest computes the *samples*: the files torchvision's ImageFolder would list,
+// in its order (classes sorted, directories of a class walked following symlinks and visited in the order
+// of their sorted path strings, file names sorted in each). Sample i is the file a DataLoader index i
+// opens; the oracle speaks in sample indices. A sample names the regular file it resolves to inside
+// SOURCE, or, when it resolves outside SOURCE or nowhere, the entry as walked.
+//
+// The on-disk form is the in-memory arrays behind a header with a hash, so loading is one read plus a
+// validation pass that rejects anything that could make a lookup go out of bounds.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace clairfs {
+
+using EntryId = uint32_t;
+constexpr EntryId kNoEntry = 0xffffffffu;
+
+struct Entry {
+  uint64_t size = 0;       // bytes; for symlinks the target's length
+  int64_t mtime_ns = 0;    // nanoseconds since the epoch
+  uint64_t name_off = 0;   // into the name blob; a symlink's target follows its name
+  uint32_t mode = 0;       // st_mode: type and permission bits
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  EntryId parent = 0;       // the root is its own parent
+  EntryId first_child = 0;  // directories only
+  uint32_t child_count = 0;
+  uint16_t name_len = 0;
+  uint16_t link_len = 0;
+  uint32_t subdir_count = 0;  // directories: children that are directories (for st_nlink)
+};
+static_assert(sizeof(Entry) == 56, "Entry is part of the manifest file format");
+
+// A data set class: a directory (or symlink to one) directly under the root.
+struct SampleClass {
+  EntryId entry;         // the root's child that names the class
+  uint64_t first_sample;  // its samples are [first_sample, next class's first_sample)
+};
+
+class Manifest {
+ public:
+  // Scans SOURCE (an absolute path) once. Unreadable subdirectories are listed empty, with a warning
+  // on stderr. Throws std::runtime_error if SOURCE itself cannot be read.
+  static Manifest scan(const std::string& source, const std::vector<std::string>& extensions);
+
+  // Loads a file written by save(). `source` is where SOURCE is now (absolute symlink targets inside it
+  // stay inside); empty means where it was when indexed. Throws std::runtime_error naming the defect.
+  static Manifest load(const std::string& file, const std::vector<std::string>& extensions,
+                       const std::string& source = "");
+
+  // Writes the tree (not the samples, which depend on extensions) atomically: temp file + rename.
+  void save(const std::string& file) const;
+
+  size_t size() const { return entries_.size(); }
+  const Entry& entry(EntryId id) const { return entries_[id]; }
+  std::string_view name(EntryId id) const;
+  std::string_view link_target(EntryId id) const;
+  bool is_dir(EntryId id) const;
+
+  // The child of `dir` named `name`, or kNoEntry.
+  EntryId lookup(EntryId dir, std::string_view name) const;
+  // Path relative to the root ("" for the root itself).
+  std::string path(EntryId id) const;
+  // Path components from the root down to id.
+  std::vector<std::string_view> components(EntryId id) const;
+
+  const std::vector<EntryId>& samples() const { return samples_; }
+  const std::vector<SampleClass>& classes() const { return classes_; }
+  // Warnings from the sample walk (symlink cycles, symlinks leaving SOURCE).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  // Total bytes held for the index (entries, names, samples).
+  size_t memory_bytes() const;
+
+  // Builders used by scan(); public for unit tests that build trees without a file system.
+  // REQUIRES: entries in breadth-first layout as described above.
+  static Manifest from_parts(std::vector<Entry> entries, std::string names,
+                             const std::vector<std::string>& extensions, std::string source_root);
+
+ private:
+  void validate() const;  // throws std::runtime_error
+  void compute_samples(const std::vector<std::string>& extensions);
+  // Follows symlinks (up to 40, like the kernel) from `id`; kNoEntry if it leaves SOURCE or dangles.
+  EntryId resolve(EntryId id) const;
+  EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
+
+  std::vector<Entry> entries_;
+  std::string names_;
+  std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
+  std::vector<EntryId> samples_;
+  std::vector<SampleClass> classes_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,107 @@
+// Mount options: what the user asked for, validated once at start-up.
+//
+// `parse_mount_command` turns `clairfs SOURCE MOUNTPOINT [-f] [-o OPTS]` into an Options value. The -o
+// string is split and normalised here (`-` and `_` spell the same key; list values such as `ranks=0,2,5`
+// may run across commas), then matched by libfuse's option parser against one template per option.
+// Every bad input throws UsageError whose message is one line naming the culprit; main() prints it and
+// exits 2 without mounting. Options that later parts of the engine consume are validated here already,
+// so a job script fails at mount time, not hours into a run.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace clairfs {
+
+// A bad command line, option or path given by the user. what() is one line naming the culprit.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// --help or --version: what() is the text to print on stdout; exit 0.
+class HelpRequested : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Seeds are Python ints; torch accepts [-2^63, 2^64) and the oracle adds the epoch, so 128 bits.
+__extension__ typedef __int128 SeedInt;
+__extension__ typedef unsigned __int128 SeedUint;
+
+enum class Order { kTorch, kTorchRandom, kSequential, kList, kClairfs };
+
+const char* order_name(Order order);
+
+struct Options {
+  std::string source;      // as given; absolute path in source_abs
+  std::string source_abs;  // realpath of SOURCE
+  std::string mountpoint;  // as given
+  std::string mountpoint_abs;
+
+  bool foreground = false;
+  bool debug = false;
+
+  // Training schedule (consumed by the oracle).
+  SeedInt seed = 0;  // Python int semantics; torch accepts [-2^63, 2^64).
+  uint64_t batch_size = 1;
+  uint64_t world_size = 1;
+  std::vector<uint64_t> ranks;  // training ranks this mount serves, sorted, unique
+  bool ranks_given = false;
+  uint64_t ranks_per_node = 0;  // 0: not given
+  std::optional<uint64_t> epochs;  // empty: unbounded
+  uint64_t start_epoch = 0;
+  bool drop_last = false;
+  bool loader_drop_last = false;
+  uint64_t workers = 0;
+  uint64_t prefetch_factor = 2;
+  Order order = Order::kTorch;
+  std::string order_file;
+  std::vector<std::string> extensions;  // lower case, with leading '.'
+
+  // Caches (consumed by the engine).
+  uint64_t ram = 0;  // bytes; 0: engine default
+  std::string nvme;
+  uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
+  std::string manifest;
+
+  // Kernel caching of names and attributes. The data set is immutable during training, so long.
+  double entry_timeout = 86400.0;
+  double attr_timeout = 86400.0;
+
+  // FUSE's own, passed to libfuse.
+  bool allow_other = false;
+  bool default_permissions = false;
+  bool auto_unmount = false;
+  std::string fsname;  // default: SOURCE
+  std::vector<std::string> mount_flags;  // dev, nosuid, noatime, ...: handed to the kernel's mount
+};
+
+// The extensions torchvision's ImageFolder accepts (IMG_EXTENSIONS).
+const std::vector<std::string>& default_extensions();
+
+// Parses a size with an optional binary suffix: 4096, 64K, 1.5G, 2TiB, 512MB. Throws UsageError
+// naming `what` on anything else.
+uint64_t parse_size(const std::string& what, const std::string& text);
+
+// Parses a rank list: "3", "0-3", "0,2,5", "0-3:8" (':' and ',' both separate). Sorted, unique.
+std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string& text);
+
+// Parses an extension list: "jpg:png" or ".JPG,.png". Lower case, with leading '.'.
+std::vector<std::string> parse_extensions(const std::string& text);
+
+// Splits a -o string at unescaped commas and normalises keys; list-valued options absorb the bare
+// tokens that follow them ("ranks=0,2,5" stays one option). Exposed for tests.
+std::vector<std::string> split_option_string(const std::string& text);
+
+// Parses the whole command line (argv[0] included). Does not touch the file system except to check
+// that SOURCE, MOUNTPOINT and other named paths exist and have the right kind.
+Options parse_mount_command(int argc, const char* const* argv);
+
+// The text `clairfs --help` prints.
+std::string usage_text();
+
+}  // namespace clairfs

@@ -1,0 +1,258 @@
+// Start-up: parse, build the manifest, mount, serve. Start-up errors are exceptions caught here and
+// printed as one line; nothing below this file prints usage errors itself.
+//
+// Without -f the command forks before doing any work. The child scans SOURCE, mounts, and only then
+// tells the parent through a pipe; the parent confirms with a stat of the mount point and exits 0, or
+// prints the child's one-line error and exits with its code. A job script can therefore run
+// `clairfs SRC MNT -o ... && python train.py` with no sleep.
+#include "cli.hpp"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+
+#include "clairfs/manifest.hpp"
+#include "clairfs/options.hpp"
+#include "engine/source_reader.hpp"
+#include "fuse/frontend.hpp"
+#include "fuse/mount.hpp"
+#include "util/log.hpp"
+
+namespace clairfs {
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+// Files compared with SOURCE when mounting from a manifest: enough to catch a stale manifest of another
+// data set version, few enough to cost well under a second on a loaded parallel file system.
+constexpr size_t kManifestSpotChecks = 64;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The child's side of the start-up pipe: one status byte ('0' live, or the exit code) and a message.
+class StartupReport {
+ public:
+  explicit StartupReport(int fd) : fd_(fd) {}
+  ~StartupReport() { close(); }
+  bool detached() const { return fd_ >= 0; }
+
+  int fail(int code, const std::string& message) {
+    if (fd_ < 0) {
+      std::fprintf(stderr, "clairfs: %s\n", message.c_str());
+    } else {
+      std::string out = std::to_string(code) + message;
+      (void)!::write(fd_, out.data(), out.size());
+      close();
+    }
+    return code;
+  }
+
+  void live() {
+    if (fd_ < 0) return;
+    (void)!::write(fd_, "0", 1);
+    close();
+  }
+
+ private:
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_;
+};
+
+// The parent's side: waits for the child's report, then confirms the mount answers.
+int wait_for_daemon(int fd, pid_t child, const Options& o) {
+  std::string report;
+  char buf[512];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    report.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (report.empty()) {
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    std::fprintf(stderr, "clairfs: the daemon exited before the mount was live (%s)\n",
+                 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "no report");
+    return kExitFailure;
+  }
+  if (report[0] != '0') {
+    ::waitpid(child, nullptr, 0);
+    std::fprintf(stderr, "clairfs: %s\n", report.substr(1).c_str());
+    return report[0] - '0';
+  }
+  struct stat st {};
+  if (::stat(o.mountpoint_abs.c_str(), &st) != 0) {
+    std::fprintf(stderr, "clairfs: mounted, but '%s' does not answer: %s\n", o.mountpoint.c_str(), std::strerror(errno));
+    return kExitFailure;
+  }
+  return 0;
+}
+
+void detach_from_terminal() {
+  int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null >= 0) {
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+    if (null > STDERR_FILENO) ::close(null);
+  }
+  (void)!::chdir("/");
+  log_to_syslog();
+}
+
+// The scan holds one descriptor per directory level and the daemon one per open file: use the hard limit.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+int run_mount(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_mount_command(argc, argv);
+  } catch (const HelpRequested& h) {
+    std::fputs(h.what(), stdout);
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "clairfs: %s\n", e.what());
+    return kExitUsage;
+  }
+  raise_fd_limit();
+
+  int report_fd = -1;
+  if (!o.foreground) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "clairfs: cannot create a pipe: %s\n", std::strerror(errno));
+      return kExitFailure;
+    }
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "clairfs: cannot fork: %s\n", std::strerror(errno));
+      return kExitFailure;
+    }
+    if (pid > 0) {
+      ::close(fds[1]);
+      return wait_for_daemon(fds[0], pid, o);
+    }
+    ::close(fds[0]);
+    ::setsid();
+    report_fd = fds[1];
+  }
+  StartupReport report(report_fd);
+
+  std::optional<Manifest> manifest;
+  std::optional<SourceReader> reader;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
+                                  : Manifest::load(o.manifest, o.extensions, o.source_abs);
+    for (const auto& w : manifest->warnings()) log_warning(w);
+    reader.emplace(*manifest, o.source_abs);
+    if (!o.manifest.empty()) {
+      if (std::string why = reader->spot_check(kManifestSpotChecks); !why.empty())
+        return report.fail(kExitUsage, "manifest '" + o.manifest + "' does not match SOURCE: " + why +
+                                           "; write it again with 'clairfs index'");
+    }
+    if (o.foreground)
+      log_info(std::string(o.manifest.empty() ? "scanned" : "loaded") + " " + std::to_string(manifest->size()) +
+               " entries, " + std::to_string(manifest->samples().size()) + " samples in " +
+               std::to_string(manifest->classes().size()) + " classes (" +
+               std::to_string(seconds_since(t0)).substr(0, 5) + " s)");
+  } catch (const std::exception& e) {
+    return report.fail(kExitUsage, e.what());
+  }
+
+  Frontend frontend(*manifest, *reader, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
+  try {
+    MountedSession session(o, frontend);
+    if (report.detached()) {
+      report.live();
+      detach_from_terminal();
+    }
+    return session.serve() == 0 ? 0 : kExitFailure;
+  } catch (const std::exception& e) {
+    return report.fail(kExitFailure, e.what());
+  }
+}
+
+int run_index(int argc, char** argv) {
+  // clairfs index SOURCE FILE [-o extensions=LIST]
+  std::vector<std::string> positional;
+  std::vector<std::string> extensions = default_extensions();
+  try {
+    for (int i = 2; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "-h" || a == "--help") {
+        std::puts("usage: clairfs index SOURCE FILE [-o extensions=LIST]\n"
+                  "Scans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.");
+        return 0;
+      }
+      if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
+        if (a == "-o" && i + 1 >= argc) throw UsageError("-o needs a value");
+        const std::string group = a == "-o" ? argv[++i] : a.substr(2);
+        for (const auto& opt : split_option_string(group)) {
+          if (opt.rfind("extensions=", 0) != 0) throw UsageError("unknown option '" + opt + "' for clairfs index (only extensions=)");
+          extensions = parse_extensions(opt.substr(11));
+        }
+      } else if (!a.empty() && a[0] == '-') {
+        throw UsageError("unknown flag '" + a + "' for clairfs index");
+      } else {
+        positional.push_back(a);
+      }
+    }
+    if (positional.size() != 2) throw UsageError("usage: clairfs index SOURCE FILE [-o extensions=LIST]");
+    struct stat st {};
+    if (::stat(positional[0].c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw UsageError("SOURCE '" + positional[0] + "' is not a directory");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "clairfs: %s\n", e.what());
+    return kExitUsage;
+  }
+  raise_fd_limit();
+  try {
+    char* abs = ::realpath(positional[0].c_str(), nullptr);
+    std::string source = abs ? abs : positional[0];
+    std::free(abs);
+    const auto t0 = std::chrono::steady_clock::now();
+    Manifest m = Manifest::scan(source, extensions);
+    const double scan_s = seconds_since(t0);
+    for (const auto& w : m.warnings()) log_warning(w);
+    m.save(positional[1]);
+    std::printf("clairfs: indexed %zu entries (%zu samples in %zu classes) of %s in %.2f s into %s\n", m.size(),
+                m.samples().size(), m.classes().size(), source.c_str(), scan_s, positional[1].c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "clairfs: %s\n", e.what());
+    return kExitUsage;
+  }
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "index") == 0) return run_index(argc, argv);
+  return run_mount(argc, argv);
+}
+
+}  // namespace clairfs

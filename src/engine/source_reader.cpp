@@ -1,0 +1,114 @@
+#include "engine/source_reader.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "util/log.hpp"
+
+namespace clairfs {
+
+namespace {
+
+struct OpenFile {
+  UniqueFd fd;
+  EntryId id;
+};
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// "" if `st` still describes `e`, else what differs.
+std::string difference(const Entry& e, const struct stat& st) {
+  if ((st.st_mode & S_IFMT) != (e.mode & S_IFMT)) return "is no longer the same kind of file";
+  if (S_ISREG(e.mode) && static_cast<uint64_t>(st.st_size) != e.size)
+    return "has size " + std::to_string(st.st_size) + ", the manifest says " + std::to_string(e.size);
+  if (S_ISREG(e.mode) && mtime_ns(st) != e.mtime_ns) return "was modified after it was indexed";
+  return "";
+}
+
+}  // namespace
+
+SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
+    : manifest_(manifest), root_(::open(source.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+  if (!root_) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
+}
+
+int SourceReader::open(EntryId id, uint64_t* handle) {
+  const Entry& e = manifest_.entry(id);
+  int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY);
+  if (fd < 0) {
+    if (fd == -ENOENT || fd == -ELOOP || fd == -EXDEV || fd == -ENOTDIR) {
+      counters_.changed++;
+      log_warning("'" + manifest_.path(id) + "' is gone from SOURCE or was replaced; read refused (EIO)");
+    } else {
+      counters_.errors++;
+      log_warning("cannot open '" + manifest_.path(id) + "' in SOURCE: " + std::strerror(-fd));
+    }
+    return fd == -EACCES || fd == -EPERM ? fd : -EIO;
+  }
+  auto file = new OpenFile{UniqueFd(fd), id};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    delete file;
+    counters_.errors++;
+    return -EIO;
+  }
+  if (std::string why = difference(e, st); !why.empty()) {
+    delete file;
+    counters_.changed++;
+    log_warning("'" + manifest_.path(id) + "' " + why + "; read refused (EIO)");
+    return -EIO;
+  }
+  counters_.opens++;
+  *handle = reinterpret_cast<uint64_t>(file);
+  return 0;
+}
+
+ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+  auto* file = reinterpret_cast<OpenFile*>(handle);
+  const uint64_t file_size = manifest_.entry(file->id).size;
+  if (static_cast<uint64_t>(offset) >= file_size) return 0;
+  size = static_cast<size_t>(std::min<uint64_t>(size, file_size - static_cast<uint64_t>(offset)));
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(file->fd.get(), buf + done, size - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      counters_.errors++;
+      return -EIO;
+    }
+    if (n == 0) {
+      // Shorter than the manifest says: the file was truncated under us. Never pad with zeros.
+      counters_.changed++;
+      log_warning("'" + manifest_.path(file->id) + "' shrank in SOURCE during the run; read refused (EIO)");
+      return -EIO;
+    }
+    done += static_cast<size_t>(n);
+  }
+  counters_.bytes += done;
+  return static_cast<ssize_t>(done);
+}
+
+void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenFile*>(handle); }
+
+std::string SourceReader::spot_check(size_t samples) const {
+  const size_t n = manifest_.size();
+  const size_t step = std::max<size_t>(1, n / std::max<size_t>(1, samples));
+  for (size_t i = 0; i < n; i += step) {
+    const EntryId id = static_cast<EntryId>(i);
+    const std::string rel = id == 0 ? "." : manifest_.path(id);
+    struct stat st {};
+    if (::fstatat(root_.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return "'" + rel + "' is missing from SOURCE";
+    if (std::string why = difference(manifest_.entry(id), st); !why.empty()) return "'" + rel + "' " + why;
+  }
+  return "";
+}
+
+}  // namespace clairfs

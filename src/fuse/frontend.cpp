@@ -1,0 +1,282 @@
+// One handler per operation, each ending in exactly one fuse_reply_* (libfuse's passthrough_hp is the
+// model). Errors go through reply_error(), the one place that counts them and replies.
+//
+// Inode numbers are manifest ids + 1 (the root, id 0, is FUSE_ROOT_ID). They never change while mounted
+// and need no reference counting, so forget is a no-op. Directory offsets: 1 is ".", 2 is "..", and
+// child k of a directory is offset k + 3.
+#include "fuse/frontend.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "util/log.hpp"
+
+namespace clairfs {
+
+namespace {
+
+Frontend& self(fuse_req_t req) { return *static_cast<Frontend*>(fuse_req_userdata(req)); }
+
+constexpr fuse_ino_t to_ino(EntryId id) { return static_cast<fuse_ino_t>(id) + 1; }
+
+}  // namespace
+
+struct Handlers {
+  static bool valid(const Frontend& fe, fuse_ino_t ino) { return ino >= 1 && ino <= fe.manifest_.size(); }
+  static EntryId id_of(fuse_ino_t ino) { return static_cast<EntryId>(ino - 1); }
+
+  static void reply_error(fuse_req_t req, int err) {
+    Frontend& fe = self(req);
+    if (err == EROFS) fe.erofs_++;
+    else if (err != ENOENT && err != ENOSYS && err != ENODATA) fe.errors_++;
+    fuse_reply_err(req, err);
+  }
+
+  static void fill_stat(const Frontend& fe, EntryId id, struct stat* st) {
+    const Entry& e = fe.manifest_.entry(id);
+    std::memset(st, 0, sizeof(*st));
+    st->st_ino = to_ino(id);
+    st->st_mode = e.mode;
+    st->st_nlink = S_ISDIR(e.mode) ? 2 + e.subdir_count : 1;
+    st->st_uid = e.uid;
+    st->st_gid = e.gid;
+    st->st_size = static_cast<off_t>(e.size);
+    st->st_blksize = 4096;
+    st->st_blocks = static_cast<blkcnt_t>((e.size + 511) / 512);
+    st->st_mtim.tv_sec = e.mtime_ns / 1000000000;
+    st->st_mtim.tv_nsec = e.mtime_ns % 1000000000;
+    if (st->st_mtim.tv_nsec < 0) {
+      st->st_mtim.tv_nsec += 1000000000;
+      st->st_mtim.tv_sec -= 1;
+    }
+    st->st_atim = st->st_mtim;
+    st->st_ctim = st->st_mtim;
+  }
+
+  static void fill_entry(const Frontend& fe, EntryId id, fuse_entry_param* ep) {
+    std::memset(ep, 0, sizeof(*ep));
+    ep->ino = to_ino(id);
+    ep->generation = 1;
+    ep->attr_timeout = fe.config_.attr_timeout;
+    ep->entry_timeout = fe.config_.entry_timeout;
+    fill_stat(fe, id, &ep->attr);
+  }
+
+  static void init(void* /*userdata*/, fuse_conn_info* conn) {
+    // The data set is immutable while mounted: let the kernel cache symlink targets and directory
+    // listings, and look up names in one directory in parallel.
+    if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // mtimes never change: no need to drop pages on getattr
+  }
+
+  static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    Frontend& fe = self(req);
+    if (!valid(fe, parent)) return reply_error(req, ESTALE);
+    if (!fe.manifest_.is_dir(id_of(parent))) return reply_error(req, ENOTDIR);
+    const EntryId child = fe.manifest_.lookup(id_of(parent), name);
+    fuse_entry_param ep;
+    if (child == kNoEntry) {
+      // A negative entry (ino 0) lets the kernel cache the miss for entry_timeout.
+      std::memset(&ep, 0, sizeof(ep));
+      ep.entry_timeout = fe.config_.entry_timeout;
+      fuse_reply_entry(req, &ep);
+      return;
+    }
+    fill_entry(fe, child, &ep);
+    fuse_reply_entry(req, &ep);
+  }
+
+  static void forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+  static void forget_multi(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+
+  static void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    struct stat st;
+    fill_stat(fe, id_of(ino), &st);
+    fuse_reply_attr(req, &st, fe.config_.attr_timeout);
+  }
+
+  static void readlink(fuse_req_t req, fuse_ino_t ino) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (!S_ISLNK(fe.manifest_.entry(id_of(ino)).mode)) return reply_error(req, EINVAL);
+    const std::string target(fe.manifest_.link_target(id_of(ino)));
+    fuse_reply_readlink(req, target.c_str());
+  }
+
+  static void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (!fe.manifest_.is_dir(id_of(ino))) return reply_error(req, ENOTDIR);
+    fi->cache_readdir = 1;  // listings never change
+    fi->keep_cache = 1;
+    fuse_reply_open(req, fi);
+  }
+
+  static void releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+  static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, bool plus) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    const EntryId dir = id_of(ino);
+    const Entry& d = fe.manifest_.entry(dir);
+    std::vector<char> buf(size);
+    size_t used = 0;
+    // Position p: 0 ".", 1 "..", 2+k child k. The offset we hand out for an entry is its position + 1.
+    for (uint64_t p = static_cast<uint64_t>(offset); p < 2ull + d.child_count; ++p) {
+      EntryId id;
+      std::string name;
+      if (p == 0) { id = dir; name = "."; }
+      else if (p == 1) { id = d.parent; name = ".."; }
+      else { id = d.first_child + static_cast<EntryId>(p - 2); name = fe.manifest_.name(id); }
+      size_t need;
+      if (plus) {
+        fuse_entry_param ep;
+        fill_entry(fe, id, &ep);
+        if (p < 2) ep.ino = 0, ep.attr.st_ino = to_ino(id);  // no lookup count taken for . and ..
+        need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &ep,
+                                      static_cast<off_t>(p + 1));
+      } else {
+        struct stat st {};
+        st.st_ino = to_ino(id);
+        st.st_mode = fe.manifest_.entry(id).mode;
+        need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(p + 1));
+      }
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  }
+
+  static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+    readdir_common(req, ino, size, off, false);
+  }
+  static void readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+    readdir_common(req, ino, size, off, true);
+  }
+
+  static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return reply_error(req, EROFS);
+    const Entry& e = fe.manifest_.entry(id_of(ino));
+    if (S_ISDIR(e.mode)) return reply_error(req, EISDIR);
+    if (!S_ISREG(e.mode)) return reply_error(req, ENXIO);  // FIFOs, sockets, devices are not served
+    uint64_t handle = 0;
+    if (int rc = fe.engine_.open(id_of(ino), &handle); rc < 0) return reply_error(req, -rc);
+    fi->fh = handle;
+    fi->keep_cache = 1;  // contents never change while mounted
+    fi->noflush = 1;     // nothing to flush on close
+    if (fuse_reply_open(req, fi) == -ENOENT) fe.engine_.release(handle);  // the opener was interrupted
+  }
+
+  static void read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+    Frontend& fe = self(req);
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
+    const ssize_t n = fe.engine_.read(fi->fh, buf.data(), size, off);
+    if (n < 0) return reply_error(req, static_cast<int>(-n));
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+  }
+
+  static void release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    self(req).engine_.release(fi->fh);
+    fuse_reply_err(req, 0);
+  }
+
+  static void flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+  static void fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+  static void statfs(fuse_req_t req, fuse_ino_t) {
+    struct statvfs sv {};
+    if (::fstatvfs(self(req).root_fd_, &sv) != 0) return reply_error(req, errno);
+    sv.f_flag |= ST_RDONLY;  // SOURCE's sizes, so df shows the data set's file system
+    fuse_reply_statfs(req, &sv);
+  }
+
+  static void access(fuse_req_t req, fuse_ino_t ino, int mask) {
+    Frontend& fe = self(req);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (mask & W_OK) return reply_error(req, EROFS);
+    fuse_reply_err(req, 0);
+  }
+
+  static void getxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { reply_error(req, ENOSYS); }
+  static void listxattr(fuse_req_t req, fuse_ino_t, size_t) { reply_error(req, ENOSYS); }
+
+  // Everything that would change the tree or a file.
+  static void erofs(fuse_req_t req) { reply_error(req, EROFS); }
+  static void setattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { erofs(req); }
+  static void mknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { erofs(req); }
+  static void mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { erofs(req); }
+  static void unlink(fuse_req_t req, fuse_ino_t, const char*) { erofs(req); }
+  static void rmdir(fuse_req_t req, fuse_ino_t, const char*) { erofs(req); }
+  static void symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { erofs(req); }
+  static void rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { erofs(req); }
+  static void link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { erofs(req); }
+  static void write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { erofs(req); }
+  static void create(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { erofs(req); }
+  static void setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { erofs(req); }
+  static void removexattr(fuse_req_t req, fuse_ino_t, const char*) { erofs(req); }
+  static void fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) { erofs(req); }
+  static void copy_file_range(fuse_req_t req, fuse_ino_t, off_t, fuse_file_info*, fuse_ino_t, off_t,
+                              fuse_file_info*, size_t, int) {
+    erofs(req);
+  }
+
+  static fuse_lowlevel_ops make_ops() {
+    fuse_lowlevel_ops o{};
+    o.init = init;
+    o.lookup = lookup;
+    o.forget = forget;
+    o.forget_multi = forget_multi;
+    o.getattr = getattr;
+    o.readlink = readlink;
+    o.opendir = opendir;
+    o.releasedir = releasedir;
+    o.readdir = readdir;
+    o.readdirplus = readdirplus;
+    o.open = open;
+    o.read = read;
+    o.release = release;
+    o.flush = flush;
+    o.fsync = fsync;
+    o.statfs = statfs;
+    o.access = access;
+    o.getxattr = getxattr;
+    o.listxattr = listxattr;
+    o.setattr = setattr;
+    o.mknod = mknod;
+    o.mkdir = mkdir;
+    o.unlink = unlink;
+    o.rmdir = rmdir;
+    o.symlink = symlink;
+    o.rename = rename;
+    o.link = link;
+    o.write = write;
+    o.create = create;
+    o.setxattr = setxattr;
+    o.removexattr = removexattr;
+    o.fallocate = fallocate;
+    o.copy_file_range = copy_file_range;
+    return o;
+  }
+};
+
+Frontend::Frontend(const Manifest& manifest, Engine& engine, int root_fd, FrontendConfig config)
+    : manifest_(manifest), engine_(engine), root_fd_(root_fd), config_(config) {}
+
+const fuse_lowlevel_ops& Frontend::ops() {
+  static const fuse_lowlevel_ops kOps = Handlers::make_ops();
+  return kOps;
+}
+
+}  // namespace clairfs

@@ -1,0 +1,42 @@
+// The FUSE front-end: libfuse low-level operations that translate kernel requests into manifest lookups
+// and Engine calls. Names and attributes come from the manifest (never from SOURCE), so metadata costs
+// the parallel file system nothing after the scan. Every write-like request gets EROFS.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "clairfs/engine.hpp"
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+struct FrontendConfig {
+  double entry_timeout = 86400.0;
+  double attr_timeout = 86400.0;
+};
+
+class Frontend {
+ public:
+  // REQUIRES: manifest and engine outlive the Frontend. `root_fd` is SOURCE, for statfs.
+  Frontend(const Manifest& manifest, Engine& engine, int root_fd, FrontendConfig config);
+
+  // The operation table; fuse_session_new() gets `this` as userdata.
+  static const fuse_lowlevel_ops& ops();
+
+  // Requests answered with an error, by cause; for tests and stats.
+  uint64_t erofs_replies() const { return erofs_.load(); }
+
+ private:
+  friend struct Handlers;
+  const Manifest& manifest_;
+  Engine& engine_;
+  int root_fd_;
+  FrontendConfig config_;
+  std::atomic<uint64_t> erofs_{0};
+  std::atomic<uint64_t> errors_{0};
+};
+
+}  // namespace clairfs

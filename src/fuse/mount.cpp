@@ -1,0 +1,76 @@
+#include "fuse/mount.hpp"
+
+#include <stdexcept>
+#include <vector>
+
+namespace clairfs {
+
+namespace {
+
+// libfuse's option parser splits at commas; a comma in a value (fsname) must be escaped.
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// 16 threads: enough that a slow SOURCE read does not hold up lookups and cached reads; requests are
+// short, so more would only add contention on 2-core nodes.
+constexpr unsigned kMaxThreads = 16;
+
+}  // namespace
+
+MountedSession::MountedSession(const Options& o, Frontend& frontend) {
+  try {
+    start(o, frontend);
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
+void MountedSession::start(const Options& o, Frontend& frontend) {
+  std::string mount_opts = "ro,subtype=clairfs,fsname=" + escape(o.fsname);
+  if (o.allow_other) mount_opts += ",allow_other";
+  if (o.default_permissions) mount_opts += ",default_permissions";
+  if (o.auto_unmount) mount_opts += ",auto_unmount";
+  for (const auto& flag : o.mount_flags) mount_opts += "," + flag;
+
+  std::vector<std::string> argv = {"clairfs", "-o", mount_opts};
+  if (o.debug) argv.push_back("-d");
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(cargv.size()), cargv.data());
+  session_ = fuse_session_new(&args, &Frontend::ops(), sizeof(fuse_lowlevel_ops), &frontend);
+  fuse_opt_free_args(&args);
+  if (!session_) throw std::runtime_error("cannot create the FUSE session (see the message above)");
+  if (fuse_set_signal_handlers(session_) != 0) throw std::runtime_error("cannot install signal handlers");
+  signals_set_ = true;
+  if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
+    throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
+  mounted_ = true;
+}
+
+MountedSession::~MountedSession() { stop(); }
+
+void MountedSession::stop() {
+  if (!session_) return;
+  if (mounted_) fuse_session_unmount(session_);
+  if (signals_set_) fuse_remove_signal_handlers(session_);
+  fuse_session_destroy(session_);
+  session_ = nullptr;
+}
+
+int MountedSession::serve() {
+  fuse_loop_config* config = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(config, kMaxThreads);
+  fuse_loop_cfg_set_clone_fd(config, 0);
+  const int rc = fuse_session_loop_mt(session_, config);
+  fuse_loop_cfg_destroy(config);
+  return rc;
+}
+
+}  // namespace clairfs

@@ -1,0 +1,34 @@
+// A FUSE session and its kernel mount, owned: the destructor unmounts and frees both.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <string>
+
+#include "clairfs/options.hpp"
+#include "fuse/frontend.hpp"
+
+namespace clairfs {
+
+class MountedSession {
+ public:
+  // Creates the session and mounts it read-only at options.mountpoint_abs. Throws std::runtime_error
+  // with one line on failure (nothing is left mounted).
+  MountedSession(const Options& options, Frontend& frontend);
+  ~MountedSession();
+  MountedSession(const MountedSession&) = delete;
+  MountedSession& operator=(const MountedSession&) = delete;
+
+  // Serves requests until unmounted or a SIGTERM/SIGINT/SIGHUP arrives. Returns 0 on a clean end.
+  int serve();
+
+ private:
+  void start(const Options& options, Frontend& frontend);
+  void stop();
+
+  fuse_session* session_ = nullptr;
+  bool signals_set_ = false;
+  bool mounted_ = false;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,155 @@
+// The sample order of torchvision's ImageFolder (make_dataset in torchvision 0.14), computed on the
+// in-memory tree so that a scan and a loaded manifest give the same ids:
+//
+//   classes = sorted(d.name for d in os.scandir(root) if d.is_dir())          # follows symlinks
+//   for class in classes:
+//     for dirpath, _, files in sorted(os.walk(root/class, followlinks=True)):  # sorted by path string
+//       for f in sorted(files):                                                # non-directories
+//         if f.lower().endswith(extensions): sample
+//
+// Python sorts str by code point, which for valid UTF-8 is byte order: std::string's order. Symlinks
+// are resolved inside the tree (relative targets, and absolute ones under SOURCE). A symlink cycle would
+// make os.walk repeat files until paths grow too long; we walk each directory once per path and warn.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <string>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+namespace {
+
+// The kernel's limit on symlinks followed in one path resolution.
+constexpr int kMaxSymlinkDepth = 40;
+
+bool has_extension(std::string_view name, const std::vector<std::string>& extensions) {
+  for (const auto& ext : extensions) {
+    if (name.size() < ext.size()) continue;
+    bool match = true;
+    for (size_t i = 0; i < ext.size() && match; ++i) {
+      char c = name[name.size() - ext.size() + i];
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      match = c == ext[i];
+    }
+    if (match) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int depth) const {
+  if (depth > kMaxSymlinkDepth) return kNoEntry;
+  EntryId at = start_dir;
+  if (!target.empty() && target.front() == '/') {
+    // Absolute: inside only if it names SOURCE itself or something under it.
+    std::string_view root = source_root_;
+    while (root.size() > 1 && root.back() == '/') root.remove_suffix(1);
+    if (root.empty() || target.substr(0, root.size()) != root ||
+        (target.size() > root.size() && target[root.size()] != '/'))
+      return kNoEntry;
+    target.remove_prefix(root.size());
+    at = 0;
+  }
+  size_t pos = 0;
+  while (pos <= target.size()) {
+    size_t slash = target.find('/', pos);
+    if (slash == std::string_view::npos) slash = target.size();
+    std::string_view part = target.substr(pos, slash - pos);
+    pos = slash + 1;
+    if (part.empty() || part == ".") continue;
+    if (!is_dir(at)) return kNoEntry;
+    if (part == "..") {
+      if (at == 0) return kNoEntry;  // above SOURCE
+      at = entries_[at].parent;
+      continue;
+    }
+    EntryId next = lookup(at, part);
+    if (next == kNoEntry) return kNoEntry;
+    if (S_ISLNK(entries_[next].mode)) {
+      next = resolve_path(at, link_target(next), depth + 1);
+      if (next == kNoEntry) return kNoEntry;
+    }
+    at = next;
+  }
+  return at;
+}
+
+EntryId Manifest::resolve(EntryId id) const {
+  if (!S_ISLNK(entries_[id].mode)) return id;
+  return resolve_path(entries_[id].parent, link_target(id), 1);
+}
+
+void Manifest::compute_samples(const std::vector<std::string>& extensions) {
+  samples_.clear();
+  classes_.clear();
+  warnings_.clear();
+  auto followed_dir = [&](EntryId id) {
+    EntryId r = resolve(id);
+    return (r != kNoEntry && is_dir(r)) ? r : kNoEntry;
+  };
+  auto warn_outside = [&](EntryId id) {
+    const EntryId r = resolve(id);
+    if (S_ISLNK(entries_[id].mode) && r == kNoEntry && warnings_.size() < 100)
+      warnings_.push_back("symlink '" + path(id) + "' leads outside SOURCE or nowhere; clairfs does not follow it");
+  };
+
+  const Entry& root = entries_[0];
+  struct WalkDir {
+    std::string path;
+    EntryId dir;  // resolved directory
+  };
+  std::vector<WalkDir> dirs;
+  std::vector<EntryId> stack;  // resolved directories on the current walk path, for cycle detection
+  for (EntryId c = root.first_child; c < root.first_child + root.child_count; ++c) {
+    const EntryId class_dir = followed_dir(c);
+    if (class_dir == kNoEntry) {
+      warn_outside(c);
+      continue;
+    }
+    classes_.push_back({c, samples_.size()});
+
+    // os.walk(followlinks=True): collect every directory path reachable, then sort by path string.
+    dirs.clear();
+    struct Frame {
+      EntryId dir;
+      std::string path;
+      size_t depth;
+    };
+    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0}};
+    stack.clear();
+    while (!todo.empty()) {
+      Frame f = std::move(todo.back());
+      todo.pop_back();
+      stack.resize(f.depth);
+      stack.push_back(f.dir);
+      dirs.push_back({f.path, f.dir});
+      const Entry& d = entries_[f.dir];
+      for (EntryId k = d.first_child + d.child_count; k-- > d.first_child;) {
+        const EntryId sub = followed_dir(k);
+        if (sub == kNoEntry) continue;
+        if (std::find(stack.begin(), stack.end(), sub) != stack.end()) {
+          if (warnings_.size() < 100)
+            warnings_.push_back("symlink cycle at '" + path(k) + "': ImageFolder would list its files repeatedly; clairfs lists them once");
+          continue;
+        }
+        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1});
+      }
+    }
+    std::sort(dirs.begin(), dirs.end(), [](const WalkDir& a, const WalkDir& b) { return a.path < b.path; });
+    for (const WalkDir& w : dirs) {
+      const Entry& d = entries_[w.dir];
+      for (EntryId k = d.first_child; k < d.first_child + d.child_count; ++k) {
+        if (followed_dir(k) != kNoEntry) continue;  // os.walk lists it under dirs, not files
+        if (!has_extension(name(k), extensions)) continue;
+        const EntryId target = resolve(k);
+        if (target == kNoEntry) warn_outside(k);
+        samples_.push_back(target == kNoEntry ? k : target);
+      }
+    }
+  }
+}
+
+}  // namespace clairfs

@@ -1,0 +1,246 @@
+// Manifest storage: accessors, the file format, and the validation that makes a loaded file safe.
+//
+// File layout (native little-endian; the header records the byte order and entry size):
+//   Header (64 bytes) | Entry[entry_count] | names[names_size] | source root[root_len]
+// The hash covers everything after the header. validate() checks every index and offset, the
+// breadth-first layout and the sorted children, so lookups on a loaded manifest can trust them.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "clairfs/manifest.hpp"
+#include "util/fs.hpp"
+
+namespace clairfs {
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'L', 'A', 'I', 'R', 'F', 'S', 'M'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kByteOrderMark = 0x01020304;
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t byte_order;
+  uint32_t entry_size;
+  uint32_t root_len;
+  uint64_t entry_count;
+  uint64_t names_size;
+  uint64_t hash;
+  uint64_t reserved[2];
+};
+static_assert(sizeof(Header) == 64);
+
+// A fast 64-bit hash (multiply-xorshift over 8-byte words); detects truncation and corruption, not
+// tampering.
+uint64_t hash_bytes(const char* data, size_t len, uint64_t h = 0x9e3779b97f4a7c15ull) {
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, data + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  for (; i < len; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 29;
+  return h;
+}
+
+[[noreturn]] void corrupt(const std::string& why) { throw std::runtime_error("invalid manifest: " + why); }
+
+void write_all(int fd, const void* data, size_t len, const std::string& file) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = ::write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::string_view Manifest::name(EntryId id) const {
+  const Entry& e = entries_[id];
+  return std::string_view(names_).substr(e.name_off, e.name_len);
+}
+
+std::string_view Manifest::link_target(EntryId id) const {
+  const Entry& e = entries_[id];
+  return std::string_view(names_).substr(e.name_off + e.name_len, e.link_len);
+}
+
+bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_[id].mode); }
+
+EntryId Manifest::lookup(EntryId dir, std::string_view child) const {
+  const Entry& d = entries_[dir];
+  if (!S_ISDIR(d.mode)) return kNoEntry;
+  EntryId lo = d.first_child, hi = d.first_child + d.child_count;
+  while (lo < hi) {
+    EntryId mid = lo + (hi - lo) / 2;
+    int c = name(mid).compare(child);
+    if (c == 0) return mid;
+    if (c < 0) lo = mid + 1; else hi = mid;
+  }
+  return kNoEntry;
+}
+
+std::vector<std::string_view> Manifest::components(EntryId id) const {
+  std::vector<std::string_view> parts;
+  while (id != 0) {
+    parts.push_back(name(id));
+    id = entries_[id].parent;
+  }
+  std::reverse(parts.begin(), parts.end());
+  return parts;
+}
+
+std::string Manifest::path(EntryId id) const {
+  std::string out;
+  for (auto part : components(id)) {
+    if (!out.empty()) out += '/';
+    out.append(part);
+  }
+  return out;
+}
+
+size_t Manifest::memory_bytes() const {
+  return entries_.capacity() * sizeof(Entry) + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
+         classes_.capacity() * sizeof(SampleClass);
+}
+
+Manifest Manifest::from_parts(std::vector<Entry> entries, std::string names,
+                              const std::vector<std::string>& extensions, std::string source_root) {
+  Manifest m;
+  m.entries_ = std::move(entries);
+  m.names_ = std::move(names);
+  m.source_root_ = std::move(source_root);
+  m.validate();
+  m.compute_samples(extensions);
+  return m;
+}
+
+void Manifest::validate() const {
+  const size_t n = entries_.size();
+  if (n == 0) corrupt("no root entry");
+  if (n >= kNoEntry) corrupt("too many entries");
+  if (!S_ISDIR(entries_[0].mode) || entries_[0].parent != 0 || entries_[0].name_len != 0)
+    corrupt("entry 0 is not a root directory");
+  uint64_t children_total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Entry& e = entries_[i];
+    if (e.name_off > names_.size() || uint64_t{e.name_len} + e.link_len > names_.size() - e.name_off)
+      corrupt("entry " + std::to_string(i) + " names bytes outside the name table");
+    if (i != 0) {
+      std::string_view nm = name(static_cast<EntryId>(i));
+      if (nm.empty() || nm == "." || nm == ".." || nm.find('/') != std::string_view::npos ||
+          nm.find('\0') != std::string_view::npos)
+        corrupt("entry " + std::to_string(i) + " has an invalid name");
+      if (e.parent >= i) corrupt("entry " + std::to_string(i) + " is not after its parent");
+    }
+    if (!S_ISLNK(e.mode) && e.link_len != 0) corrupt("entry " + std::to_string(i) + " has a target but is no symlink");
+    if (S_ISDIR(e.mode)) {
+      if (e.child_count > 0 && (e.first_child <= i || uint64_t{e.first_child} + e.child_count > n))
+        corrupt("directory " + std::to_string(i) + " has children out of range");
+      uint32_t subdirs = 0;
+      for (uint32_t c = 0; c < e.child_count; ++c) {
+        const EntryId child = e.first_child + c;
+        if (entries_[child].parent != i) corrupt("entry " + std::to_string(child) + " has the wrong parent");
+        if (c > 0 && !(name(child - 1) < name(child)))
+          corrupt("directory " + std::to_string(i) + " has unsorted or duplicate names");
+        if (S_ISDIR(entries_[child].mode)) ++subdirs;
+      }
+      if (subdirs != e.subdir_count) corrupt("directory " + std::to_string(i) + " has a wrong subdirectory count");
+      children_total += e.child_count;
+    } else if (e.child_count != 0) {
+      corrupt("entry " + std::to_string(i) + " has children but is no directory");
+    }
+  }
+  if (children_total != n - 1) corrupt("entries not reachable from the root");
+}
+
+void Manifest::save(const std::string& file) const {
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kFormatVersion;
+  h.byte_order = kByteOrderMark;
+  h.entry_size = sizeof(Entry);
+  h.root_len = static_cast<uint32_t>(source_root_.size());
+  h.entry_count = entries_.size();
+  h.names_size = names_.size();
+  const char* ebytes = reinterpret_cast<const char*>(entries_.data());
+  const size_t elen = entries_.size() * sizeof(Entry);
+  uint64_t hv = hash_bytes(ebytes, elen);
+  hv = hash_bytes(names_.data(), names_.size(), hv);
+  h.hash = hash_bytes(source_root_.data(), source_root_.size(), hv);
+
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
+  try {
+    write_all(fd.get(), &h, sizeof(h), file);
+    write_all(fd.get(), ebytes, elen, file);
+    write_all(fd.get(), names_.data(), names_.size(), file);
+    write_all(fd.get(), source_root_.data(), source_root_.size(), file);
+    if (::fsync(fd.get()) != 0) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fd = UniqueFd();
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(err));
+  }
+}
+
+Manifest Manifest::load(const std::string& file, const std::vector<std::string>& extensions,
+                        const std::string& source) {
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw std::runtime_error("cannot open manifest '" + file + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error("cannot stat manifest '" + file + "'");
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error("cannot read manifest '" + file + "': " + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  try {
+    if (got < sizeof(Header)) corrupt("too short for a header");
+    Header h;
+    std::memcpy(&h, data.data(), sizeof(h));
+    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) corrupt("not a clairfs manifest");
+    if (h.version != kFormatVersion) corrupt("format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion));
+    if (h.byte_order != kByteOrderMark || h.entry_size != sizeof(Entry)) corrupt("written on a machine of another kind");
+    const uint64_t body = got - sizeof(Header);
+    if (h.entry_count > body / sizeof(Entry)) corrupt("truncated");
+    const uint64_t elen = h.entry_count * sizeof(Entry);
+    if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
+    const char* p = data.data() + sizeof(Header);
+    if (hash_bytes(p + elen + h.names_size, h.root_len, hash_bytes(p + elen, h.names_size, hash_bytes(p, elen))) != h.hash)
+      corrupt("checksum mismatch (damaged file)");
+    std::vector<Entry> entries(h.entry_count);
+    std::memcpy(entries.data(), p, elen);
+    std::string names(p + elen, h.names_size);
+    std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
+    data.clear();
+    data.shrink_to_fit();
+    return from_parts(std::move(entries), std::move(names), extensions, std::move(root));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("manifest '" + file + "': " + e.what());
+  }
+}
+
+}  // namespace clairfs

@@ -1,0 +1,67 @@
+#include "util/fs.hpp"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+
+namespace clairfs {
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+int openat2_beneath(int dir_fd, const char* path, int flags) {
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOFOLLOW);
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  for (;;) {
+    long fd = ::syscall(SYS_openat2, dir_fd, path, &how, sizeof(how));
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno != EINTR && errno != EAGAIN) return -errno;
+  }
+}
+
+}  // namespace
+
+int open_beneath(int root_fd, const std::vector<std::string_view>& components, int flags) {
+  if (components.empty()) return openat2_beneath(root_fd, ".", flags);
+  size_t total = 0;
+  for (auto c : components) total += c.size() + 1;
+  if (total < PATH_MAX) {
+    std::string path;
+    path.reserve(total);
+    for (auto c : components) {
+      if (!path.empty()) path += '/';
+      path.append(c);
+    }
+    return openat2_beneath(root_fd, path.c_str(), flags);
+  }
+  // Too long for one call: walk down with O_PATH descriptors.
+  UniqueFd dir;
+  int at = root_fd;
+  for (size_t i = 0; i + 1 < components.size(); ++i) {
+    const std::string name(components[i]);
+    int fd = openat2_beneath(at, name.c_str(), O_PATH | O_DIRECTORY);
+    if (fd < 0) return fd;
+    dir = UniqueFd(fd);
+    at = dir.get();
+  }
+  const std::string last(components.back());
+  return openat2_beneath(at, last.c_str(), flags);
+}
+
+}  // namespace clairfs
