@@ -1,0 +1,224 @@
+// Unit tests for the manifest: the scan, ImageFolder's sample order on awkward trees, the file format
+// and its validation.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "clairfs/options.hpp"
+
+namespace fs = std::filesystem;
+
+namespace clairfs {
+namespace {
+
+class ManifestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/clairfs-manifest-XXXXXX";
+    root_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  void file(const std::string& rel, const std::string& content = "x") {
+    fs::create_directories(fs::path(root_ + "/" + rel).parent_path());
+    std::ofstream(root_ + "/" + rel) << content;
+  }
+  void dir(const std::string& rel) { fs::create_directories(root_ + "/" + rel); }
+  void link(const std::string& target, const std::string& rel) {
+    fs::create_directories(fs::path(root_ + "/" + rel).parent_path());
+    fs::create_symlink(target, root_ + "/" + rel);
+  }
+  std::vector<std::string> sample_paths(const Manifest& m) {
+    std::vector<std::string> out;
+    for (EntryId id : m.samples()) out.push_back(m.path(id));
+    return out;
+  }
+  Manifest scan() { return Manifest::scan(root_, default_extensions()); }
+
+  std::string root_;
+};
+
+TEST_F(ManifestTest, ClassesSortByBytesAndHiddenOnesCount) {
+  file("b/1.png");
+  file("B/1.png");
+  file("a/1.png");
+  file(".hidden/1.png");
+  file("top.png");  // a file at the root is no class and no sample
+  Manifest m = scan();
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{".hidden/1.png", "B/1.png", "a/1.png", "b/1.png"}));
+  ASSERT_EQ(m.classes().size(), 4u);
+  EXPECT_EQ(m.name(m.classes()[1].entry), "B");
+  EXPECT_EQ(m.classes()[3].first_sample, 3u);
+}
+
+TEST_F(ManifestTest, DirectoriesWalkInSortedPathOrderDashBeforeSlash) {
+  file("c/x/z/3.png");
+  file("c/x-y/2.png");
+  file("c/x/1.png");
+  file("c/0.png");
+  file("c/x/z/a.png");
+  Manifest m = scan();
+  EXPECT_EQ(sample_paths(m),
+            (std::vector<std::string>{"c/0.png", "c/x/1.png", "c/x-y/2.png", "c/x/z/3.png", "c/x/z/a.png"}));
+}
+
+TEST_F(ManifestTest, ExtensionsIgnoreCaseAndHiddenFilesCount) {
+  file("c/A.PNG");
+  file("c/b.Jpeg");
+  file("c/.c.png");
+  file("c/d.txt");
+  file("c/e.png.bak");
+  file("c/f.webp");
+  file("c/g.TIFF");
+  file("c/png");
+  Manifest m = scan();
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"c/.c.png", "c/A.PNG", "c/b.Jpeg", "c/f.webp", "c/g.TIFF"}));
+  Manifest only_txt = Manifest::scan(root_, {".txt"});
+  EXPECT_EQ(sample_paths(only_txt), (std::vector<std::string>{"c/d.txt"}));
+}
+
+TEST_F(ManifestTest, SymlinkedDirectoriesAreFollowed) {
+  file("real/r.png");
+  file("c/a.png");
+  link("../real", "c/sub");                // a symlinked directory inside a class
+  link("real", "d");                       // a symlinked class
+  link(root_ + "/real/r.png", "c/z.png");  // an absolute link to a file inside SOURCE
+  link("/nonexistent/x.png", "c/y.png");   // a dangling link is still listed, as ImageFolder does
+  Manifest m = scan();
+  const EntryId real = m.lookup(m.lookup(0, "real"), "r.png");
+  ASSERT_NE(real, kNoEntry);
+  // c: a.png, y.png (dangling: the link itself), z.png -> real/r.png, then dir c/sub -> real/r.png;
+  // d -> real: r.png; real: r.png.
+  std::vector<std::string> expect = {"c/a.png", "c/y.png", "real/r.png", "real/r.png", "real/r.png", "real/r.png"};
+  EXPECT_EQ(sample_paths(m), expect);
+  EXPECT_EQ(m.classes().size(), 3u);
+  EXPECT_EQ(m.name(m.classes()[1].entry), "d");
+}
+
+TEST_F(ManifestTest, SymlinkCycleIsWalkedOnceWithAWarning) {
+  file("c/a/1.png");
+  link("..", "c/a/up");
+  Manifest m = scan();
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"c/a/1.png"}));
+  ASSERT_FALSE(m.warnings().empty());
+  EXPECT_NE(m.warnings()[0].find("cycle"), std::string::npos);
+}
+
+TEST_F(ManifestTest, TreeMirrorsSource) {
+  file("c/name with spaces.png", "12345");
+  file("c/ünïcödé.png");
+  file("c/new\nline.png");
+  link("name with spaces.png", "c/l");
+  ::mkfifo((root_ + "/fifo").c_str(), 0600);
+  ::chmod((root_ + "/c/ünïcödé.png").c_str(), 0640);
+  Manifest m = scan();
+  const EntryId c = m.lookup(0, "c");
+  ASSERT_NE(c, kNoEntry);
+  EXPECT_TRUE(m.is_dir(c));
+  const EntryId spaced = m.lookup(c, "name with spaces.png");
+  ASSERT_NE(spaced, kNoEntry);
+  EXPECT_EQ(m.entry(spaced).size, 5u);
+  EXPECT_EQ(m.path(spaced), "c/name with spaces.png");
+  EXPECT_EQ(m.entry(m.lookup(c, "ünïcödé.png")).mode & 07777, 0640u);
+  EXPECT_NE(m.lookup(c, "new\nline.png"), kNoEntry);
+  const EntryId l = m.lookup(c, "l");
+  EXPECT_TRUE(S_ISLNK(m.entry(l).mode));
+  EXPECT_EQ(m.link_target(l), "name with spaces.png");
+  EXPECT_TRUE(S_ISFIFO(m.entry(m.lookup(0, "fifo")).mode));
+  EXPECT_EQ(m.lookup(c, "missing"), kNoEntry);
+  EXPECT_EQ(m.lookup(spaced, "x"), kNoEntry);
+  struct stat st {};
+  ASSERT_EQ(::stat((root_ + "/c/name with spaces.png").c_str(), &st), 0);
+  EXPECT_EQ(m.entry(spaced).mtime_ns, st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
+  EXPECT_EQ(m.entry(0).subdir_count, 1u);
+}
+
+TEST_F(ManifestTest, SaveLoadRoundTripsAndDamageIsDetected) {
+  file("c/1.png", "abc");
+  file("d/e/2.jpg");
+  link("../c", "d/l");
+  Manifest m = scan();
+  const std::string file = root_ + "/../" + fs::path(root_).filename().string() + ".manifest";
+  m.save(file);
+  Manifest back = Manifest::load(file, default_extensions());
+  ASSERT_EQ(back.size(), m.size());
+  for (EntryId i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(back.path(i), m.path(i));
+    EXPECT_EQ(back.entry(i).size, m.entry(i).size);
+    EXPECT_EQ(back.entry(i).mode, m.entry(i).mode);
+  }
+  EXPECT_EQ(back.samples(), m.samples());
+
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& b) { std::ofstream(file, std::ios::binary | std::ios::trunc) << b; };
+  auto load_error = [&]() -> std::string {
+    try {
+      Manifest::load(file, default_extensions());
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  write(bytes.substr(0, bytes.size() - 1));
+  EXPECT_NE(load_error().find("truncated"), std::string::npos);
+  for (size_t pos : {size_t{70}, bytes.size() / 2, bytes.size() - 2}) {
+    std::string flipped = bytes;
+    flipped[pos] ^= 0x20;
+    write(flipped);
+    EXPECT_NE(load_error(), "") << "flip at " << pos;
+  }
+  write("not a manifest at all, but long enough to hold a header of sixty-four bytes.........");
+  EXPECT_NE(load_error().find("not a clairfs manifest"), std::string::npos);
+  write("");
+  EXPECT_NE(load_error(), "");
+  fs::remove(file);
+}
+
+TEST_F(ManifestTest, ValidationRejectsInconsistentTrees) {
+  std::vector<Entry> entries(2);
+  entries[0].mode = S_IFDIR | 0755;
+  entries[0].first_child = 1;
+  entries[0].child_count = 1;
+  entries[1].mode = S_IFREG | 0644;
+  entries[1].name_len = 1;
+  EXPECT_NO_THROW(Manifest::from_parts(entries, "a", default_extensions(), "/"));
+  auto bad = entries;
+  bad[0].child_count = 2;  // children beyond the table
+  EXPECT_THROW(Manifest::from_parts(bad, "a", default_extensions(), "/"), std::runtime_error);
+  bad = entries;
+  bad[1].name_len = 5;  // name beyond the blob
+  EXPECT_THROW(Manifest::from_parts(bad, "a", default_extensions(), "/"), std::runtime_error);
+  EXPECT_THROW(Manifest::from_parts(entries, "/", default_extensions(), "/"), std::runtime_error);
+  bad = entries;
+  bad[1].mode = S_IFDIR | 0755;  // a directory not counted as a subdirectory
+  EXPECT_THROW(Manifest::from_parts(bad, "a", default_extensions(), "/"), std::runtime_error);
+  bad = entries;
+  bad[0].child_count = 0;  // entry 1 unreachable
+  EXPECT_THROW(Manifest::from_parts(bad, "a", default_extensions(), "/"), std::runtime_error);
+}
+
+TEST_F(ManifestTest, MemoryStaysUnderOneHundredBytesPerFilePlusNames) {
+  size_t name_bytes = 0;
+  for (int c = 0; c < 10; ++c)
+    for (int i = 0; i < 200; ++i) {
+      const std::string name = "img_" + std::to_string(i) + ".png";
+      file("class" + std::to_string(c) + "/" + name);
+      name_bytes += name.size();
+    }
+  Manifest m = scan();
+  EXPECT_EQ(m.samples().size(), 2000u);
+  EXPECT_LE(m.memory_bytes(), 2011 * 100 + name_bytes + 10 * 6);
+}
+
+}  // namespace
+}  // namespace clairfs
