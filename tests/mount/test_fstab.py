@@ -1,1 +1,64 @@
-raise SystemExit(77)
+"""fstab-style mounts through mount(8) and mount.fuse3: `mount -T FILE DIR` with an fstab line,
+`mount -t fuse.clairfs SRC DIR -o ...`, and the mount.fuse.clairfs helper called as mount(8) calls it."""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+h.require_fuse()
+
+build = os.environ.get("CLAIRFS_BUILD", os.path.dirname(os.path.abspath(h.CLAIRFS)))
+env = dict(os.environ)
+
+# mount(8) runs helpers with no PATH, so mount.fuse3's shell finds `clairfs` only in the standard
+# directories. Rather than install into the system, the test runs in a private mount namespace where
+# /usr/local/sbin shows a directory holding the built binary.
+if os.environ.get("CLAIRFS_FSTAB_NS") != "1":
+    env["CLAIRFS_FSTAB_NS"] = "1"
+    sys.exit(subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                             os.path.abspath(__file__)], env=env).returncode)
+bindir = __import__("tempfile").mkdtemp(prefix="clairfs-bin-")
+os.symlink(os.path.abspath(h.CLAIRFS), bindir + "/clairfs")
+subprocess.run(["mount", "--bind", bindir, "/usr/local/sbin"], check=True)
+
+with h.tempdir() as tmp:
+    src, mnt = tmp + "/data set", tmp + "/mnt"
+    os.makedirs(src + "/c")
+    os.makedirs(mnt)
+    with open(src + "/c/a.png", "wb") as f:
+        f.write(b"fstab bytes")
+
+    def ok_mount(what, cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        h.check(r.returncode == 0 and h.is_mounted(mnt), "%s mounts (rc=%d %s)" % (what, r.returncode, r.stderr.strip()))
+        if h.is_mounted(mnt):
+            h.check(open(mnt + "/c/a.png", "rb").read() == b"fstab bytes", what + ": bytes served")
+            with open("/proc/self/mounts") as f:
+                line = [l for l in f if os.path.realpath(mnt) in l][0]
+            h.check(" fuse.clairfs ro," in line, what + ": type fuse.clairfs, read-only")
+        h.unmount(mnt)
+
+    fstab = tmp + "/fstab"
+    escaped_src = src.replace(" ", "\\040")
+    with open(fstab, "w") as f:
+        f.write("# an fstab line as a cluster admin writes it\n")
+        f.write("%s %s fuse.clairfs seed=1,batch_size=64,_netdev,nofail 0 0\n" % (escaped_src, mnt))
+    ok_mount("mount -T FILE DIR", ["mount", "-T", fstab, mnt])
+    ok_mount("mount -T FILE SOURCE", ["mount", "-T", fstab, src])
+    ok_mount("mount -t fuse.clairfs", ["mount", "-t", "fuse.clairfs", src, mnt, "-o", "seed=1,batch-size=64"])
+    helper = os.path.join(build, "mount.fuse.clairfs")
+    ok_mount("mount.fuse.clairfs helper", ["/bin/sh", helper, src, mnt, "-o", "rw,seed=2,world_size=1,_netdev"])
+
+    # A bad option in fstab fails the mount with clairfs's own one-line message.
+    with open(fstab, "w") as f:
+        f.write("%s %s fuse.clairfs seed=abc,nofail 0 0\n" % (escaped_src, mnt))
+    r = subprocess.run(["mount", "-T", fstab, mnt], capture_output=True, text=True, env=env, timeout=60)
+    h.check(r.returncode != 0 and "seed=abc" in r.stderr and not h.is_mounted(mnt),
+            "a bad fstab option fails the mount, naming it: " + r.stderr.strip())
+
+subprocess.run(["umount", "/usr/local/sbin"])
+os.unlink(bindir + "/clairfs")
+os.rmdir(bindir)
+h.finish()

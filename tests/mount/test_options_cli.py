@@ -1,1 +1,84 @@
-raise SystemExit(77)
+"""The command line as a job script meets it: every bad input prints one line naming the culprit, exits 2
+and mounts nothing; --help exits 0; a good mount returns 0 only once live."""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+h.require_fuse()
+
+with h.tempdir() as tmp:
+    src, mnt = tmp + "/src", tmp + "/mnt"
+    os.makedirs(src + "/c")
+    os.makedirs(mnt)
+    with open(src + "/c/a.png", "wb") as f:
+        f.write(b"a")
+    with open(tmp + "/file", "w") as f:
+        f.write("x")
+    os.makedirs(tmp + "/locked/inner")
+    os.chmod(tmp + "/locked", 0o700)
+
+    bad = [
+        ([src, mnt, "-o", "frobnicate=1"], "frobnicate"),
+        ([src, mnt, "-o", "seed=abc"], "seed"),
+        ([src, mnt, "-o", "batch_size=0"], "batch_size"),
+        ([src, mnt, "-o", "world_size=0"], "world_size"),
+        ([src, mnt, "-o", "ram=12XB"], "ram"),
+        ([src, mnt, "-o", "world_size=4,ranks=4"], "rank 4"),
+        ([src, mnt, "-o", "world_size=4,ranks=0,2,7"], "rank 7"),
+        ([src, mnt, "-o", "order=list"], "order_file"),
+        ([src, mnt, "-o", "nvme=" + tmp + "/nope"], "nvme"),
+        ([src, mnt, "-o", "manifest=" + tmp + "/file"], "manifest"),
+        ([src, mnt, "--bogus"], "--bogus"),
+        ([tmp + "/missing", mnt], "SOURCE"),
+        ([tmp + "/file", mnt], "SOURCE"),
+        ([src, tmp + "/file"], "MOUNTPOINT"),
+        ([src, tmp + "/missing"], "MOUNTPOINT"),
+        ([src], "MOUNTPOINT"),
+        ([], "SOURCE"),
+    ]
+    for args, culprit in bad:
+        r = h.run_clairfs(args)
+        lines = r.stderr.strip().splitlines()
+        h.check(r.returncode == 2 and len(lines) == 1 and culprit in lines[0] and not h.is_mounted(mnt),
+                "exit 2, one line naming %s, nothing mounted: %s -> %d %r" % (culprit, " ".join(args[2:]) or args,
+                                                                           r.returncode, r.stderr.strip()))
+
+    # An unreadable SOURCE, as a user who cannot read it.
+    r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", h.CLAIRFS,
+                        tmp + "/locked/inner", "/tmp"], capture_output=True, text=True)
+    h.check(r.returncode == 2 and "SOURCE" in r.stderr and r.stderr.count("\n") == 1,
+            "unreadable SOURCE: exit 2, one line: %r" % r.stderr.strip())
+
+    r = h.run_clairfs(["--help"])
+    h.check(r.returncode == 0 and "seed=" in r.stdout and "batch_size=" in r.stdout, "--help exits 0 and lists options")
+    r = h.run_clairfs(["--version"])
+    h.check(r.returncode == 0 and r.stdout.startswith("clairfs "), "--version: " + r.stdout.strip())
+
+    # Foreground mode stays until unmounted; the spellings of fstab and mount(8) are accepted.
+    p = subprocess.Popen([h.CLAIRFS, src, mnt, "-f", "-o", "rw,nodev,nosuid,_netdev,x-systemd.automount,batch-size=4"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    import time
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not h.is_mounted(mnt):
+        time.sleep(0.02)
+    h.check(h.is_mounted(mnt) and p.poll() is None, "-f mounts and stays in the foreground")
+    h.check(open(mnt + "/c/a.png", "rb").read() == b"a", "-f serves reads")
+    subprocess.run(["fusermount3", "-u", mnt], check=True)
+    try:
+        rc = p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = None
+    h.check(rc == 0, "-f exits 0 after unmount (rc=%s)" % rc)
+
+    # Mount flags from mount(8) reach the kernel; the mount stays read-only whatever is asked.
+    with h.mounted(src, mnt, "rw,noexec,fsname=imagenet\\,v2"):
+        with open("/proc/self/mounts") as f:
+            line = [l for l in f if os.path.realpath(mnt) in l][0]
+        h.check(line.startswith("imagenet,v2 ") and " ro," in line and "noexec" in line,
+                "fsname, noexec and ro reach the kernel: " + line.strip())
+
+h.finish()
