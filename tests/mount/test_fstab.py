@@ -58,7 +58,28 @@ with h.tempdir() as tmp:
     h.check(r.returncode != 0 and "seed=abc" in r.stderr and not h.is_mounted(mnt),
             "a bad fstab option fails the mount, naming it: " + r.stderr.strip())
 
-subprocess.run(["umount", "/usr/local/sbin"])
+    # What `meson install` puts in place is what mount(8) uses: install into a staging directory, then
+    # (in this private namespace) show its bin directory at /usr/local/bin and its helper in /usr/sbin.
+    subprocess.run(["umount", "/usr/local/sbin"], check=True)
+    stage = tmp + "/stage"
+    r = subprocess.run(["meson", "install", "-C", build, "--no-rebuild", "--destdir", stage],
+                       capture_output=True, text=True)
+    h.check(r.returncode == 0 and os.access(stage + "/usr/local/bin/clairfs", os.X_OK)
+            and os.access(stage + "/sbin/mount.fuse.clairfs", os.X_OK),
+            "meson install puts clairfs in bin and mount.fuse.clairfs in /sbin " + r.stderr.strip()[-200:])
+    subprocess.run(["mount", "--bind", stage + "/usr/local/bin", "/usr/local/bin"], check=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "lowerdir=%s/sbin:/usr/sbin" % stage, "/usr/sbin"],
+                   check=True)
+    r = subprocess.run(["mount", "-t", "fuse.clairfs", src, mnt, "-o", "seed=5"], capture_output=True, text=True,
+                       timeout=60)
+    exe = [os.readlink("/proc/%d/exe" % p) for p in h.daemon_pids(mnt)]
+    h.check(r.returncode == 0 and exe == ["/usr/local/bin/clairfs"] and
+            open(mnt + "/c/a.png", "rb").read() == b"fstab bytes",
+            "the installed helper and binary mount it (daemon %s) %s" % (exe, r.stderr.strip()))
+    h.unmount(mnt)
+    subprocess.run(["umount", "/usr/sbin"])
+    subprocess.run(["umount", "/usr/local/bin"])
+
 os.unlink(bindir + "/clairfs")
 os.rmdir(bindir)
 h.finish()
