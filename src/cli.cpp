@@ -59,10 +59,13 @@ class StartupReport {
     return code;
   }
 
-  void live() {
-    if (fd_ < 0) return;
-    (void)!::write(fd_, "0", 1);
+  // Returns false if nobody is waiting any more (the command was interrupted while we scanned): then the
+  // mount must not outlive the command that asked for it. REQUIRES: SIGPIPE ignored (libfuse does it).
+  bool live() {
+    if (fd_ < 0) return true;
+    const bool heard = ::write(fd_, "0", 1) == 1;
     close();
+    return heard;
   }
 
  private:
@@ -187,7 +190,7 @@ int run_mount(int argc, char** argv) {
   try {
     MountedSession session(o, frontend);
     if (report.detached()) {
-      report.live();
+      if (!report.live()) return kExitFailure;  // unmounts on the way out
       detach_from_terminal();
     }
     return session.serve() == 0 ? 0 : kExitFailure;
