@@ -252,9 +252,15 @@ int process(void* data, const char* arg, int key, fuse_args* /*outargs*/) {
   }
 }
 
-bool is_directory(const std::string& path) {
+// Throws unless `path` exists, is of file type `type` (S_IFDIR, S_IFREG) and allows `mode` (0: no check).
+void require_path(const std::string& what, const std::string& path, mode_t type, int mode) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (::stat(path.c_str(), &st) != 0) throw UsageError(what + " '" + path + "': " + std::strerror(errno));
+  if ((st.st_mode & S_IFMT) != type)
+    throw UsageError(what + " '" + path + "' is not a " + (type == S_IFDIR ? "directory" : "regular file"));
+  if (mode != 0 && ::access(path.c_str(), mode) != 0)
+    throw UsageError(what + " '" + path + "' is not " + ((mode & W_OK) ? "writable" : "readable") + ": " +
+                     std::strerror(errno));
 }
 
 std::string absolute(const std::string& path) {
@@ -266,37 +272,13 @@ std::string absolute(const std::string& path) {
 }
 
 void check_paths(Options& o) {
-  struct stat st {};
-  if (::stat(o.source.c_str(), &st) != 0)
-    throw UsageError("SOURCE '" + o.source + "': " + std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) throw UsageError("SOURCE '" + o.source + "' is not a directory");
-  if (::access(o.source.c_str(), R_OK | X_OK) != 0)
-    throw UsageError("SOURCE '" + o.source + "' is not readable: " + std::strerror(errno));
-  if (::stat(o.mountpoint.c_str(), &st) != 0)
-    throw UsageError("MOUNTPOINT '" + o.mountpoint + "': " + std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) throw UsageError("MOUNTPOINT '" + o.mountpoint + "' is not a directory");
+  require_path("SOURCE", o.source, S_IFDIR, R_OK | X_OK);
+  require_path("MOUNTPOINT", o.mountpoint, S_IFDIR, 0);
   o.source_abs = absolute(o.source);
   o.mountpoint_abs = absolute(o.mountpoint);
-
-  if (!o.manifest.empty()) {
-    if (::stat(o.manifest.c_str(), &st) != 0)
-      throw UsageError("manifest '" + o.manifest + "': " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw UsageError("manifest '" + o.manifest + "' is not a regular file");
-    if (::access(o.manifest.c_str(), R_OK) != 0)
-      throw UsageError("manifest '" + o.manifest + "' is not readable: " + std::strerror(errno));
-  }
-  if (!o.order_file.empty()) {
-    if (::stat(o.order_file.c_str(), &st) != 0)
-      throw UsageError("order_file '" + o.order_file + "': " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw UsageError("order_file '" + o.order_file + "' is not a regular file");
-    if (::access(o.order_file.c_str(), R_OK) != 0)
-      throw UsageError("order_file '" + o.order_file + "' is not readable: " + std::strerror(errno));
-  }
-  if (!o.nvme.empty()) {
-    if (!is_directory(o.nvme)) throw UsageError("nvme '" + o.nvme + "' is not an existing directory");
-    if (::access(o.nvme.c_str(), R_OK | W_OK | X_OK) != 0)
-      throw UsageError("nvme '" + o.nvme + "' is not writable: " + std::strerror(errno));
-  }
+  if (!o.manifest.empty()) require_path("manifest", o.manifest, S_IFREG, R_OK);
+  if (!o.order_file.empty()) require_path("order_file", o.order_file, S_IFREG, R_OK);
+  if (!o.nvme.empty()) require_path("nvme", o.nvme, S_IFDIR, R_OK | W_OK | X_OK);
 }
 
 void check_combinations(ParseState& st) {
