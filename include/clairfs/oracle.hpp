@@ -64,6 +64,9 @@ struct Schedule {
 class EpochOrder {
  public:
   EpochOrder(std::vector<uint32_t> interleaved, uint64_t world_size, uint64_t per_rank, uint64_t readable);
+  // Every rank reads the same sequence (RandomSampler has no notion of ranks).
+  static EpochOrder same_for_all(std::vector<uint32_t> sequence, uint64_t world_size, uint64_t batch_size,
+                                 bool loader_drop_last);
   // Per-rank sequences given directly (order=list with @rank sections).
   EpochOrder(const std::vector<std::vector<uint32_t>>& by_rank, uint64_t world_size, uint64_t batch_size,
              bool loader_drop_last);
@@ -75,12 +78,15 @@ class EpochOrder {
   uint64_t loaded(uint64_t rank) const;
   // The sample index of rank's k-th item. REQUIRES: k < per_rank(rank), rank < world_size.
   uint32_t at(uint64_t rank, uint64_t k) const;
+  // Bytes held.
+  size_t memory_bytes() const { return data_.capacity() * sizeof(uint32_t) + rank_begin_.capacity() * 16; }
   // Rank's loaded sequence.
   std::vector<uint32_t> rank_sequence(uint64_t rank) const;
 
  private:
   std::vector<uint32_t> data_;  // interleaved: entry k*R + r is rank r's k-th; or rank-major when ragged
   uint64_t world_size_;
+  uint64_t stride_;    // interleaved: world_size; shared by all ranks: 0 (rank r's k-th is data_[k])
   uint64_t per_rank_;  // interleaved layout
   uint64_t loaded_;
   std::vector<uint64_t> rank_begin_;  // ragged layout (order=list per rank): offsets into data_

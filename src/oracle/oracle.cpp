@@ -21,11 +21,20 @@ uint64_t loaded_count(uint64_t per_rank, uint64_t batch, bool loader_drop_last) 
 }  // namespace
 
 EpochOrder::EpochOrder(std::vector<uint32_t> interleaved, uint64_t world_size, uint64_t per_rank, uint64_t loaded)
-    : data_(std::move(interleaved)), world_size_(world_size), per_rank_(per_rank), loaded_(loaded) {}
+    : data_(std::move(interleaved)), world_size_(world_size), stride_(world_size), per_rank_(per_rank),
+      loaded_(loaded) {}
+
+EpochOrder EpochOrder::same_for_all(std::vector<uint32_t> sequence, uint64_t world_size, uint64_t batch_size,
+                                    bool loader_drop_last) {
+  const uint64_t n = sequence.size();
+  EpochOrder e(std::move(sequence), world_size, n, loaded_count(n, batch_size, loader_drop_last));
+  e.stride_ = 0;
+  return e;
+}
 
 EpochOrder::EpochOrder(const std::vector<std::vector<uint32_t>>& by_rank, uint64_t world_size, uint64_t batch_size,
                        bool loader_drop_last)
-    : world_size_(world_size), per_rank_(0), loaded_(0) {
+    : world_size_(world_size), stride_(world_size), per_rank_(0), loaded_(0) {
   for (uint64_t r = 0; r < world_size; ++r) {
     rank_begin_.push_back(data_.size());
     if (r < by_rank.size()) data_.insert(data_.end(), by_rank[r].begin(), by_rank[r].end());
@@ -41,7 +50,8 @@ uint64_t EpochOrder::per_rank(uint64_t rank) const {
 uint64_t EpochOrder::loaded(uint64_t rank) const { return rank_begin_.empty() ? loaded_ : rank_loaded_[rank]; }
 
 uint32_t EpochOrder::at(uint64_t rank, uint64_t k) const {
-  return rank_begin_.empty() ? data_[k * world_size_ + rank] : data_[rank_begin_[rank] + k];
+  if (!rank_begin_.empty()) return data_[rank_begin_[rank] + k];
+  return stride_ == 0 ? data_[k] : data_[k * stride_ + rank];
 }
 
 std::vector<uint32_t> EpochOrder::rank_sequence(uint64_t rank) const {
@@ -93,9 +103,7 @@ EpochOrder Oracle::epoch(uint64_t epoch) const {
   }
   if (s_.order == Order::kTorchRandom) {
     // RandomSampler has no notion of ranks: every rank's loader reads the whole permutation.
-    std::vector<uint32_t> perm = permutation(epoch);
-    std::vector<std::vector<uint32_t>> same(world, perm);
-    return EpochOrder(same, world, s_.batch_size, s_.loader_drop_last);
+    return EpochOrder::same_for_all(permutation(epoch), world, s_.batch_size, s_.loader_drop_last);
   }
   return split(permutation(epoch));
 }

@@ -18,21 +18,23 @@ constexpr uint64_t kLargeSplitThreshold = 0xffffffffull / 20;
 // How far ahead draws are made and their targets prefetched: enough to cover a DRAM miss.
 constexpr uint64_t kLookahead = 16;
 
+// REQUIRES: r.size() < 2^32 (so a 32-bit modulo, several times cheaper than a 64-bit one, is exact).
 void classic(std::vector<uint32_t>& r, Mt19937& g) {
   const uint64_t n = r.size();
+  auto draw = [&](uint64_t i) { return i + g() % static_cast<uint32_t>(n - i); };
   if (n < 2) return;
   uint64_t ahead[kLookahead];
   const uint64_t steps = n - 1;
   const uint64_t fill = std::min<uint64_t>(kLookahead, steps);
   for (uint64_t i = 0; i < fill; ++i) {
-    ahead[i] = i + g() % (n - i);
+    ahead[i] = draw(i);
     __builtin_prefetch(&r[ahead[i]], 1);
   }
   for (uint64_t i = 0; i < steps; ++i) {
     const uint64_t z = ahead[i % kLookahead];
     const uint64_t next = i + kLookahead;
     if (next < steps) {
-      ahead[next % kLookahead] = next + g() % (n - next);
+      ahead[next % kLookahead] = draw(next);
       __builtin_prefetch(&r[ahead[next % kLookahead]], 1);
     }
     std::swap(r[i], r[z]);
