@@ -22,7 +22,11 @@
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
+#include "clairfs/oracle.hpp"
+#include "control/control.hpp"
 #include "engine/source_reader.hpp"
+#include "engine/trace.hpp"
+#include "oracle/schedule.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
 #include "util/log.hpp"
@@ -166,6 +170,8 @@ int run_mount(int argc, char** argv) {
 
   std::optional<Manifest> manifest;
   std::optional<SourceReader> reader;
+  std::optional<Oracle> oracle;
+  std::optional<TraceEngine> trace;
   try {
     const auto t0 = std::chrono::steady_clock::now();
     manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
@@ -177,6 +183,10 @@ int run_mount(int argc, char** argv) {
         return report.fail(kExitUsage, "manifest '" + o.manifest + "' does not match SOURCE: " + why +
                                            "; write it again with 'clairfs index'");
     }
+    oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
+    if (!o.trace.empty()) trace.emplace(*reader, *manifest, o.trace);
+    if (manifest->lookup(0, ControlTree::kName) != kNoEntry)
+      log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");
     if (o.foreground)
       log_info(std::string(o.manifest.empty() ? "scanned" : "loaded") + " " + std::to_string(manifest->size()) +
                " entries, " + std::to_string(manifest->samples().size()) + " samples in " +
@@ -186,7 +196,10 @@ int run_mount(int argc, char** argv) {
     return report.fail(kExitUsage, e.what());
   }
 
-  Frontend frontend(*manifest, *reader, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
+  const Entry& root = manifest->entry(0);
+  ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid});
+  Engine& engine = trace ? static_cast<Engine&>(*trace) : *reader;
+  Frontend frontend(*manifest, engine, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
   try {
     MountedSession session(o, frontend);
     if (report.detached()) {

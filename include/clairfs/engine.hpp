@@ -21,8 +21,9 @@ class Engine {
  public:
   virtual ~Engine() = default;
 
-  // Opens regular file `id` for reading. On success stores an opaque handle and returns 0.
-  virtual int open(EntryId id, uint64_t* handle) = 0;
+  // Opens regular file `id` for process `pid` (the reader: a DataLoader worker, say). On success stores an
+  // opaque handle and returns 0. The open is also the engine's signal of where that reader is.
+  virtual int open(EntryId id, pid_t pid, uint64_t* handle) = 0;
 
   // Reads up to `size` bytes at `offset` into `buf`; returns the byte count (short only at end of file)
   // or -errno.

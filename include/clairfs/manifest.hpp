@@ -71,6 +71,8 @@ class Manifest {
 
   // The child of `dir` named `name`, or kNoEntry.
   EntryId lookup(EntryId dir, std::string_view name) const;
+  // The entry a path relative to the root names, following symlinks inside SOURCE; kNoEntry if none.
+  EntryId resolve_relative(std::string_view path) const { return resolve_path(0, path, 0); }
   // Path relative to the root ("" for the root itself).
   std::string path(EntryId id) const;
   // Path components from the root down to id.

@@ -61,6 +61,10 @@ struct Options {
   Order order = Order::kTorch;
   std::string order_file;
   std::vector<std::string> extensions;  // lower case, with leading '.'
+  uint64_t torch_version = 2;           // which torch.randperm: 1 (torch 1.x) or 2 (torch 2.x)
+  bool shared_generator = true;         // torch-random: DataLoader(generator=g) with the sampler's g
+  bool persistent_workers = false;      // torch-random: DataLoader(persistent_workers=True)
+  std::string trace;                    // append "PID PATH" per open to this file
 
   // Caches (consumed by the engine).
   uint64_t ram = 0;  // bytes; 0: engine default

@@ -39,7 +39,7 @@ SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
   if (!root_) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
 }
 
-int SourceReader::open(EntryId id, uint64_t* handle) {
+int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
   const Entry& e = manifest_.entry(id);
   int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY);
   if (fd < 0) {

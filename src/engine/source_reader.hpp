@@ -26,7 +26,7 @@ class SourceReader final : public Engine {
   // REQUIRES: `manifest` outlives the reader. Throws std::runtime_error if SOURCE cannot be opened.
   SourceReader(const Manifest& manifest, const std::string& source);
 
-  int open(EntryId id, uint64_t* handle) override;
+  int open(EntryId id, pid_t pid, uint64_t* handle) override;
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
 

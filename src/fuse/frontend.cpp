@@ -11,7 +11,9 @@
 #include <sys/statvfs.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "util/log.hpp"
@@ -67,6 +69,37 @@ struct Handlers {
     fill_stat(fe, id, &ep->attr);
   }
 
+  // The .clairfs control files: same owner and times as the root, their own modes and sizes.
+  static void fill_control_stat(const Frontend& fe, const ControlAttr& a, struct stat* st) {
+    fill_stat(fe, 0, st);
+    st->st_ino = a.ino;
+    st->st_mode = a.mode;
+    st->st_nlink = S_ISDIR(a.mode) ? 2 : 1;
+    st->st_size = static_cast<off_t>(a.size);
+    st->st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+  }
+
+  static void fill_control_entry(const Frontend& fe, const ControlAttr& a, fuse_entry_param* ep) {
+    std::memset(ep, 0, sizeof(*ep));
+    ep->ino = a.ino;
+    ep->generation = 1;
+    ep->attr_timeout = fe.config_.attr_timeout;
+    ep->entry_timeout = fe.config_.entry_timeout;
+    fill_control_stat(fe, a, &ep->attr);
+  }
+
+  static void reply_control_entry(fuse_req_t req, const std::optional<ControlAttr>& a) {
+    Frontend& fe = self(req);
+    fuse_entry_param ep;
+    if (!a) {
+      std::memset(&ep, 0, sizeof(ep));
+      ep.entry_timeout = fe.config_.entry_timeout;
+    } else {
+      fill_control_entry(fe, *a, &ep);
+    }
+    fuse_reply_entry(req, &ep);
+  }
+
   static void init(void* /*userdata*/, fuse_conn_info* conn) {
     // The data set is immutable while mounted: let the kernel cache symlink targets and directory
     // listings, and look up names in one directory in parallel.
@@ -78,6 +111,9 @@ struct Handlers {
 
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     Frontend& fe = self(req);
+    if (ControlTree::owns(parent)) return reply_control_entry(req, fe.control_.lookup(parent, name));
+    if (parent == FUSE_ROOT_ID && std::strcmp(name, ControlTree::kName) == 0)
+      return reply_control_entry(req, fe.control_.getattr(ControlTree::root_ino()));
     if (!valid(fe, parent)) return reply_error(req, ESTALE);
     if (!fe.manifest_.is_dir(id_of(parent))) return reply_error(req, ENOTDIR);
     const EntryId child = fe.manifest_.lookup(id_of(parent), name);
@@ -98,8 +134,14 @@ struct Handlers {
 
   static void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     Frontend& fe = self(req);
-    if (!valid(fe, ino)) return reply_error(req, ESTALE);
     struct stat st;
+    if (ControlTree::owns(ino)) {
+      auto a = fe.control_.getattr(ino);
+      if (!a) return reply_error(req, ESTALE);
+      fill_control_stat(fe, *a, &st);
+      return (void)fuse_reply_attr(req, &st, fe.config_.attr_timeout);
+    }
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
     fill_stat(fe, id_of(ino), &st);
     fuse_reply_attr(req, &st, fe.config_.attr_timeout);
   }
@@ -114,8 +156,12 @@ struct Handlers {
 
   static void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Frontend& fe = self(req);
-    if (!valid(fe, ino)) return reply_error(req, ESTALE);
-    if (!fe.manifest_.is_dir(id_of(ino))) return reply_error(req, ENOTDIR);
+    if (ControlTree::owns(ino)) {
+      if (!fe.control_.list(ino)) return reply_error(req, ENOTDIR);
+    } else {
+      if (!valid(fe, ino)) return reply_error(req, ESTALE);
+      if (!fe.manifest_.is_dir(id_of(ino))) return reply_error(req, ENOTDIR);
+    }
     fi->cache_readdir = 1;  // listings never change
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);
@@ -123,8 +169,37 @@ struct Handlers {
 
   static void releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
+  static void readdir_control(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, bool plus) {
+    Frontend& fe = self(req);
+    auto entries = fe.control_.list(ino);
+    if (!entries) return reply_error(req, ENOTDIR);
+    std::vector<char> buf(size);
+    size_t used = 0;
+    for (uint64_t p = static_cast<uint64_t>(offset); p < 2 + entries->size(); ++p) {
+      struct stat st {};
+      std::string name = p == 0 ? "." : p == 1 ? ".." : (*entries)[p - 2].first;
+      st.st_ino = p < 2 ? ino : (*entries)[p - 2].second.ino;
+      st.st_mode = p < 2 ? S_IFDIR : (*entries)[p - 2].second.mode;
+      // No attributes, also for readdirplus (ino 0 there): a rank file's size costs a full order.
+      size_t need;
+      if (plus) {
+        fuse_entry_param ep;
+        std::memset(&ep, 0, sizeof(ep));
+        ep.attr = st;
+        need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &ep,
+                                      static_cast<off_t>(p + 1));
+      } else {
+        need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(p + 1));
+      }
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  }
+
   static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, bool plus) {
     Frontend& fe = self(req);
+    if (ControlTree::owns(ino)) return readdir_control(req, ino, size, offset, plus);
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     const EntryId dir = id_of(ino);
     const Entry& d = fe.manifest_.entry(dir);
@@ -163,23 +238,40 @@ struct Handlers {
     readdir_common(req, ino, size, off, true);
   }
 
+  static void open_control(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    Frontend& fe = self(req);
+    auto content = fe.control_.content(ino);
+    if (!content) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
+    auto* held = new std::shared_ptr<const std::string>(std::move(content));
+    fi->fh = reinterpret_cast<uint64_t>(held);
+    fi->keep_cache = 1;  // a rank file's contents are a pure function of its name
+    fi->noflush = 1;
+    if (fuse_reply_open(req, fi) == -ENOENT) delete held;
+  }
+
   static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Frontend& fe = self(req);
-    if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return reply_error(req, EROFS);
+    if (ControlTree::owns(ino)) return open_control(req, ino, fi);
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
     const Entry& e = fe.manifest_.entry(id_of(ino));
     if (S_ISDIR(e.mode)) return reply_error(req, EISDIR);
     if (!S_ISREG(e.mode)) return reply_error(req, ENXIO);  // FIFOs, sockets, devices are not served
     uint64_t handle = 0;
-    if (int rc = fe.engine_.open(id_of(ino), &handle); rc < 0) return reply_error(req, -rc);
+    if (int rc = fe.engine_.open(id_of(ino), fuse_req_ctx(req)->pid, &handle); rc < 0) return reply_error(req, -rc);
     fi->fh = handle;
     fi->keep_cache = 1;  // contents never change while mounted
     fi->noflush = 1;     // nothing to flush on close
     if (fuse_reply_open(req, fi) == -ENOENT) fe.engine_.release(handle);  // the opener was interrupted
   }
 
-  static void read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     Frontend& fe = self(req);
+    if (ControlTree::owns(ino)) {
+      const std::string& text = **reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
+      const size_t start = std::min(text.size(), static_cast<size_t>(off));
+      return (void)fuse_reply_buf(req, text.data() + start, std::min(size, text.size() - start));
+    }
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
     const ssize_t n = fe.engine_.read(fi->fh, buf.data(), size, off);
@@ -187,8 +279,9 @@ struct Handlers {
     fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
   }
 
-  static void release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-    self(req).engine_.release(fi->fh);
+  static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    if (ControlTree::owns(ino)) delete reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
+    else self(req).engine_.release(fi->fh);
     fuse_reply_err(req, 0);
   }
 
@@ -204,7 +297,7 @@ struct Handlers {
 
   static void access(fuse_req_t req, fuse_ino_t ino, int mask) {
     Frontend& fe = self(req);
-    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (!valid(fe, ino) && !ControlTree::owns(ino)) return reply_error(req, ESTALE);
     if (mask & W_OK) return reply_error(req, EROFS);
     fuse_reply_err(req, 0);
   }
@@ -271,8 +364,9 @@ struct Handlers {
   }
 };
 
-Frontend::Frontend(const Manifest& manifest, Engine& engine, int root_fd, FrontendConfig config)
-    : manifest_(manifest), engine_(engine), root_fd_(root_fd), config_(config) {}
+Frontend::Frontend(const Manifest& manifest, Engine& engine, const ControlTree& control, int root_fd,
+                   FrontendConfig config)
+    : manifest_(manifest), engine_(engine), control_(control), root_fd_(root_fd), config_(config) {}
 
 const fuse_lowlevel_ops& Frontend::ops() {
   static const fuse_lowlevel_ops kOps = Handlers::make_ops();

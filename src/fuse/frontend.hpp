@@ -10,6 +10,7 @@
 
 #include "clairfs/engine.hpp"
 #include "clairfs/manifest.hpp"
+#include "control/control.hpp"
 
 namespace clairfs {
 
@@ -20,8 +21,8 @@ struct FrontendConfig {
 
 class Frontend {
  public:
-  // REQUIRES: manifest and engine outlive the Frontend. `root_fd` is SOURCE, for statfs.
-  Frontend(const Manifest& manifest, Engine& engine, int root_fd, FrontendConfig config);
+  // REQUIRES: manifest, engine and control outlive the Frontend. `root_fd` is SOURCE, for statfs.
+  Frontend(const Manifest& manifest, Engine& engine, const ControlTree& control, int root_fd, FrontendConfig config);
 
   // The operation table; fuse_session_new() gets `this` as userdata.
   static const fuse_lowlevel_ops& ops();
@@ -33,6 +34,7 @@ class Frontend {
   friend struct Handlers;
   const Manifest& manifest_;
   Engine& engine_;
+  const ControlTree& control_;
   int root_fd_;
   FrontendConfig config_;
   std::atomic<uint64_t> erofs_{0};

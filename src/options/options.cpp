@@ -4,6 +4,7 @@
 // and stores it in Options. libfuse's parser is C, so the callback never throws through it: it records the
 // first error and returns -1, and parse_mount_command rethrows it as a UsageError. Cross-option checks
 // (a rank below world_size, order_file with order=list, ...) and path checks run after the parse.
+#include <fcntl.h>
 #include <fuse_opt.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,6 +47,12 @@ enum Key : int {
   kNvme,
   kNvmeSize,
   kManifest,
+  kTorchVersion,
+  kSharedGenerator,
+  kSharedGeneratorValue,
+  kPersistentWorkers,
+  kPersistentWorkersValue,
+  kTrace,
   kEntryTimeout,
   kAttrTimeout,
   kTimeout,
@@ -96,6 +103,12 @@ const fuse_opt kTemplates[] = {
     CLAIRFS_OPT("nvme=", kNvme),
     CLAIRFS_OPT("nvme_size=", kNvmeSize),
     CLAIRFS_OPT("manifest=", kManifest),
+    CLAIRFS_OPT("torch_version=", kTorchVersion),
+    CLAIRFS_OPT("shared_generator", kSharedGenerator),
+    CLAIRFS_OPT("shared_generator=", kSharedGeneratorValue),
+    CLAIRFS_OPT("persistent_workers", kPersistentWorkers),
+    CLAIRFS_OPT("persistent_workers=", kPersistentWorkersValue),
+    CLAIRFS_OPT("trace=", kTrace),
     CLAIRFS_OPT("entry_timeout=", kEntryTimeout),
     CLAIRFS_OPT("attr_timeout=", kAttrTimeout),
     CLAIRFS_OPT("timeout=", kTimeout),
@@ -205,6 +218,18 @@ void handle(ParseState& st, int key, const char* arg) {
       o.nvme = v;
       break;
     case kNvmeSize: o.nvme_size = parse_size(k, v); break;
+    case kTorchVersion:
+      o.torch_version = parse_u64(k, v);
+      if (o.torch_version != 1 && o.torch_version != 2) bad_value(k, v, "use 1 (torch 1.x) or 2 (torch 2.x)");
+      break;
+    case kSharedGenerator: o.shared_generator = true; break;
+    case kSharedGeneratorValue: o.shared_generator = parse_bool(k, v); break;
+    case kPersistentWorkers: o.persistent_workers = true; break;
+    case kPersistentWorkersValue: o.persistent_workers = parse_bool(k, v); break;
+    case kTrace:
+      if (v.empty()) bad_value(k, v, "empty path");
+      o.trace = v;
+      break;
     case kManifest:
       if (v.empty()) bad_value(k, v, "empty path");
       o.manifest = v;
@@ -279,6 +304,12 @@ void check_paths(Options& o) {
   if (!o.manifest.empty()) require_path("manifest", o.manifest, S_IFREG, R_OK);
   if (!o.order_file.empty()) require_path("order_file", o.order_file, S_IFREG, R_OK);
   if (!o.nvme.empty()) require_path("nvme", o.nvme, S_IFDIR, R_OK | W_OK | X_OK);
+  if (!o.trace.empty()) {
+    const int fd = ::open(o.trace.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw UsageError("trace '" + o.trace + "': " + std::strerror(errno));
+    ::close(fd);
+    o.trace = absolute(o.trace);  // the daemon changes directory to /
+  }
 }
 
 void check_combinations(ParseState& st) {
@@ -418,6 +449,9 @@ Training schedule (what the job's sampler and DataLoader use):
   prefetch_factor=N    DataLoader prefetch_factor; default 2
   order=NAME           torch (default), torch-random, sequential, list, clairfs
   order_file=FILE      the order for order=list
+  torch_version=N      1 or 2: the torch.randperm the job's torch uses (differs from 214,748,364 samples); default 2
+  shared_generator[=BOOL]    torch-random: the DataLoader gets the sampler's generator too; default on
+  persistent_workers[=BOOL]  torch-random: DataLoader(persistent_workers=True); default off
   extensions=LIST      file extensions that are samples, ':'-separated; default ImageFolder's
 
 Caches:
@@ -425,6 +459,7 @@ Caches:
   nvme=DIR             local directory for the NVMe tier
   nvme_size=SIZE       NVMe tier budget; needs nvme=
   manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE
+  trace=FILE           append one line per file opened ("PID PATH") to FILE
 
 Kernel and FUSE:
   entry_timeout=SECS   how long the kernel caches names; default 86400

@@ -10,25 +10,10 @@
 #include <fstream>
 
 #include "clairfs/oracle.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
-namespace {
-
-std::string unescape(const std::string& line) {
-  std::string out;
-  for (size_t i = 0; i < line.size(); ++i) {
-    if (line[i] == '\\' && i + 1 < line.size()) {
-      const char c = line[++i];
-      out += c == 'n' ? '\n' : c;
-    } else {
-      out += line[i];
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 OrderList parse_order_file(const std::string& file, uint64_t num_samples, uint64_t world_size,
                            const std::function<int64_t(const std::string&)>& resolve) {
@@ -70,7 +55,7 @@ OrderList parse_order_file(const std::string& file, uint64_t num_samples, uint64
       continue;
     }
     if (line[0] == '@') throw UsageError(where(line_no) + "unknown directive '" + line + "'");
-    std::string path = unescape(line);
+    std::string path = unescape_line(line);
     while (path.rfind("./", 0) == 0) path.erase(0, 2);
     const int64_t sample = resolve(path);
     if (sample < 0 || static_cast<uint64_t>(sample) >= num_samples)

@@ -1,0 +1,156 @@
+#include "control/control.hpp"
+
+#include <sys/stat.h>
+
+#include <charconv>
+
+#include "util/text.hpp"
+
+namespace clairfs {
+
+namespace {
+
+// Inode layout under bit 62: kind in bits 56-59, then the kind's fields.
+constexpr uint64_t kBase = uint64_t{1} << 62;
+constexpr uint64_t kKindShift = 56;
+enum Kind : uint64_t { kFixed = 0, kEpochDir = 1, kRankFile = 2 };
+constexpr uint64_t kRootIno = kBase | 1;   // .clairfs
+constexpr uint64_t kOrderIno = kBase | 2;  // .clairfs/order
+constexpr uint64_t kReadmeIno = kBase | 3;
+constexpr uint64_t kMaxEpoch = (uint64_t{1} << 32) - 1;
+constexpr uint64_t kMaxRank = (uint64_t{1} << 24) - 1;
+// Listings stop here; any epoch or rank still opens by name.
+constexpr uint64_t kListedEpochs = 100;
+constexpr uint64_t kListedRanks = 4096;
+// Rank files kept: a few epochs of the ranks one node serves.
+constexpr size_t kCachedFiles = 16;
+
+uint64_t kind_of(uint64_t ino) { return (ino >> kKindShift) & 0xf; }
+uint64_t epoch_dir_ino(uint64_t epoch) { return kBase | (kEpochDir << kKindShift) | epoch; }
+uint64_t rank_file_ino(uint64_t epoch, uint64_t rank) {
+  return kBase | (kRankFile << kKindShift) | (epoch << 24) | rank;
+}
+
+// Parses "<prefix><decimal>" strictly (no sign, no leading zeros but "0").
+std::optional<uint64_t> number_after(std::string_view name, std::string_view prefix, uint64_t max) {
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  name.remove_prefix(prefix.size());
+  if (name.empty() || (name.size() > 1 && name[0] == '0')) return std::nullopt;
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+  if (ec != std::errc() || p != name.data() + name.size() || v > max) return std::nullopt;
+  return v;
+}
+
+ControlAttr dir_attr(uint64_t ino) { return {ino, S_IFDIR | 0555, 0}; }
+
+std::string seed_text(SeedInt seed) {
+  const bool negative = seed < 0;
+  SeedUint v = negative ? -static_cast<SeedUint>(seed) : static_cast<SeedUint>(seed);
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
+  return negative ? "-" + digits : digits;
+}
+
+}  // namespace
+
+ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
+    : manifest_(manifest), oracle_(oracle), config_(std::move(config)) {
+  readme_ =
+      "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
+      "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
+      "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n\n"
+      "Order: " + std::string(order_name(oracle.schedule().order)) + ", seed " +
+      seed_text(oracle.schedule().seed) + ", world_size " +
+      std::to_string(oracle.schedule().world_size) + ", batch_size " + std::to_string(oracle.schedule().batch_size) +
+      ", " + std::to_string(oracle.num_samples()) + " samples.\n";
+}
+
+uint64_t ControlTree::root_ino() { return kRootIno; }
+
+std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino) const {
+  auto c = content(ino);
+  if (!c) return std::nullopt;
+  return ControlAttr{ino, S_IFREG | 0444, c->size()};
+}
+
+std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view name) const {
+  if (dir == kRootIno) {
+    if (name == "order") return dir_attr(kOrderIno);
+    if (name == "README") return file_attr(kReadmeIno);
+    return std::nullopt;
+  }
+  if (dir == kOrderIno) {
+    if (auto e = number_after(name, "epoch-", kMaxEpoch)) return dir_attr(epoch_dir_ino(*e));
+    return std::nullopt;
+  }
+  if (kind_of(dir) == kEpochDir && owns(dir)) {
+    const uint64_t epoch = dir & kMaxEpoch;
+    if (auto r = number_after(name, "rank-", kMaxRank); r && *r < oracle_.schedule().world_size)
+      return file_attr(rank_file_ino(epoch, *r));
+  }
+  return std::nullopt;
+}
+
+std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
+  if (ino == kRootIno || ino == kOrderIno) return dir_attr(ino);
+  if (!owns(ino)) return std::nullopt;
+  if (kind_of(ino) == kEpochDir) return dir_attr(ino);
+  return file_attr(ino);
+}
+
+std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::list(uint64_t dir) const {
+  std::vector<std::pair<std::string, ControlAttr>> out;
+  if (dir == kRootIno) {
+    out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_.size()}});
+    out.push_back({"order", dir_attr(kOrderIno)});
+  } else if (dir == kOrderIno) {
+    const uint64_t end = config_.epochs ? *config_.epochs : config_.start_epoch + kListedEpochs;
+    for (uint64_t e = config_.start_epoch; e < end && e < config_.start_epoch + kListedEpochs; ++e)
+      out.push_back({"epoch-" + std::to_string(e), dir_attr(epoch_dir_ino(e))});
+  } else if (owns(dir) && kind_of(dir) == kEpochDir) {
+    // Sizes are left 0 here: they would cost a full order per rank; getattr gives the real one.
+    const uint64_t epoch = dir & kMaxEpoch;
+    for (uint64_t r = 0; r < oracle_.schedule().world_size && r < kListedRanks; ++r)
+      out.push_back({"rank-" + std::to_string(r), {rank_file_ino(epoch, r), S_IFREG | 0444, 0}});
+  } else {
+    return std::nullopt;
+  }
+  return out;
+}
+
+std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
+  if (ino == kReadmeIno) return std::make_shared<const std::string>(readme_);
+  if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
+  const uint64_t rank = ino & kMaxRank;
+  const uint64_t epoch = (ino >> 24) & kMaxEpoch;
+  if (rank >= oracle_.schedule().world_size) return nullptr;
+  return rank_file(epoch, rank);
+}
+
+std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
+  const uint64_t key = rank_file_ino(epoch, rank);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->first == key) {
+        cache_.splice(cache_.begin(), cache_, it);
+        return cache_.front().second;
+      }
+    }
+  }
+  // Built outside the lock: two threads may build the same file once each, which is harmless.
+  const EpochOrder order = oracle_.epoch(epoch);
+  auto text = std::make_shared<std::string>();
+  const auto& samples = manifest_.samples();
+  for (uint64_t k = 0; k < order.loaded(rank); ++k) append_escaped_line(*text, manifest_.path(samples[order.at(rank, k)]));
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_.emplace_front(key, text);
+  if (cache_.size() > kCachedFiles) cache_.pop_back();
+  return text;
+}
+
+}  // namespace clairfs

@@ -1,0 +1,197 @@
+"""The oracle against Debian's real PyTorch.
+
+1. Hundreds of random (N, world_size, rank, seed, epoch, drop_last, batch_size, loader drop_last) cases:
+   the oracle's sequence for a rank equals what DistributedSampler (+ BatchSampler) yields, for
+   shuffle on and off. Seeds include negative ones and ones >= 2^32.
+2. torch-random: RandomSampler with a seeded generator, shared with the DataLoader or not, across
+   several epochs; and with persistent workers.
+3. Workers: which samples each DataLoader worker loads, from torch's own get_worker_info().
+4. The published order: MOUNTPOINT/.clairfs/order/epoch-E/rank-R on several awkward trees equals
+   ImageFolder.samples taken in DistributedSampler's order.
+"""
+import os
+import random
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from trees import build, torch_samples  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler  # noqa: E402
+
+DUMP = os.environ.get("CLAIRFS_ORACLE_DUMP")
+rnd = random.Random(1234)
+
+
+class Oracle:
+    """Talks to tests/tools/oracle_dump over a pipe."""
+
+    def __init__(self):
+        self.p = subprocess.Popen([DUMP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, cmd, order, n, world, rank, seed, epoch, drop_last=0, batch=1, loader_drop_last=0, workers=0,
+            shared=1, persistent=0, start=0, kind="classic"):
+        self.p.stdin.write("%s %s %d %d %d %d %d %d %d %d %d %d %d %d %s\n" % (
+            cmd, order, n, world, rank, seed, epoch, drop_last, batch, loader_drop_last, workers, shared, persistent,
+            start, kind))
+        self.p.stdin.flush()
+        if cmd == "rank":
+            return [int(x) for x in self.p.stdout.readline().split()]
+        out = []
+        while True:
+            line = self.p.stdout.readline().strip()
+            if line == ".":
+                return out
+            out.append([int(x) for x in line.split()])
+
+
+def torch_rank_sequence(n, world, rank, seed, epoch, drop_last, shuffle, batch, loader_drop_last):
+    s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    s.set_epoch(epoch)
+    return [i for b in BatchSampler(s, batch, loader_drop_last) for i in b]
+
+
+def random_seed(epoch):
+    kind = rnd.randrange(4)
+    if kind == 0:
+        return rnd.randrange(0, 1000)
+    if kind == 1:
+        return -rnd.randrange(1, 2**40)
+    if kind == 2:
+        return rnd.randrange(2**32, 2**63)
+    return rnd.randrange(2**63, 2**64 - epoch)  # still within manual_seed's range after adding the epoch
+
+
+oracle = Oracle()
+
+# 1. DistributedSampler, shuffled and not.
+cases = bad = 0
+for _ in range(400):
+    n = rnd.choice([1, 2, 3, 7, 10, 64, 100, 257, 1000, rnd.randrange(1, 5000)])
+    world = rnd.choice([1, 2, 3, 4, 5, 8, 16])
+    rank = rnd.randrange(world)
+    epoch = rnd.choice([0, 1, 2, rnd.randrange(0, 1000)])
+    seed = random_seed(epoch)
+    drop_last = rnd.random() < 0.4
+    shuffle = rnd.random() < 0.85
+    batch = rnd.choice([1, 2, 3, 32])
+    ldl = rnd.random() < 0.4
+    want = torch_rank_sequence(n, world, rank, seed, epoch, drop_last, shuffle, batch, ldl)
+    got = oracle.ask("rank", "torch" if shuffle else "sequential", n, world, rank, seed, epoch, drop_last, batch, ldl)
+    cases += 1
+    if want != got:
+        bad += 1
+        if bad <= 3:
+            print("differs: n=%d world=%d rank=%d seed=%d epoch=%d drop_last=%d shuffle=%d batch=%d ldl=%d" % (
+                n, world, rank, seed, epoch, drop_last, shuffle, batch, ldl))
+            print("  torch  %s\n  oracle %s" % (want[:12], got[:12]))
+h.check(bad == 0, "DistributedSampler: %d/%d random cases bit-exact (seeds negative, >= 2^32, >= 2^63)" % (
+    cases - bad, cases))
+
+# 2. RandomSampler with a seeded generator, over several epochs.
+bad = cases = 0
+for trial in range(24):
+    n = rnd.choice([1, 2, 5, 100, 1000, rnd.randrange(2, 3000)])
+    seed = rnd.choice([0, 7, rnd.randrange(0, 2**40), -5])
+    batch = rnd.choice([1, 4, 16])
+    ldl = rnd.random() < 0.5
+    shared = trial % 2 == 0
+    start = rnd.choice([0, 0, 3])
+    g = torch.Generator()
+    g.manual_seed(seed)
+    if shared:
+        loader = DataLoader(range(n), batch_size=batch, shuffle=True, generator=g, drop_last=ldl)
+    else:
+        loader = DataLoader(range(n), batch_size=batch, sampler=RandomSampler(range(n), generator=g), drop_last=ldl)
+    for epoch in range(start, start + 4):
+        want = [int(i) for b in loader for i in b]
+        got = oracle.ask("rank", "torch-random", n, 1, 0, seed, epoch, 0, batch, ldl, 0, int(shared), 0, start)
+        cases += 1
+        if want != got:
+            bad += 1
+            if bad <= 3:
+                print("torch-random differs: n=%d seed=%d epoch=%d shared=%d start=%d" % (n, seed, epoch, shared, start))
+h.check(bad == 0, "RandomSampler with a seeded generator: %d/%d epochs bit-exact (shared and not)" % (cases - bad, cases))
+
+g = torch.Generator()
+g.manual_seed(99)
+loader = DataLoader(range(300), batch_size=8, shuffle=True, generator=g, num_workers=2, persistent_workers=True)
+ok = all([int(i) for b in loader for i in b] ==
+         oracle.ask("rank", "torch-random", 300, 1, 0, 99, epoch, 0, 8, 0, 2, 1, 1, 0) for epoch in range(3))
+h.check(ok, "RandomSampler with persistent workers: 3 epochs bit-exact")
+del loader  # stops the persistent workers now; left to interpreter exit, their shutdown can hang
+
+
+# 3. Which worker loads what: torch's own get_worker_info().
+class WhoLoads(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, torch.utils.data.get_worker_info().id
+
+
+bad = cases = 0
+for _ in range(6):
+    n = rnd.randrange(50, 400)
+    world = rnd.choice([1, 2, 3])
+    rank = rnd.randrange(world)
+    workers = rnd.choice([2, 3])
+    batch = rnd.choice([1, 5, 8])
+    ldl = rnd.random() < 0.5
+    seed = rnd.randrange(1000)
+    epoch = rnd.randrange(5)
+    s = DistributedSampler(WhoLoads(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    s.set_epoch(epoch)
+    per_worker = [[] for _ in range(workers)]
+    for idx, wid in DataLoader(WhoLoads(n), batch_size=batch, sampler=s, num_workers=workers, drop_last=ldl):
+        for i, w in zip(idx.tolist(), wid.tolist()):
+            per_worker[w].append(i)
+    got = oracle.ask("workers", "torch", n, world, rank, seed, epoch, 0, batch, ldl, workers)
+    cases += 1
+    bad += per_worker != got
+h.check(bad == 0, "DataLoader workers: %d/%d cases load exactly the predicted samples per worker" % (cases - bad, cases))
+
+# 4. The published order on awkward trees, through a real mount.
+with h.tempdir() as tmp:
+    mnt = tmp + "/mnt"
+    os.makedirs(mnt)
+    bad = cases = 0
+    for t in range(5):
+        root = os.path.join(tmp, "t%d" % t)
+        build(root, random.Random(100 + t))
+        samples = [p for _, p in torch_samples(root)]
+        for _ in range(4):
+            world = rnd.choice([1, 2, 3, 5])
+            seed = random_seed(50)
+            drop_last = rnd.random() < 0.5
+            batch = rnd.choice([1, 2, 4])
+            ldl = rnd.random() < 0.5
+            opts = "seed=%d,world_size=%d,ranks=0-%d,batch_size=%d,drop_last=%d,loader_drop_last=%d" % (
+                seed, world, world - 1, batch, drop_last, ldl)
+            with h.mounted(root, mnt, opts):
+                for _ in range(3):
+                    epoch, rank = rnd.randrange(0, 50), rnd.randrange(world)
+                    with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
+                        got = f.read().splitlines()
+                    want = [samples[i] for i in torch_rank_sequence(len(samples), world, rank, seed, epoch, drop_last,
+                                                                   True, batch, ldl)]
+                    cases += 1
+                    if got != want:
+                        bad += 1
+                        print("published order differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
+                listing = os.listdir(mnt)
+                if ".clairfs" in listing:
+                    bad += 1
+                    print(".clairfs listed in the root")
+    h.check(bad == 0, "published .clairfs/order files: %d/%d (tree, options, epoch, rank) cases equal torch" % (
+        cases - bad, cases))
+
+oracle.p.stdin.close()
+oracle.p.wait()
+h.finish()
