@@ -81,4 +81,21 @@ with h.tempdir() as tmp:
         h.check(line.startswith("imagenet,v2 ") and " ro," in line and "noexec" in line,
                 "fsname, noexec and ro reach the kernel: " + line.strip())
 
+    # order=list: the published order is the file's; a bad file fails the mount naming its line.
+    for i in range(6):
+        with open(src + "/c/%d.png" % i, "wb") as f:
+            f.write(b"%d" % i)
+    with open(tmp + "/order.txt", "w") as f:
+        f.write("# two epochs of my own order\nc/3.png\n./c/a.png\nc/1.png\n@epoch 1\n@rank 0\nc/5.png\n")
+    with h.mounted(src, mnt, "order=list,order_file=%s/order.txt,world_size=2,ranks=0" % tmp):
+        e0 = [open(mnt + "/.clairfs/order/epoch-0/rank-%d" % r).read().split() for r in (0, 1)]
+        e1 = open(mnt + "/.clairfs/order/epoch-1/rank-0").read().split()
+        h.check(e0 == [["c/3.png", "c/1.png"], ["c/a.png", "c/3.png"]] and e1 == ["c/5.png"],
+                "order=list: epoch 0 split like DistributedSampler, epoch 1 given per rank: %s %s" % (e0, e1))
+    with open(tmp + "/order.txt", "a") as f:
+        f.write("c/missing.png\n")
+    r = h.run_clairfs([src, mnt, "-o", "order=list,order_file=%s/order.txt" % tmp])
+    h.check(r.returncode == 2 and "line 8" in r.stderr and r.stderr.count("\n") == 1 and not h.is_mounted(mnt),
+            "a bad order file: exit 2, one line naming the line: " + r.stderr.strip())
+
 h.finish()
