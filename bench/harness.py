@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""The benchmark harness: the same training workload over a slow shared file system, read four ways,
+side by side in one run, plus the cache-policy simulation. Writes tables and plots into docs/.
+
+Systems (each run starts from a fresh slow-source mount, so its SOURCE traffic is its own):
+  direct     the training loop reads the slow source directly
+  stage-in   copy the whole data set to local disk first (copy time counted in epoch 1), then read that
+  clairfs    the training loop reads a clairfs mount of the slow source
+  bound      not a run: epoch 1 cannot stall less than max(0, bytes from SOURCE / bandwidth - compute);
+             later epochs 0 when the data set fits the caches
+
+    harness.py BUILD [--quick] [--out docs]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Params:
+    def __init__(self, quick):
+        self.files = 1000 if quick else 3000
+        self.classes = 20
+        self.epochs = 2 if quick else 3
+        self.reps = 1 if quick else 3
+        self.batch = 16
+        self.workers = 4
+        self.prefetch = 2
+        self.compute_ms = 10
+        self.seed = 42
+        self.latency_ms = 2
+        self.bandwidth_mbps = 100
+        self.inflight = 16
+        self.torch = True
+        self.sim_files = 2000 if quick else 10000
+
+
+def wait_mounted(mnt, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/self/mounts") as f:
+            if any(line.split()[1] == mnt for line in f):
+                return
+        time.sleep(0.02)
+    raise SystemExit("harness: %s did not mount" % mnt)
+
+
+def unmount(mnt):
+    subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL)
+
+
+class SlowSource:
+    """A fresh slowfs mount of the data set; stats() after close() gives what it served."""
+
+    def __init__(self, build, data, work, p):
+        self.mnt = tempfile.mkdtemp(prefix="slow-", dir=work)
+        self.stats_file = self.mnt + ".json"
+        self.proc = subprocess.Popen(
+            [build + "/bench/slowfs", data, self.mnt, "--open-latency-ms", str(p.latency_ms), "--bandwidth-mbps",
+             str(p.bandwidth_mbps), "--max-inflight", str(p.inflight), "--stats", self.stats_file],
+            stdout=subprocess.PIPE, text=True)
+        self.proc.stdout.readline()
+        wait_mounted(self.mnt)
+
+    def close(self):
+        unmount(self.mnt)
+        self.proc.wait(timeout=60)
+        with open(self.stats_file) as f:
+            return json.load(f)
+
+
+def run_loop(build, p, root, order_root, stalls=None, torch=False):
+    if torch:
+        cmd = [sys.executable, HERE + "/torch_loop.py", root]
+    else:
+        cmd = [build + "/bench/train_loop", "--root", root, "--order-root", order_root]
+        if stalls:
+            cmd += ["--stalls", stalls]
+    cmd += ["--seed", str(p.seed), "--batch-size", str(p.batch), "--workers", str(p.workers), "--prefetch-factor",
+            str(p.prefetch), "--epochs", str(p.epochs), "--compute-ms", str(p.compute_ms)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def run_system(name, build, p, data, work, torch=False, stalls=None):
+    slow = SlowSource(build, data, work, p)
+    copy_s = 0.0
+    try:
+        if name == "direct":
+            epochs = run_loop(build, p, slow.mnt, slow.mnt, stalls, torch)
+        elif name == "stage-in":
+            local = tempfile.mkdtemp(prefix="stage-", dir="/var/tmp")
+            try:
+                t0 = time.perf_counter()
+                subprocess.run(["cp", "-r", slow.mnt + "/.", local], check=True)
+                copy_s = time.perf_counter() - t0
+                epochs = run_loop(build, p, local, local, stalls, torch)
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+            epochs[0]["wall_s"] += copy_s
+            epochs[0]["stall_s"] += copy_s  # the GPU waits for the copy as it would for data
+        elif name == "clairfs":
+            mnt = tempfile.mkdtemp(prefix="clairfs-", dir=work)
+            subprocess.run([build + "/clairfs", slow.mnt, mnt, "-o",
+                            "seed=%d,batch_size=%d,workers=%d,prefetch_factor=%d,epochs=%d" % (
+                                p.seed, p.batch, p.workers, p.prefetch, p.epochs)], check=True)
+            try:
+                epochs = run_loop(build, p, mnt, mnt, stalls, torch)
+            finally:
+                unmount(mnt)
+                time.sleep(0.2)
+        else:
+            raise ValueError(name)
+    finally:
+        stats = slow.close()
+    return {"epochs": epochs, "source_bytes": stats["bytes"], "source_opens": stats["opens"], "copy_s": copy_s}
+
+
+def bound(p, data_bytes, batches):
+    compute = batches * p.compute_ms / 1000
+    first = max(0.0, data_bytes / (p.bandwidth_mbps * 1e6) - compute)
+    return [first] + [0.0] * (p.epochs - 1)
+
+
+def dataset_bytes(data):
+    total = 0
+    for d, _, files in os.walk(data):
+        total += sum(os.path.getsize(os.path.join(d, f)) for f in files if f.endswith(".jpg"))
+    return total
+
+
+def plot_stalls(stall_files, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for name, (path, offset) in stall_files.items():
+        xs, ys = [], []
+        with open(path) as f:
+            for line in f:
+                _, _, start, stall = line.split()
+                xs.append(float(start) + offset)
+                ys.append(float(stall) * 1000)
+        ax.plot(xs, ys, label=name, linewidth=0.8)
+    ax.set_xlabel("time since the job started (s); stage-in trains after its copy")
+    ax.set_ylabel("stall before batch (ms)")
+    ax.set_title("Stall per batch over time (C++ loop)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def plot_cache(rows, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in sorted({r["policy"] for r in rows}):
+        pts = sorted((r["fraction"], r["hit_ratio"]) for r in rows if r["policy"] == policy)
+        ax.plot([x * 100 for x, _ in pts], [y for _, y in pts], marker="o", label=policy.upper())
+    ax.set_xlabel("cache size (% of the node's data)")
+    ax.set_ylabel("hit ratio")
+    ax.set_title("Cache policies on the predicted trace")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "docs"))
+    ap.add_argument("--data-dir", default="/dev/shm/clairfs-bench-harness")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    p = Params(args.quick)
+    t_start = time.monotonic()
+
+    data = "%s/%d" % (args.data_dir, p.files)
+    if not os.path.exists(data + "/.complete"):
+        shutil.rmtree(data, ignore_errors=True)
+        subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(p.files), "--classes",
+                        str(p.classes), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
+        open(data + "/.complete", "w").close()
+    total_bytes = dataset_bytes(data)
+    work = tempfile.mkdtemp(prefix="clairfs-harness-")
+
+    systems = ["direct", "stage-in", "clairfs"]
+    results = {s: [] for s in systems}
+    torch_results = {s: [] for s in ("direct", "clairfs")}
+    stall_files = {}
+    for rep in range(p.reps):
+        for i in range(len(systems)):
+            name = systems[(rep + i) % len(systems)]
+            stalls = "%s/stalls-%s.txt" % (work, name)
+            results[name].append(run_system(name, build, p, data, work, stalls=stalls))
+            stall_files[name] = (stalls, results[name][-1]["copy_s"])
+            print("rep %d %-9s %s" % (rep, name, " ".join("e%d %.2fs/%.2fs" % (e["epoch"], e["wall_s"], e["stall_s"])
+                                                       for e in results[name][-1]["epochs"])), file=sys.stderr)
+        if p.torch:
+            for name in ("direct", "clairfs"):
+                torch_results[name].append(run_system(name, build, p, data, work, torch=True))
+
+    batches = results["direct"][0]["epochs"][0]["batches"]
+    lower = bound(p, total_bytes, batches)
+
+    def med(runs, epoch, key):
+        return statistics.median(r["epochs"][epoch][key] for r in runs)
+
+    lines = []
+    out = lines.append
+    out("Workload: %d files, %.0f MB (lognormal sizes, mean ~110 KB), one rank, batch %d, %d workers, "
+        "prefetch_factor %d, %d ms compute per batch (%d batches per epoch), %d epochs. Slow source: %d ms per "
+        "open, %d MB/s shared, %d requests in flight, no page cache. Medians of %d run(s), systems rotated." % (
+            p.files, total_bytes / 1e6, p.batch, p.workers, p.prefetch, p.compute_ms, batches, p.epochs,
+            p.latency_ms, p.bandwidth_mbps, p.inflight, p.reps))
+    out("")
+    out("C++ loop (`bench/train_loop`), stall and epoch time in seconds:")
+    out("")
+    header = "| system |" + "".join(" epoch %d stall | epoch %d time |" % (e, e) for e in range(p.epochs)) + \
+             " SOURCE bytes ÷ data set |"
+    out(header)
+    out("|---|" + "---:|---:|" * p.epochs + "---:|")
+    for name in systems:
+        runs = results[name]
+        row = "| %s |" % name
+        for e in range(p.epochs):
+            row += " %.2f | %.2f |" % (med(runs, e, "stall_s"), med(runs, e, "wall_s"))
+        row += " %.2f |" % (statistics.median(r["source_bytes"] for r in runs) / total_bytes)
+        out(row)
+    out("| bound |" + "".join(" %.2f | |" % b for b in lower) + " 1.00 |")
+    out("")
+    out("Ratios of stall (C++ loop): to direct, and to the bound where the bound is not 0.")
+    out("")
+    out("| system |" + "".join(" epoch %d ÷ direct | epoch %d ÷ bound |" % (e, e) for e in range(p.epochs)))
+    out("|---|" + "---:|---:|" * p.epochs)
+    for name in systems:
+        row = "| %s |" % name
+        for e in range(p.epochs):
+            s = med(results[name], e, "stall_s")
+            d = med(results["direct"], e, "stall_s")
+            row += " %.2f | %s |" % (s / d if d else 0, "%.2f" % (s / lower[e]) if lower[e] > 0 else "—")
+        out(row)
+    if p.torch:
+        out("")
+        out("Unmodified PyTorch loop (`bench/torch_loop.py`: ImageFolder + DistributedSampler + DataLoader), "
+            "stall and epoch time in seconds:")
+        out("")
+        out(header)
+        out("|---|" + "---:|---:|" * p.epochs + "---:|")
+        for name, runs in torch_results.items():
+            row = "| %s |" % name
+            for e in range(p.epochs):
+                row += " %.2f | %.2f |" % (med(runs, e, "stall_s"), med(runs, e, "wall_s"))
+            row += " %.2f |" % (statistics.median(r["source_bytes"] for r in runs) / total_bytes)
+            out(row)
+
+    # Cache policies on the predicted trace.
+    sim_data = "%s/sim-%d" % (args.data_dir, p.sim_files)
+    if not os.path.exists(sim_data + "/.complete"):
+        shutil.rmtree(sim_data, ignore_errors=True)
+        subprocess.run([sys.executable, HERE + "/make_dataset.py", sim_data, "--files", str(p.sim_files), "--classes",
+                        "50", "--seed", "2", "--mean-kb", "1"], check=True, stdout=subprocess.DEVNULL)
+        open(sim_data + "/.complete", "w").close()
+    sim_rows = []
+    for ranks_per_node in (1, 4):
+        r = subprocess.run([build + "/bench/cache_sim", "--root", sim_data, "--seed", str(p.seed), "--world-size", "8",
+                            "--ranks-per-node", str(ranks_per_node), "--epochs", "4"],
+                           capture_output=True, text=True, check=True)
+        sim_rows += [json.loads(line) for line in r.stdout.splitlines()]
+    out("")
+    out("Cache policies on the predicted trace (`bench/cache_sim`): %d samples (lognormal sizes), world size 8, "
+        "4 epochs, the ranks of node 0 interleaved; cache sizes as a share of the bytes the node reads. "
+        "Hit ratio by files:" % p.sim_files)
+    out("")
+    fractions = sorted({r["fraction"] for r in sim_rows})
+    out("| ranks per node | policy |" + "".join(" %d%% |" % (f * 100) for f in fractions))
+    out("|---:|---|" + "---:|" * len(fractions))
+    for rpn in (1, 4):
+        for policy in ("lru", "min"):
+            vals = {r["fraction"]: r["hit_ratio"] for r in sim_rows if r["ranks_per_node"] == rpn and r["policy"] == policy}
+            out("| %d | %s |" % (rpn, "LRU" if policy == "lru" else "Belady MIN") +
+                "".join(" %.3f |" % vals[f] for f in fractions))
+        out("| %d | clairfs planner | %s" % (rpn, "— (issue 5) |" * len(fractions)))
+
+    os.makedirs(args.out, exist_ok=True)
+    plot_stalls(stall_files, os.path.join(args.out, "bench-stalls.png"))
+    plot_cache([r for r in sim_rows if r["ranks_per_node"] == 4], os.path.join(args.out, "bench-cache.png"))
+    out("")
+    out("![stall per batch](bench-stalls.png) ![hit ratio against cache size](bench-cache.png)")
+    out("")
+    out("Run took %.0f s." % (time.monotonic() - t_start))
+    text = "\n".join(lines)
+    print(text)
+
+    # Into docs/benchmarks.md between the markers.
+    doc = os.path.join(args.out, "benchmarks.md")
+    begin, end = "<!-- harness:begin -->", "<!-- harness:end -->"
+    content = open(doc).read() if os.path.exists(doc) else ""
+    if begin in content and end in content:
+        head, rest = content.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        command = "scripts/bench --quick" if args.quick else "scripts/bench"
+        content = head + begin + "\n```\n" + command + "\n```\n\n" + text + "\n" + end + tail
+        with open(doc, "w") as f:
+            f.write(content)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

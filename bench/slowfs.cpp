@@ -1,0 +1,234 @@
+// Benchmark-only: a stand-in for a loaded parallel file system (Lustre, GPFS) in front of a local
+// directory. It serves SOURCE read-only with
+//   - a fixed latency on every open (default 2 ms): the metadata server round trip a PFS charges per file;
+//   - one bandwidth cap shared by all readers (default 100 MB/s): the node's share of the storage
+//     servers, so eight readers get an eighth each, not eight times as much;
+//   - at most --max-inflight opens and reads in service at once (default 16): the client's RPC slots;
+//   - no page cache in the mount (direct_io), so a file read twice is paid twice, as from a PFS whose
+//     client cache is too small for the data set.
+// Names and attributes are answered from memory (scanned at start): the stand-in charges data and opens,
+// which is what a training job's reads cost. It counts opens and bytes served and writes them as JSON to
+// --stats FILE when unmounted, so a run can report how much came from SOURCE.
+//
+//   slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] [--max-inflight 16] [--stats FILE]
+// Runs in the foreground; prints "ready" once mounted.
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Node {
+  struct stat st {};
+  std::string path;
+  std::map<std::string, fuse_ino_t> children;
+  std::vector<std::string> names;
+};
+
+struct Config {
+  double open_latency_s = 0.002;
+  double bandwidth = 100e6;  // bytes/s
+  int max_inflight = 16;
+  std::string stats;
+};
+
+std::vector<Node> g_nodes;
+Config g_config;
+std::atomic<uint64_t> g_opens{0}, g_bytes{0}, g_reads{0};
+
+// Counting semaphore for requests in service.
+std::mutex g_slot_mutex;
+std::condition_variable g_slot_cv;
+int g_slots_used = 0;
+
+struct Slot {
+  Slot() {
+    std::unique_lock<std::mutex> lock(g_slot_mutex);
+    g_slot_cv.wait(lock, [] { return g_slots_used < g_config.max_inflight; });
+    ++g_slots_used;
+  }
+  ~Slot() {
+    {
+      std::lock_guard<std::mutex> lock(g_slot_mutex);
+      --g_slots_used;
+    }
+    g_slot_cv.notify_one();
+  }
+};
+
+// The shared pipe: transfers are serialised at the configured bandwidth.
+std::mutex g_pipe_mutex;
+Clock::time_point g_pipe_free = Clock::now();
+
+void transfer(size_t bytes) {
+  Clock::time_point done;
+  {
+    std::lock_guard<std::mutex> lock(g_pipe_mutex);
+    const auto start = std::max(Clock::now(), g_pipe_free);
+    done = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bytes / g_config.bandwidth));
+    g_pipe_free = done;
+  }
+  std::this_thread::sleep_until(done);
+}
+
+fuse_ino_t load(const std::filesystem::path& p) {
+  g_nodes.emplace_back();
+  const fuse_ino_t ino = g_nodes.size();
+  struct stat st {};
+  lstat(p.c_str(), &st);
+  st.st_ino = ino;
+  g_nodes[ino - 1].st = st;
+  g_nodes[ino - 1].path = p;
+  if (S_ISDIR(st.st_mode)) {
+    for (auto& e : std::filesystem::directory_iterator(p)) {
+      const fuse_ino_t child = load(e.path());
+      g_nodes[ino - 1].children[e.path().filename()] = child;
+    }
+    for (auto& [name, _] : g_nodes[ino - 1].children) g_nodes[ino - 1].names.push_back(name);
+  }
+  return ino;
+}
+
+void entry_for(fuse_ino_t ino, fuse_entry_param* e) {
+  std::memset(e, 0, sizeof(*e));
+  e->ino = ino;
+  e->attr = g_nodes[ino - 1].st;
+  e->attr_timeout = e->entry_timeout = 3600;
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto& kids = g_nodes[parent - 1].children;
+  auto it = kids.find(name);
+  if (it == kids.end()) return (void)fuse_reply_err(req, ENOENT);
+  fuse_entry_param e;
+  entry_for(it->second, &e);
+  fuse_reply_entry(req, &e);
+}
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { fuse_reply_attr(req, &g_nodes[ino - 1].st, 3600); }
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  char buf[4096];
+  const ssize_t n = readlink(g_nodes[ino - 1].path.c_str(), buf, sizeof(buf) - 1);
+  if (n < 0) return (void)fuse_reply_err(req, errno);
+  buf[n] = 0;
+  fuse_reply_readlink(req, buf);
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  const Node& n = g_nodes[ino - 1];
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < n.names.size(); ++i) {
+    const fuse_ino_t child = n.children.at(n.names[i]);
+    const size_t need = fuse_add_direntry(req, buf.data() + used, size - used, n.names[i].c_str(),
+                                          &g_nodes[child - 1].st, static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  {
+    Slot slot;
+    std::this_thread::sleep_for(std::chrono::duration<double>(g_config.open_latency_s));
+  }
+  const int fd = open(g_nodes[ino - 1].path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return (void)fuse_reply_err(req, errno);
+  g_opens++;
+  fi->fh = static_cast<uint64_t>(fd);
+  fi->direct_io = 1;  // no page cache in this mount: every read is paid
+  fuse_reply_open(req, fi);
+}
+
+void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  thread_local std::vector<char> buf;
+  if (buf.size() < size) buf.resize(size);
+  const ssize_t n = pread(static_cast<int>(fi->fh), buf.data(), size, off);
+  if (n < 0) return (void)fuse_reply_err(req, errno);
+  {
+    Slot slot;
+    transfer(static_cast<size_t>(n));
+  }
+  g_reads++;
+  g_bytes += static_cast<uint64_t>(n);
+  fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+}
+
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  close(static_cast<int>(fi->fh));
+  fuse_reply_err(req, 0);
+}
+
+void write_stats() {
+  if (g_config.stats.empty()) return;
+  FILE* f = std::fopen(g_config.stats.c_str(), "w");
+  if (!f) return;
+  std::fprintf(f, "{\"opens\": %llu, \"reads\": %llu, \"bytes\": %llu}\n",
+               static_cast<unsigned long long>(g_opens.load()), static_cast<unsigned long long>(g_reads.load()),
+               static_cast<unsigned long long>(g_bytes.load()));
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] "
+                         "[--max-inflight 16] [--stats FILE]\n");
+    return 2;
+  }
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--open-latency-ms") g_config.open_latency_s = std::stod(argv[i + 1]) / 1000;
+    else if (a == "--bandwidth-mbps") g_config.bandwidth = std::stod(argv[i + 1]) * 1e6;
+    else if (a == "--max-inflight") g_config.max_inflight = std::stoi(argv[i + 1]);
+    else if (a == "--stats") g_config.stats = argv[i + 1];
+    else {
+      std::fprintf(stderr, "slowfs: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  load(argv[1]);
+  fuse_lowlevel_ops ops{};
+  ops.lookup = op_lookup;
+  ops.getattr = op_getattr;
+  ops.readlink = op_readlink;
+  ops.readdir = op_readdir;
+  ops.open = op_open;
+  ops.read = op_read;
+  ops.release = op_release;
+  char arg0[] = "slowfs", o[] = "-o", opts[] = "ro,fsname=slowfs";
+  char* args_v[] = {arg0, o, opts};
+  fuse_args args = FUSE_ARGS_INIT(3, args_v);
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), nullptr);
+  if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[2]) != 0) return 1;
+  std::printf("ready\n");
+  std::fflush(stdout);
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  // Enough threads that requests waiting on latency or bandwidth never block the others.
+  fuse_loop_cfg_set_max_threads(cfg, 128);
+  const int rc = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  write_stats();
+  return rc;
+}
