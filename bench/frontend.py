@@ -19,6 +19,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from benchlib import unmount, wait_mounted  # noqa: E402
 
 
 def warm_guest_memory(gib):
@@ -30,27 +32,10 @@ def warm_guest_memory(gib):
     m.close()
 
 
-def wait_mounted(mnt, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open("/proc/self/mounts") as f:
-            if any(l.split()[1] == mnt for l in f):
-                return
-        time.sleep(0.02)
-    raise SystemExit("mount of %s did not appear" % mnt)
-
-
 def read_files(build, root, listing, threads, seed):
     r = subprocess.run([build + "/bench/read_files", root, "--list", listing, "--threads", str(threads),
                         "--seed", str(seed)], capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
-
-
-def unmount(mnt, proc=None):
-    subprocess.run(["fusermount3", "-u", mnt], check=True)
-    if proc:
-        proc.wait(timeout=30)
-    time.sleep(0.2)
 
 
 def main():

@@ -22,6 +22,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from benchlib import unmount, wait_mounted  # noqa: E402
 
 
 class Params:
@@ -42,20 +44,6 @@ class Params:
         self.sim_files = 2000 if quick else 10000
 
 
-def wait_mounted(mnt, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open("/proc/self/mounts") as f:
-            if any(line.split()[1] == mnt for line in f):
-                return
-        time.sleep(0.02)
-    raise SystemExit("harness: %s did not mount" % mnt)
-
-
-def unmount(mnt):
-    subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL)
-
-
 class SlowSource:
     """A fresh slowfs mount of the data set; stats() after close() gives what it served."""
 
@@ -70,8 +58,7 @@ class SlowSource:
         wait_mounted(self.mnt)
 
     def close(self):
-        unmount(self.mnt)
-        self.proc.wait(timeout=60)
+        unmount(self.mnt, self.proc, lazy=True)
         with open(self.stats_file) as f:
             return json.load(f)
 
@@ -114,8 +101,7 @@ def run_system(name, build, p, data, work, torch=False, stalls=None):
             try:
                 epochs = run_loop(build, p, mnt, mnt, stalls, torch)
             finally:
-                unmount(mnt)
-                time.sleep(0.2)
+                unmount(mnt, lazy=True)
         else:
             raise ValueError(name)
     finally:

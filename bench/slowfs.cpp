@@ -13,8 +13,6 @@
 //   slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] [--max-inflight 16] [--stats FILE]
 // Runs in the foreground; prints "ready" once mounted.
 #include <fcntl.h>
-#include <fuse_lowlevel.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,23 +20,16 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tree_server.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Node {
-  struct stat st {};
-  std::string path;
-  std::map<std::string, fuse_ino_t> children;
-  std::vector<std::string> names;
-};
 
 struct Config {
   double open_latency_s = 0.002;
@@ -47,7 +38,7 @@ struct Config {
   std::string stats;
 };
 
-std::vector<Node> g_nodes;
+using tree_server::g_nodes;
 Config g_config;
 std::atomic<uint64_t> g_opens{0}, g_bytes{0}, g_reads{0};
 
@@ -86,62 +77,12 @@ void transfer(size_t bytes) {
   std::this_thread::sleep_until(done);
 }
 
-fuse_ino_t load(const std::filesystem::path& p) {
-  g_nodes.emplace_back();
-  const fuse_ino_t ino = g_nodes.size();
-  struct stat st {};
-  lstat(p.c_str(), &st);
-  st.st_ino = ino;
-  g_nodes[ino - 1].st = st;
-  g_nodes[ino - 1].path = p;
-  if (S_ISDIR(st.st_mode)) {
-    for (auto& e : std::filesystem::directory_iterator(p)) {
-      const fuse_ino_t child = load(e.path());
-      g_nodes[ino - 1].children[e.path().filename()] = child;
-    }
-    for (auto& [name, _] : g_nodes[ino - 1].children) g_nodes[ino - 1].names.push_back(name);
-  }
-  return ino;
-}
-
-void entry_for(fuse_ino_t ino, fuse_entry_param* e) {
-  std::memset(e, 0, sizeof(*e));
-  e->ino = ino;
-  e->attr = g_nodes[ino - 1].st;
-  e->attr_timeout = e->entry_timeout = 3600;
-}
-
-void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  auto& kids = g_nodes[parent - 1].children;
-  auto it = kids.find(name);
-  if (it == kids.end()) return (void)fuse_reply_err(req, ENOENT);
-  fuse_entry_param e;
-  entry_for(it->second, &e);
-  fuse_reply_entry(req, &e);
-}
-
-void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { fuse_reply_attr(req, &g_nodes[ino - 1].st, 3600); }
-
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
   char buf[4096];
   const ssize_t n = readlink(g_nodes[ino - 1].path.c_str(), buf, sizeof(buf) - 1);
   if (n < 0) return (void)fuse_reply_err(req, errno);
   buf[n] = 0;
   fuse_reply_readlink(req, buf);
-}
-
-void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  const Node& n = g_nodes[ino - 1];
-  std::vector<char> buf(size);
-  size_t used = 0;
-  for (size_t i = static_cast<size_t>(off); i < n.names.size(); ++i) {
-    const fuse_ino_t child = n.children.at(n.names[i]);
-    const size_t need = fuse_add_direntry(req, buf.data() + used, size - used, n.names[i].c_str(),
-                                          &g_nodes[child - 1].st, static_cast<off_t>(i + 1));
-    if (need > size - used) break;
-    used += need;
-  }
-  fuse_reply_buf(req, buf.data(), used);
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -205,30 +146,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  load(argv[1]);
-  fuse_lowlevel_ops ops{};
-  ops.lookup = op_lookup;
-  ops.getattr = op_getattr;
+  tree_server::g_timeout = 3600;
+  tree_server::load(argv[1], /*with_data=*/false);
+  fuse_lowlevel_ops ops = tree_server::metadata_ops();
   ops.readlink = op_readlink;
-  ops.readdir = op_readdir;
   ops.open = op_open;
   ops.read = op_read;
   ops.release = op_release;
-  char arg0[] = "slowfs", o[] = "-o", opts[] = "ro,fsname=slowfs";
-  char* args_v[] = {arg0, o, opts};
-  fuse_args args = FUSE_ARGS_INIT(3, args_v);
-  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), nullptr);
-  if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[2]) != 0) return 1;
-  std::printf("ready\n");
-  std::fflush(stdout);
-  fuse_loop_config* cfg = fuse_loop_cfg_create();
   // Enough threads that requests waiting on latency or bandwidth never block the others.
-  fuse_loop_cfg_set_max_threads(cfg, 128);
-  const int rc = fuse_session_loop_mt(se, cfg);
-  fuse_loop_cfg_destroy(cfg);
-  fuse_session_unmount(se);
-  fuse_remove_signal_handlers(se);
-  fuse_session_destroy(se);
+  const int rc = tree_server::serve("slowfs", argv[2], ops, 128);
   write_stats();
   return rc;
 }
