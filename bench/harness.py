@@ -118,7 +118,7 @@ def bound(p, data_bytes, batches):
 def dataset_bytes(data):
     total = 0
     for d, _, files in os.walk(data):
-        total += sum(os.path.getsize(os.path.join(d, f)) for f in files if f.endswith(".jpg"))
+        total += sum(os.path.getsize(os.path.join(d, f)) for f in files if f.endswith((".jpg", ".png")))
     return total
 
 
@@ -165,13 +165,20 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "..", "docs"))
     ap.add_argument("--data-dir", default="/dev/shm/clairfs-bench-harness")
+    ap.add_argument("--dataset", choices=["imagenet-like", "fashion-mnist"], default="imagenet-like",
+                    help="generated ImageNet-like sizes, or the demo's 70,000 Fashion-MNIST PNGs")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     p = Params(args.quick)
     t_start = time.monotonic()
 
     data = "%s/%d" % (args.data_dir, p.files)
-    if not os.path.exists(data + "/.complete"):
+    if args.dataset == "fashion-mnist":
+        data = args.data_dir + "/fashion-mnist"
+        subprocess.run([sys.executable, HERE + "/../examples/fashion_mnist_imagefolder.py", data], check=True)
+        p.files = sum(len(f) for _, _, f in os.walk(data)) - 1  # less the completion marker
+        p.batch = 256  # 300-byte images: a realistic batch, and epochs of 274 steps
+    elif not os.path.exists(data + "/.complete"):
         shutil.rmtree(data, ignore_errors=True)
         subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(p.files), "--classes",
                         str(p.classes), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
@@ -203,10 +210,11 @@ def main():
 
     lines = []
     out = lines.append
-    out("Workload: %d files, %.0f MB (lognormal sizes, mean ~110 KB), one rank, batch %d, %d workers, "
+    out("Workload: %d files, %.0f MB (%s), one rank, batch %d, %d workers, "
         "prefetch_factor %d, %d ms compute per batch (%d batches per epoch), %d epochs. Slow source: %d ms per "
         "open, %d MB/s shared, %d requests in flight, no page cache. Medians of %d run(s), systems rotated." % (
-            p.files, total_bytes / 1e6, p.batch, p.workers, p.prefetch, p.compute_ms, batches, p.epochs,
+            p.files, total_bytes / 1e6, "Fashion-MNIST PNGs" if args.dataset == "fashion-mnist" else
+            "lognormal sizes, mean ~110 KB", p.batch, p.workers, p.prefetch, p.compute_ms, batches, p.epochs,
             p.latency_ms, p.bandwidth_mbps, p.inflight, p.reps))
     out("")
     out("C++ loop (`bench/train_loop`), stall and epoch time in seconds:")
@@ -294,7 +302,8 @@ def main():
     if begin in content and end in content:
         head, rest = content.split(begin, 1)
         _, tail = rest.split(end, 1)
-        command = "scripts/bench --quick" if args.quick else "scripts/bench"
+        command = "scripts/bench" + (" --quick" if args.quick else "") + (
+            " --dataset fashion-mnist" if args.dataset == "fashion-mnist" else "")
         content = head + begin + "\n```\n" + command + "\n```\n\n" + text + "\n" + end + tail
         with open(doc, "w") as f:
             f.write(content)
