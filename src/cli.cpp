@@ -24,6 +24,7 @@
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
 #include "control/control.hpp"
+#include "engine/clairvoyant.hpp"
 #include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
 #include "oracle/schedule.hpp"
@@ -172,6 +173,7 @@ int run_mount(int argc, char** argv) {
   std::optional<SourceReader> reader;
   std::optional<Oracle> oracle;
   std::optional<TraceEngine> trace;
+  std::optional<ClairvoyantEngine> staged;
   try {
     const auto t0 = std::chrono::steady_clock::now();
     manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
@@ -184,7 +186,15 @@ int run_mount(int argc, char** argv) {
                                            "; write it again with 'clairfs index'");
     }
     oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
-    if (!o.trace.empty()) trace.emplace(*reader, *manifest, o.trace);
+    if (o.ram > 0) {
+      try {
+        staged.emplace(*manifest, *oracle, *reader, EngineConfig{o.ram, o.ranks, o.start_epoch, o.epochs, 32});
+      } catch (const std::runtime_error& e) {
+        log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
+      }
+    }
+    Engine& serving = staged ? static_cast<Engine&>(*staged) : *reader;
+    if (!o.trace.empty()) trace.emplace(serving, *manifest, o.trace);
     if (manifest->lookup(0, ControlTree::kName) != kNoEntry)
       log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");
     if (o.foreground)
@@ -197,8 +207,9 @@ int run_mount(int argc, char** argv) {
   }
 
   const Entry& root = manifest->entry(0);
-  ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid});
-  Engine& engine = trace ? static_cast<Engine&>(*trace) : *reader;
+  auto stats = [&]() { return staged ? staged->stats_json() : reader->stats_json(); };
+  ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
+  Engine& engine = trace ? static_cast<Engine&>(*trace) : staged ? static_cast<Engine&>(*staged) : *reader;
   Frontend frontend(*manifest, engine, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
   try {
     MountedSession session(o, frontend);

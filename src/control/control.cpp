@@ -17,6 +17,7 @@ enum Kind : uint64_t { kFixed = 0, kEpochDir = 1, kRankFile = 2 };
 constexpr uint64_t kRootIno = kBase | 1;   // .clairfs
 constexpr uint64_t kOrderIno = kBase | 2;  // .clairfs/order
 constexpr uint64_t kReadmeIno = kBase | 3;
+constexpr uint64_t kStatsIno = kBase | 4;
 constexpr uint64_t kMaxEpoch = (uint64_t{1} << 32) - 1;
 constexpr uint64_t kMaxRank = (uint64_t{1} << 24) - 1;
 // Listings stop here; any epoch or rank still opens by name.
@@ -62,7 +63,8 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
   readme_ =
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
-      "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n\n"
+      "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n"
+      "stats                  what the engine served from where, its budget and lead (JSON).\n\n"
       "Order: " + std::string(order_name(oracle.schedule().order)) + ", seed " +
       seed_text(oracle.schedule().seed) + ", world_size " +
       std::to_string(oracle.schedule().world_size) + ", batch_size " + std::to_string(oracle.schedule().batch_size) +
@@ -70,6 +72,8 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
 }
 
 uint64_t ControlTree::root_ino() { return kRootIno; }
+
+bool ControlTree::is_live(uint64_t ino) { return ino == kStatsIno; }
 
 std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino) const {
   auto c = content(ino);
@@ -81,6 +85,7 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
   if (dir == kRootIno) {
     if (name == "order") return dir_attr(kOrderIno);
     if (name == "README") return file_attr(kReadmeIno);
+    if (name == "stats") return ControlAttr{kStatsIno, S_IFREG | 0444, 0};
     return std::nullopt;
   }
   if (dir == kOrderIno) {
@@ -97,6 +102,7 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
 
 std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
   if (ino == kRootIno || ino == kOrderIno) return dir_attr(ino);
+  if (ino == kStatsIno) return ControlAttr{kStatsIno, S_IFREG | 0444, 0};
   if (!owns(ino)) return std::nullopt;
   if (kind_of(ino) == kEpochDir) return dir_attr(ino);
   return file_attr(ino);
@@ -107,6 +113,7 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   if (dir == kRootIno) {
     out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_.size()}});
     out.push_back({"order", dir_attr(kOrderIno)});
+    out.push_back({"stats", {kStatsIno, S_IFREG | 0444, 0}});
   } else if (dir == kOrderIno) {
     const uint64_t end = config_.epochs ? *config_.epochs : config_.start_epoch + kListedEpochs;
     for (uint64_t e = config_.start_epoch; e < end && e < config_.start_epoch + kListedEpochs; ++e)
@@ -124,6 +131,7 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
 
 std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
   if (ino == kReadmeIno) return std::make_shared<const std::string>(readme_);
+  if (ino == kStatsIno) return std::make_shared<const std::string>(config_.stats ? config_.stats() : "{}\n");
   if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
   const uint64_t rank = ino & kMaxRank;
   const uint64_t epoch = (ino >> 24) & kMaxEpoch;

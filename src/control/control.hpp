@@ -1,6 +1,7 @@
 // The .clairfs control tree: virtual files that let any loader see what clairfs predicts.
 //
 //   MOUNTPOINT/.clairfs/README                   what these files are
+//   MOUNTPOINT/.clairfs/stats                    the engine's counters (JSON), made afresh on each open
 //   MOUNTPOINT/.clairfs/order/epoch-E/rank-R     rank R's samples in epoch E, in the order its DataLoader
 //                                                loads them: one path relative to the mount root a line
 //
@@ -13,6 +14,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -39,6 +41,7 @@ struct ControlConfig {
   std::vector<uint64_t> ranks;  // the ranks this mount serves (listed first)
   uid_t uid = 0;                // owner shown for the virtual files (SOURCE's root owner)
   gid_t gid = 0;
+  std::function<std::string()> stats;  // .clairfs/stats, made afresh on each open
 };
 
 class ControlTree {
@@ -56,6 +59,8 @@ class ControlTree {
   std::optional<ControlAttr> getattr(uint64_t ino) const;
   // A directory's entries (without "." and ".."), or nullopt if `ino` is no control directory.
   std::optional<std::vector<std::pair<std::string, ControlAttr>>> list(uint64_t dir) const;
+  // True for files whose contents change (stats): served uncached, size 0 in attributes.
+  static bool is_live(uint64_t ino);
   // A file's contents; nullptr if `ino` is no control file.
   std::shared_ptr<const std::string> content(uint64_t ino) const;
 

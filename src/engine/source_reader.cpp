@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "util/log.hpp"
@@ -39,8 +40,7 @@ SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
   if (!root_) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
 }
 
-int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
-  const Entry& e = manifest_.entry(id);
+int SourceReader::open_verified(EntryId id) {
   int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY);
   if (fd < 0) {
     if (fd == -ENOENT || fd == -ELOOP || fd == -EXDEV || fd == -ENOTDIR) {
@@ -52,21 +52,30 @@ int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
     }
     return fd == -EACCES || fd == -EPERM ? fd : -EIO;
   }
-  auto file = new OpenFile{UniqueFd(fd), id};
+  UniqueFd owned(fd);
+  if (const int rc = verify(id, fd); rc < 0) return rc;
+  return owned.release();
+}
+
+int SourceReader::verify(EntryId id, int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    delete file;
     counters_.errors++;
     return -EIO;
   }
-  if (std::string why = difference(e, st); !why.empty()) {
-    delete file;
+  if (std::string why = difference(manifest_.entry(id), st); !why.empty()) {
     counters_.changed++;
     log_warning("'" + manifest_.path(id) + "' " + why + "; read refused (EIO)");
     return -EIO;
   }
+  return 0;
+}
+
+int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
+  const int fd = open_verified(id);
+  if (fd < 0) return fd;
   counters_.opens++;
-  *handle = reinterpret_cast<uint64_t>(file);
+  *handle = reinterpret_cast<uint64_t>(new OpenFile{UniqueFd(fd), id});
   return 0;
 }
 
@@ -96,6 +105,15 @@ ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset
 }
 
 void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenFile*>(handle); }
+
+std::string SourceReader::stats_json() const {
+  nlohmann::json j;
+  j["tiers"]["source"] = {{"files", counters_.opens.load()}, {"bytes", counters_.bytes.load()}};
+  j["source_changed"] = counters_.changed.load();
+  j["source_errors"] = counters_.errors.load();
+  j["staging"] = "off (give ram=SIZE to stage ahead)";
+  return j.dump(2) + "\n";
+}
 
 std::string SourceReader::spot_check(size_t samples) const {
   const size_t n = manifest_.size();

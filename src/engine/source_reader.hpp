@@ -30,8 +30,17 @@ class SourceReader final : public Engine {
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
 
+  // Opens `id` in SOURCE and checks it still matches the manifest. Returns the descriptor or -errno
+  // (counted and logged like open()'s failures).
+  int open_verified(EntryId id);
+  // The check open_verified() makes, for a descriptor opened elsewhere (the stager's io_uring): 0 if `fd`
+  // still matches the manifest's entry, else -EIO (counted and logged).
+  int verify(EntryId id, int fd);
+
   int root_fd() const { return root_.get(); }
   const SourceCounters& counters() const { return counters_; }
+  // The counters as JSON, for .clairfs/stats when no engine stages (ram= not given).
+  std::string stats_json() const;
 
   // Checks up to `samples` files spread over the manifest against SOURCE (exists, same type and size).
   // Returns "" or a one-line description of the first mismatch.

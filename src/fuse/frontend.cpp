@@ -244,7 +244,8 @@ struct Handlers {
     if (!content) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
     auto* held = new std::shared_ptr<const std::string>(std::move(content));
     fi->fh = reinterpret_cast<uint64_t>(held);
-    fi->keep_cache = 1;  // a rank file's contents are a pure function of its name
+    if (ControlTree::is_live(ino)) fi->direct_io = 1;  // fresh on every read, whatever its size says
+    else fi->keep_cache = 1;  // a rank file's contents are a pure function of its name
     fi->noflush = 1;
     if (fuse_reply_open(req, fi) == -ENOENT) delete held;
   }

@@ -1,0 +1,134 @@
+#include "io/uring.hpp"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <liburing.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace clairfs {
+
+namespace {
+
+struct Request {
+  int fd = -1;
+  char* buf = nullptr;
+  size_t len = 0;
+  size_t done = 0;
+  uint64_t tag = 0;
+  bool is_open = false;
+  std::string path;  // opens: kept alive until the kernel has read it
+  open_how how{};
+};
+
+}  // namespace
+
+struct Ring::Impl {
+  io_uring ring{};
+  std::unordered_map<uint64_t, Request> requests;  // by an internal id, the sqe's user data
+  uint64_t next_id = 1;
+
+  void queue(uint64_t id, Request& r) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (r.is_open)
+      io_uring_prep_openat2(sqe, r.fd, r.path.c_str(), &r.how);
+    else
+      io_uring_prep_read(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
+                         static_cast<__u64>(r.done));
+    io_uring_sqe_set_data64(sqe, id);
+  }
+};
+
+Ring::Ring(unsigned depth) : impl_(std::make_unique<Impl>()), depth_(depth) {
+  const int rc = io_uring_queue_init(depth, &impl_->ring, 0);
+  if (rc < 0) throw std::runtime_error(std::string("cannot set up io_uring: ") + std::strerror(-rc));
+  // Reads of regular files count as "bounded" work, which the kernel runs on as many io-wq workers as
+  // there are CPUs: two here, so a source that answers each open or read after milliseconds (a parallel
+  // file system) would see two requests at a time. Let every slot of the ring be in service at once.
+  unsigned workers[2] = {depth, depth};
+  (void)io_uring_register_iowq_max_workers(&impl_->ring, workers);
+}
+
+Ring::~Ring() {
+  // Wait out reads still in flight: their buffers belong to the caller.
+  while (in_flight_ > 0) reap(true);
+  io_uring_queue_exit(&impl_->ring);
+}
+
+void Ring::submit(int fd, char* buf, size_t len, uint64_t tag) {
+  const uint64_t id = impl_->next_id++;
+  Request r;
+  r.fd = fd;
+  r.buf = buf;
+  r.len = len;
+  r.done = 0;
+  r.tag = tag;
+  auto [it, _] = impl_->requests.emplace(id, std::move(r));
+  impl_->queue(id, it->second);
+  io_uring_submit(&impl_->ring);
+  ++in_flight_;
+}
+
+void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
+  const uint64_t id = impl_->next_id++;
+  Request r;
+  r.fd = dir_fd;
+  r.buf = nullptr;
+  r.len = r.done = 0;
+  r.tag = tag;
+  r.is_open = true;
+  r.path = std::move(path);
+  r.how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+  r.how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  auto [it, _] = impl_->requests.emplace(id, std::move(r));  // node-based map: the path stays put
+  impl_->queue(id, it->second);
+  io_uring_submit(&impl_->ring);
+  ++in_flight_;
+}
+
+std::vector<Ring::Completion> Ring::reap(bool wait) {
+  std::vector<Completion> done;
+  if (in_flight_ == 0) return done;
+  io_uring_cqe* cqe = nullptr;
+  int rc = wait ? io_uring_wait_cqe(&impl_->ring, &cqe) : io_uring_peek_cqe(&impl_->ring, &cqe);
+  bool resubmitted = false;
+  while (rc == 0 && cqe) {
+    const uint64_t id = io_uring_cqe_get_data64(cqe);
+    const int res = cqe->res;
+    io_uring_cqe_seen(&impl_->ring, cqe);
+    auto it = impl_->requests.find(id);
+    if (it != impl_->requests.end()) {
+      Request& r = it->second;
+      if (r.is_open && res != -EINTR && res != -EAGAIN) {
+        done.push_back({r.tag, res});
+        impl_->requests.erase(it);
+        --in_flight_;
+      } else if (r.is_open) {
+        impl_->queue(id, r);
+        resubmitted = true;
+      } else if (res < 0 && res != -EINTR && res != -EAGAIN) {
+        done.push_back({r.tag, res});
+        impl_->requests.erase(it);
+        --in_flight_;
+      } else {
+        if (res > 0) r.done += static_cast<size_t>(res);
+        if (res == 0 || r.done == r.len) {
+          done.push_back({r.tag, static_cast<int64_t>(r.done)});
+          impl_->requests.erase(it);
+          --in_flight_;
+        } else {
+          impl_->queue(id, r);  // short read (or interrupted): continue where it stopped
+          resubmitted = true;
+        }
+      }
+    }
+    rc = io_uring_peek_cqe(&impl_->ring, &cqe);
+  }
+  if (resubmitted) io_uring_submit(&impl_->ring);
+  return done;
+}
+
+}  // namespace clairfs

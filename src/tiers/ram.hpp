@@ -1,0 +1,49 @@
+// The RAM tier: whole staged files, held under a hard byte budget.
+//
+// Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them,
+// so evicting a file that a reader still holds frees its budget share at once but its bytes only when
+// the last reader lets go. The budget counts inserted files plus reservations for reads in flight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+using FileBytes = std::shared_ptr<const std::vector<char>>;
+
+class RamTier {
+ public:
+  explicit RamTier(uint64_t budget) : budget_(budget) {}
+
+  // Reserves `bytes` for a read about to start; false if that would pass the budget.
+  bool reserve(uint64_t bytes);
+  // Gives back a reservation whose read failed or was dropped.
+  void unreserve(uint64_t bytes);
+  // Turns a reservation into a held file. REQUIRES: reserve(data->size()) succeeded.
+  void insert(EntryId id, FileBytes data);
+  // The held file, or nullptr.
+  FileBytes get(EntryId id) const;
+  bool contains(EntryId id) const;
+  // Drops a held file; returns the bytes freed (0 if it was not held).
+  uint64_t erase(EntryId id);
+
+  uint64_t budget() const { return budget_; }
+  uint64_t used() const;  // held + reserved
+  uint64_t files() const;
+
+ private:
+  const uint64_t budget_;
+  mutable std::mutex mutex_;  // guards everything below; never held across I/O
+  std::unordered_map<EntryId, FileBytes> files_;
+  uint64_t held_ = 0;
+  uint64_t reserved_ = 0;
+};
+
+}  // namespace clairfs
