@@ -27,9 +27,17 @@ uint64_t ns_since(Clock::time_point t0) {
 
 }  // namespace
 
+// A file served from RAM, or from SOURCE — opened there only when the first read arrives, since a
+// file whose pages the kernel still caches (keep_cache) is opened and read without any read reaching
+// us, and opening it in SOURCE would cost a metadata round trip for nothing.
 struct ClairvoyantEngine::Handle {
-  FileBytes ram;                // served from RAM, or
-  uint64_t source_handle = 0;   // from SOURCE through SourceReader
+  FileBytes ram;
+  EntryId id = 0;
+  pid_t pid = 0;
+  std::mutex mutex;            // guards the lazy open below (the kernel may send reads in parallel)
+  uint64_t source_handle = 0;
+  int source_error = 0;        // the lazy open's -errno, once tried
+  bool source_open = false;
 };
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceReader& source,
@@ -40,6 +48,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   position_.reserve(stream_.size());
   for (uint64_t p = stream_.size(); p-- > 0;) position_[stream_[p]] = p;
   opened_.assign(stream_.size(), 0);
+  served_.assign(manifest_.size(), 0);
   ring_ = std::make_unique<Ring>(config_.depth);
   stager_ = std::thread([this] { stage_loop(); });
 }
@@ -73,26 +82,27 @@ std::vector<EntryId> ClairvoyantEngine::build_stream(uint64_t epoch) const {
 void ClairvoyantEngine::note_open(EntryId id) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = position_.find(id);
+  const bool expected = it != position_.end() && !opened_[it->second];
+  if (!expected && cursor_ * 2 >= stream_.size() && epoch_ + 1 < config_.epochs.value_or(UINT64_MAX)) {
+    // Not (or no longer) expected in this epoch, and its readers are past half of it: maybe they moved on
+    // to the next epoch, which reads the same files again in a new order.
+    std::vector<EntryId> next = build_stream(epoch_ + 1);
+    std::unordered_map<EntryId, uint64_t> next_pos;
+    for (uint64_t p = next.size(); p-- > 0;) next_pos[next[p]] = p;
+    if (next_pos.count(id)) {
+      for (uint64_t p = evict_pos_; p < stream_.size(); ++p) ram_.erase(stream_[p]);
+      ++epoch_;
+      stream_ = std::move(next);
+      position_ = std::move(next_pos);
+      opened_.assign(stream_.size(), 0);
+      cursor_ = stage_pos_ = evict_pos_ = 0;
+      it = position_.find(id);
+    }
+  }
+  served_[id] = 1;
   if (it == position_.end()) {
-    // Not in this epoch's plan: maybe the readers moved on to the next epoch.
-    if (cursor_ * 2 >= stream_.size() && epoch_ + 1 < config_.epochs.value_or(UINT64_MAX)) {
-      std::vector<EntryId> next = build_stream(epoch_ + 1);
-      std::unordered_map<EntryId, uint64_t> next_pos;
-      for (uint64_t p = next.size(); p-- > 0;) next_pos[next[p]] = p;
-      if (next_pos.count(id)) {
-        for (uint64_t p = evict_pos_; p < stream_.size(); ++p) ram_.erase(stream_[p]);
-        ++epoch_;
-        stream_ = std::move(next);
-        position_ = std::move(next_pos);
-        opened_.assign(stream_.size(), 0);
-        cursor_ = stage_pos_ = evict_pos_ = 0;
-        it = position_.find(id);
-      }
-    }
-    if (it == position_.end()) {
-      mispredicted_++;
-      return;
-    }
+    mispredicted_++;
+    return;
   }
   opened_[it->second] = 1;
   while (cursor_ < stream_.size() && opened_[cursor_]) ++cursor_;
@@ -112,18 +122,14 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   }
   FileBytes data = ram_.get(id);  // before note_open, which evicts what is opened
   note_open(id);
+  auto* h = new Handle;
+  h->id = id;
+  h->pid = pid;
   if (data) {
     ram_files_++;
-    *handle = reinterpret_cast<uint64_t>(new Handle{std::move(data), 0});
-    return 0;
+    h->ram = std::move(data);
   }
-  const auto t0 = Clock::now();
-  uint64_t source_handle = 0;
-  const int rc = source_.open(id, pid, &source_handle);
-  stall_ns_ += ns_since(t0);
-  if (rc < 0) return rc;
-  source_files_++;
-  *handle = reinterpret_cast<uint64_t>(new Handle{nullptr, source_handle});
+  *handle = reinterpret_cast<uint64_t>(h);
   return 0;
 }
 
@@ -138,6 +144,15 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
     return static_cast<ssize_t>(n);
   }
   const auto t0 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(h->mutex);
+    if (!h->source_open && h->source_error == 0) {
+      h->source_error = source_.open(h->id, h->pid, &h->source_handle);
+      h->source_open = h->source_error == 0;
+      if (h->source_open) source_files_++;
+    }
+  }
+  if (!h->source_open) return h->source_error;
   const ssize_t n = source_.read(h->source_handle, buf, size, offset);
   stall_ns_ += ns_since(t0);
   if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
@@ -146,7 +161,8 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
 
 void ClairvoyantEngine::release(uint64_t handle) {
   auto* h = reinterpret_cast<Handle*>(handle);
-  if (!h->ram) source_.release(h->source_handle);
+  if (h->source_open) source_.release(h->source_handle);
+  else if (!h->ram) cached_files_++;  // every byte came from the kernel's page cache
   delete h;
 }
 
@@ -194,8 +210,9 @@ void ClairvoyantEngine::stage_loop() {
       while (picks.size() < room && stage_pos_ < stream_.size()) {
         const EntryId id = stream_[stage_pos_];
         const uint64_t size = manifest_.entry(id).size;
-        if (ram_.contains(id) || opened_[stage_pos_] || in_flight_.count(id) || size > ram_.budget()) {
-          ++stage_pos_;  // there already, passed, on its way, or never fits (left to SOURCE)
+        if (ram_.contains(id) || opened_[stage_pos_] || in_flight_.count(id) || served_[id] ||
+            size > ram_.budget()) {
+          ++stage_pos_;  // there already, passed, on its way, in the kernel's cache, or never fits
           continue;
         }
         if (!ram_.reserve(size)) break;  // full: wait for readers to move on
@@ -278,6 +295,7 @@ std::string ClairvoyantEngine::stats_json() const {
   nlohmann::json j;
   j["tiers"]["ram"] = {{"files", ram_files_.load()}, {"bytes", ram_bytes_.load()}};
   j["tiers"]["source"] = {{"files", source_files_.load()}, {"bytes", source_bytes_.load()}};
+  j["tiers"]["pagecache"] = {{"files", cached_files_.load()}};
   j["staged"] = {{"files", staged_files_.load()}, {"bytes", staged_bytes_.load()}, {"failures", stage_failures_.load()}};
   j["ram"] = {{"budget", ram_.budget()}, {"used", ram_.used()}, {"files", ram_.files()}};
   j["stalls"] = {{"opens", source_files_.load()}, {"seconds", static_cast<double>(stall_ns_.load()) / 1e9}};

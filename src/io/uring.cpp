@@ -39,6 +39,9 @@ struct Ring::Impl {
       io_uring_prep_read(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
                          static_cast<__u64>(r.done));
     io_uring_sqe_set_data64(sqe, id);
+    // Straight to the kernel's workers: tried inline first, an open or read of a FUSE or network file
+    // that then blocks would hold up the submitting thread, and with it every other request.
+    io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
   }
 };
 
