@@ -191,7 +191,7 @@ def main():
     p.ram = total_bytes // 4  # the staging engine's budget: a quarter of the data set
     systems = ["direct", "stage-in", "clairfs", "clairfs ram="]
     results = {s: [] for s in systems}
-    torch_results = {s: [] for s in ("direct", "clairfs")}
+    torch_results = {s: [] for s in ("direct", "clairfs", "clairfs ram=")}
     stall_files = {}
     for rep in range(p.reps):
         for i in range(len(systems)):
@@ -202,7 +202,7 @@ def main():
             print("rep %d %-9s %s" % (rep, name, " ".join("e%d %.2fs/%.2fs" % (e["epoch"], e["wall_s"], e["stall_s"])
                                                        for e in results[name][-1]["epochs"])), file=sys.stderr)
         if p.torch:
-            for name in ("direct", "clairfs"):
+            for name in torch_results:
                 torch_results[name].append(run_system(name, build, p, data, work, torch=True))
 
     batches = results["direct"][0]["epochs"][0]["batches"]
