@@ -73,8 +73,10 @@ with h.tempdir() as tmp:
         h.check(ram > opened // 4, "epoch 1's predicted opens were served from RAM: %s" % s["tiers"])
         h.check(ram + source + cached == opened,
                 "stats add up: RAM %d + SOURCE %d + page cache %d opens = %d" % (ram, source, cached, opened))
-        h.check(s["tiers"]["source"]["bytes"] + s["tiers"]["ram"]["bytes"] <= total * 1.05,
-                "the daemon served each byte about once; epoch 2 came from the kernel's cache: %s" % s["tiers"])
+        # The kernel may drop some cached pages between epochs (seen once in CI: 43 of 401 files); most of
+        # epoch 2 must still come from its cache, not from the daemon.
+        h.check(s["tiers"]["source"]["bytes"] + s["tiers"]["ram"]["bytes"] <= total * 1.25 and cached > ram // 2,
+                "the daemon served each byte about once; epoch 2 came mostly from the kernel's cache: %s" % s["tiers"])
         h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
 
     # 2. A reader that does not follow the prediction (another seed), and 8 concurrent readers.
