@@ -85,15 +85,18 @@ void ClairvoyantEngine::note_open(EntryId id) {
   const bool expected = it != position_.end() && !opened_[it->second];
   if (!expected && cursor_ * 2 >= stream_.size() && epoch_ + 1 < config_.epochs.value_or(UINT64_MAX)) {
     // Not (or no longer) expected in this epoch, and its readers are past half of it: maybe they moved on
-    // to the next epoch, which reads the same files again in a new order.
-    std::vector<EntryId> next = build_stream(epoch_ + 1);
-    std::unordered_map<EntryId, uint64_t> next_pos;
-    for (uint64_t p = next.size(); p-- > 0;) next_pos[next[p]] = p;
-    if (next_pos.count(id)) {
+    // to the next epoch, which reads the same files again in a new order. Its plan is built once.
+    if (!next_) {
+      next_ = std::make_unique<Plan>();
+      next_->stream = build_stream(epoch_ + 1);
+      for (uint64_t p = next_->stream.size(); p-- > 0;) next_->position[next_->stream[p]] = p;
+    }
+    if (next_->position.count(id)) {
       for (uint64_t p = evict_pos_; p < stream_.size(); ++p) ram_.erase(stream_[p]);
       ++epoch_;
-      stream_ = std::move(next);
-      position_ = std::move(next_pos);
+      stream_ = std::move(next_->stream);
+      position_ = std::move(next_->position);
+      next_.reset();
       opened_.assign(stream_.size(), 0);
       cursor_ = stage_pos_ = evict_pos_ = 0;
       it = position_.find(id);

@@ -77,6 +77,11 @@ class ClairvoyantEngine final : public Engine {
   std::vector<EntryId> stream_;             // this node's files for epoch_, in arrival order
   std::unordered_map<EntryId, uint64_t> position_;  // first position of each file in stream_
   std::vector<char> opened_;                // per position: opened already
+  struct Plan {
+    std::vector<EntryId> stream;
+    std::unordered_map<EntryId, uint64_t> position;
+  };
+  std::unique_ptr<Plan> next_;              // epoch_ + 1's plan, once an open has asked for it
   uint64_t cursor_ = 0;                     // first position not yet opened
   uint64_t stage_pos_ = 0;                  // next position the stager considers
   uint64_t evict_pos_ = 0;                  // positions below this are evicted
