@@ -28,6 +28,7 @@
 #include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
 #include "oracle/schedule.hpp"
+#include "status.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
 #include "util/log.hpp"
@@ -279,6 +280,7 @@ int run_index(int argc, char** argv) {
 
 int run_cli(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "index") == 0) return run_index(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "status") == 0) return run_status(argc, argv);
   return run_mount(argc, argv);
 }
 

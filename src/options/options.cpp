@@ -427,6 +427,7 @@ Options parse_mount_command(int argc, const char* const* argv) {
 std::string usage_text() {
   return R"(usage: clairfs SOURCE MOUNTPOINT [-f] [-d] [-o OPTION[,OPTION...]]
        clairfs index SOURCE FILE [-o extensions=...]
+       clairfs status MOUNTPOINT [--watch [SECONDS]]
        clairfs --help | --version
 
 Shows the directory SOURCE read-only at MOUNTPOINT, byte for byte, and stages files ahead of a training

@@ -78,6 +78,11 @@ with h.tempdir() as tmp:
         h.check(s["tiers"]["source"]["bytes"] + s["tiers"]["ram"]["bytes"] <= total * 1.25 and cached > ram // 2,
                 "the daemon served each byte about once; epoch 2 came mostly from the kernel's cache: %s" % s["tiers"])
         h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
+        r = h.run_clairfs(["status", mnt])
+        h.check(r.returncode == 0 and "epoch 1" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout,
+                "clairfs status shows the epoch, RAM and tiers:\n" + r.stdout)
+    r = h.run_clairfs(["status", tmp])
+    h.check(r.returncode == 1 and "not a clairfs mount" in r.stderr, "clairfs status on a plain directory: " + r.stderr.strip())
 
     # 2. A reader that does not follow the prediction (another seed), and 8 concurrent readers.
     with h.mounted(src, mnt, "seed=1,batch_size=8,ram=%d" % (total // 3)):
