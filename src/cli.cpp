@@ -175,6 +175,7 @@ int run_mount(int argc, char** argv) {
   std::optional<Oracle> oracle;
   std::optional<TraceEngine> trace;
   std::optional<ClairvoyantEngine> staged;
+  Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
   try {
     const auto t0 = std::chrono::steady_clock::now();
     manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
@@ -194,8 +195,8 @@ int run_mount(int argc, char** argv) {
         log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
       }
     }
-    Engine& serving = staged ? static_cast<Engine&>(*staged) : *reader;
-    if (!o.trace.empty()) trace.emplace(serving, *manifest, o.trace);
+    serving = staged ? static_cast<Engine*>(&*staged) : &*reader;
+    if (!o.trace.empty()) serving = &trace.emplace(*serving, *manifest, o.trace);
     if (manifest->lookup(0, ControlTree::kName) != kNoEntry)
       log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");
     if (o.foreground)
@@ -210,8 +211,7 @@ int run_mount(int argc, char** argv) {
   const Entry& root = manifest->entry(0);
   auto stats = [&]() { return staged ? staged->stats_json() : reader->stats_json(); };
   ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
-  Engine& engine = trace ? static_cast<Engine&>(*trace) : staged ? static_cast<Engine&>(*staged) : *reader;
-  Frontend frontend(*manifest, engine, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
+  Frontend frontend(*manifest, *serving, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
   try {
     MountedSession session(o, frontend);
     if (report.detached()) {

@@ -45,8 +45,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
     : manifest_(manifest), oracle_(oracle), source_(source), config_(std::move(config)), ram_(config_.ram),
       epoch_(config_.start_epoch) {
   stream_ = build_stream(epoch_);
-  position_.reserve(stream_.size());
-  for (uint64_t p = stream_.size(); p-- > 0;) position_[stream_[p]] = p;
+  position_ = first_positions(stream_);
   opened_.assign(stream_.size(), 0);
   served_.assign(manifest_.size(), 0);
   ring_ = std::make_unique<Ring>(config_.depth);
@@ -89,7 +88,7 @@ void ClairvoyantEngine::note_open(EntryId id) {
     if (!next_) {
       next_ = std::make_unique<Plan>();
       next_->stream = build_stream(epoch_ + 1);
-      for (uint64_t p = next_->stream.size(); p-- > 0;) next_->position[next_->stream[p]] = p;
+      next_->position = first_positions(next_->stream);
     }
     if (next_->position.count(id)) {
       for (uint64_t p = evict_pos_; p < stream_.size(); ++p) ram_.erase(stream_[p]);
