@@ -25,6 +25,14 @@ uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
+// Each file's first position in a stream.
+std::unordered_map<EntryId, uint64_t> first_positions(const std::vector<EntryId>& stream) {
+  std::unordered_map<EntryId, uint64_t> position;
+  position.reserve(stream.size());
+  for (uint64_t p = stream.size(); p-- > 0;) position[stream[p]] = p;
+  return position;
+}
+
 }  // namespace
 
 // A file served from RAM, or from SOURCE — opened there only when the first read arrives, since a
