@@ -5,10 +5,13 @@
 //   LRU     what the kernel page cache approximates;
 //   MIN     Belady's policy: evict what is used again farthest in the future (never admitting what would
 //           be evicted first) — optimal for a known future with unit sizes, the bound to compare with;
-//   clairfs the engine's planner — not built yet (issue 5); its column appears when it is.
+//   clairfs the engine's policy: the planner's keys, staging in key order ahead of the readers (here
+//           instantly), evicting the resident needed farthest only for a file needed sooner. Its "hit
+//           ratio" is 1 - fetches / accesses, counting every fetch from SOURCE: staged, wasted or demand.
 //
 //   cache_sim --root DIR [--seed 0] [--world-size 8] [--ranks-per-node 4] [--epochs 3]
-//             [--fractions 0.1,0.25,0.5,1.0]     -> one JSON line per (policy, fraction)
+//             [--fractions 0.1,0.25,0.5,1.0] [--min-window 64]  -> one JSON line per (policy, fraction)
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <list>
@@ -21,6 +24,8 @@
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
+#include "engine/planner.hpp"
+#include "tiers/next_use.hpp"
 
 namespace {
 
@@ -95,13 +100,73 @@ Result belady(const std::vector<uint32_t>& trace, const std::vector<uint64_t>& s
   return r;
 }
 
+// The engine's policy (ClairvoyantEngine's stager), with staging that takes no time.
+Result planner(const clairfs::Oracle& oracle, const std::vector<uint64_t>& size, uint64_t ranks, uint64_t epochs,
+               uint64_t capacity, uint64_t window) {
+  using namespace clairfs;
+  const StreamSource src = [&](uint64_t e) {
+    const EpochOrder order = oracle.epoch(e);
+    std::vector<std::vector<EntryId>> seq(ranks);
+    for (uint64_t r = 0; r < ranks; ++r)
+      for (uint64_t k = 0; k < order.loaded(r); ++k) seq[r].push_back(order.at(r, k));
+    return seq;
+  };
+  PlannerConfig c;
+  c.ranks = ranks;
+  c.entries = size.size();
+  c.end_epoch = epochs;
+  c.horizon = epochs;
+  Planner p(c, src);
+  NextUseIndex held;
+  uint64_t used = 0, stage = 0, fetches = 0, fetch_bytes = 0;
+  Result r;
+  for (;;) {
+    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, ranks, size.size()));
+    for (; stage < p.planned_end(); ++stage) {
+      const auto id = p.item(stage);
+      if (!id || held.contains(*id) || size[*id] > capacity) continue;
+      bool room = true;
+      while (used + size[*id] > capacity) {
+        const auto far = held.farthest();
+        if (!far || far->first <= stage || stage >= p.cursor() + window) {
+          room = false;
+          break;
+        }
+        used -= size[far->second];
+        held.erase(far->second);
+      }
+      if (!room) break;
+      held.set(*id, stage);
+      used += size[*id];
+      fetches++;
+      fetch_bytes += size[*id];
+    }
+    const uint64_t key = p.cursor();
+    if (key >= p.planned_end()) break;
+    const auto id = p.item(key);
+    if (!id) break;
+    r.accesses++;
+    r.bytes += size[*id];
+    if (!held.contains(*id)) {  // not staged in time (no room): read on demand
+      fetches++;
+      fetch_bytes += size[*id];
+    }
+    p.on_open(*id, 1);
+    for (const auto& [k, passed] : p.take_passed()) held.passed(passed, k, p.next_use(passed, k + 1));
+    if (stage < p.cursor()) stage = p.cursor();
+  }
+  r.hits = r.accesses - fetches;
+  r.hit_bytes = r.bytes - fetch_bytes;
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string root, fractions_text = "0.1,0.25,0.5,1.0";
   clairfs::Schedule s;
   s.world_size = 8;
-  uint64_t ranks_per_node = 4, epochs = 3;
+  uint64_t ranks_per_node = 4, epochs = 3, min_window = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--root") root = v;
@@ -110,6 +175,7 @@ int main(int argc, char** argv) {
     else if (a == "--ranks-per-node") ranks_per_node = std::stoull(v);
     else if (a == "--epochs") epochs = std::stoull(v);
     else if (a == "--fractions") fractions_text = v;
+    else if (a == "--min-window") min_window = std::stoull(v);
     else {
       std::fprintf(stderr, "cache_sim: unknown flag %s\n", a.c_str());
       return 2;
@@ -142,8 +208,15 @@ int main(int argc, char** argv) {
   for (std::string f; std::getline(fs, f, ',');) {
     const double fraction = std::stod(f);
     const uint64_t capacity = static_cast<uint64_t>(fraction * static_cast<double>(node_bytes));
-    for (const char* policy : {"lru", "min"}) {
-      const Result r = std::string(policy) == "lru" ? lru(trace, size, capacity) : belady(trace, size, capacity);
+    // The engine's eviction window: 1/16 of the cache in files of mean size, or the loader's window.
+    uint64_t total = 0;
+    for (uint64_t b : size) total += b;
+    const uint64_t window = std::max<uint64_t>(min_window, capacity / 16 / std::max<uint64_t>(1, total / size.size()));
+    for (const char* policy : {"lru", "min", "clairfs"}) {
+      const std::string name = policy;
+      const Result r = name == "lru"   ? lru(trace, size, capacity)
+                       : name == "min" ? belady(trace, size, capacity)
+                                       : planner(oracle, size, std::min(ranks_per_node, s.world_size), epochs, capacity, window);
       std::printf("{\"policy\": \"%s\", \"fraction\": %.2f, \"hit_ratio\": %.4f, \"byte_hit_ratio\": %.4f, "
                   "\"accesses\": %llu, \"epochs\": %llu, \"ranks_per_node\": %llu}\n",
                   policy, fraction, static_cast<double>(r.hits) / static_cast<double>(r.accesses),

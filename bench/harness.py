@@ -285,11 +285,13 @@ def main():
     out("| ranks per node | policy |" + "".join(" %d%% |" % (f * 100) for f in fractions))
     out("|---:|---|" + "---:|" * len(fractions))
     for rpn in (1, 4):
-        for policy in ("lru", "min"):
+        label = {"lru": "LRU", "min": "Belady MIN", "clairfs": "clairfs planner"}
+        for policy in ("lru", "min", "clairfs"):
             vals = {r["fraction"]: r["hit_ratio"] for r in sim_rows if r["ranks_per_node"] == rpn and r["policy"] == policy}
-            out("| %d | %s |" % (rpn, "LRU" if policy == "lru" else "Belady MIN") +
-                "".join(" %.3f |" % vals[f] for f in fractions))
-        out("| %d | clairfs planner | %s" % (rpn, "— (issue 5) |" * len(fractions)))
+            out("| %d | %s |" % (rpn, label[policy]) + "".join(" %.3f |" % vals[f] for f in fractions))
+        mins = {r["fraction"]: r["hit_ratio"] for r in sim_rows if r["ranks_per_node"] == rpn and r["policy"] == "min"}
+        ours = {r["fraction"]: r["hit_ratio"] for r in sim_rows if r["ranks_per_node"] == rpn and r["policy"] == "clairfs"}
+        out("| %d | planner ÷ MIN |" % rpn + "".join(" %.2f× |" % (ours[f] / mins[f] if mins[f] else 0) for f in fractions))
 
     os.makedirs(args.out, exist_ok=True)
     plot_stalls(stall_files, os.path.join(args.out, "bench-stalls.png"))

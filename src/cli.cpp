@@ -31,6 +31,7 @@
 #include "status.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
+#include "fuse/page_cache.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -174,6 +175,7 @@ int run_mount(int argc, char** argv) {
   std::optional<SourceReader> reader;
   std::optional<Oracle> oracle;
   std::optional<TraceEngine> trace;
+  FusePageCache page_cache;  // before the engine that pushes into it
   std::optional<ClairvoyantEngine> staged;
   Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
   try {
@@ -190,7 +192,26 @@ int run_mount(int argc, char** argv) {
     oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
     if (o.ram > 0) {
       try {
-        staged.emplace(*manifest, *oracle, *reader, EngineConfig{o.ram, o.ranks, o.start_epoch, o.epochs, 32});
+        EngineConfig c;
+        c.ram = o.ram;
+        c.ranks = o.ranks;
+        c.start_epoch = o.start_epoch;
+        c.epochs = o.epochs;
+        // An open may stray from its rank's place by the batches a DataLoader keeps in flight
+        // (prefetch_factor × workers); twice that, counting at least 8 workers (not every job says how
+        // many it runs), and a margin.
+        c.tolerance = 2 * o.prefetch_factor * std::max<uint64_t>(o.workers, 8) * o.batch_size + 64;
+        // A file comes back to this node about every world_size / ranks epochs: plan that far (and one
+        // more), so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
+        c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);
+        c.loader_window = o.prefetch_factor * std::max<uint64_t>(o.workers, 1) * o.batch_size;
+        c.nvme = o.nvme;
+        c.nvme_size = o.nvme_size;
+        c.pagecache = o.pagecache;
+        c.page_cache = &page_cache;
+        staged.emplace(*manifest, *oracle, *reader, std::move(c));
+      } catch (const NvmeError& e) {
+        return report.fail(kExitUsage, e.what());
       } catch (const std::runtime_error& e) {
         log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
       }
@@ -213,7 +234,7 @@ int run_mount(int argc, char** argv) {
   ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
   Frontend frontend(*manifest, *serving, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
   try {
-    MountedSession session(o, frontend);
+    MountedSession session(o, frontend, &page_cache);
     if (report.detached()) {
       if (!report.live()) return kExitFailure;  // unmounts on the way out
       detach_from_terminal();

@@ -57,35 +57,55 @@ bool show(const std::string& mountpoint) {
     std::fprintf(stderr, "clairfs: cannot read %s/.clairfs/stats: %s\n", mountpoint.c_str(), e.what());
     return false;
   }
-  const uint64_t ram_files = get(j, {"tiers", "ram", "files"});
-  const uint64_t cached = get(j, {"tiers", "pagecache", "files"});
-  const uint64_t source = get(j, {"tiers", "source", "files"});
-  const uint64_t opens = ram_files + cached + source;
+  const char* tiers[] = {"pagecache", "ram", "nvme", "peer", "source"};
+  const char* names[] = {"page cache", "RAM", "NVMe", "peer", "SOURCE"};
+  uint64_t opens = 0;
+  for (const char* t : tiers) opens += get(j, {"tiers", t, "files"});
+  auto pct = [](uint64_t n, uint64_t of) { return of ? 100.0 * static_cast<double>(n) / static_cast<double>(of) : 0.0; };
+  auto fill = [&](const char* label, uint64_t used, uint64_t budget) {
+    std::printf("  %-12s %s %s of %s\n", label, bar(budget ? static_cast<double>(used) / static_cast<double>(budget) : 0).c_str(),
+                human(static_cast<double>(used)).c_str(), human(static_cast<double>(budget)).c_str());
+  };
   std::printf("clairfs at %s\n", mountpoint.c_str());
-  if (j.contains("plan")) {
-    const uint64_t files = get(j, {"plan", "files"}), cursor = get(j, {"plan", "cursor"});
-    std::printf("  epoch %llu   %s %llu / %llu files opened\n", static_cast<unsigned long long>(get(j, {"epoch"})),
-                bar(files ? static_cast<double>(cursor) / static_cast<double>(files) : 0).c_str(),
-                static_cast<unsigned long long>(cursor), static_cast<unsigned long long>(files));
-    std::printf("  staged ahead  %llu files\n", static_cast<unsigned long long>(get(j, {"plan", "lead_files"})));
-    const uint64_t budget = get(j, {"ram", "budget"}), used = get(j, {"ram", "used"});
-    std::printf("  RAM           %s %s of %s\n",
-                bar(budget ? static_cast<double>(used) / static_cast<double>(budget) : 0).c_str(), human(used).c_str(),
-                human(budget).c_str());
+  if (j.contains("ranks")) {
+    for (const auto& r : j["ranks"]) {
+      const uint64_t done = r.value("done", uint64_t{0}), total = r.value("total", uint64_t{0});
+      std::printf("  rank %-4llu epoch %-3llu %s %llu / %llu   lead %llu files (%.1f s)%s\n",
+                  static_cast<unsigned long long>(r.value("rank", uint64_t{0})),
+                  static_cast<unsigned long long>(r.value("epoch", uint64_t{0})),
+                  bar(total ? static_cast<double>(done) / static_cast<double>(total) : 0, 24).c_str(),
+                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                  static_cast<unsigned long long>(r.value("lead_files", uint64_t{0})), r.value("lead_seconds", 0.0),
+                  r.value("live", true) ? "" : "   OFF THE PREDICTED ORDER");
+    }
+    fill("RAM", get(j, {"ram", "used"}), get(j, {"ram", "budget"}));
+    if (get(j, {"pagecache", "budget"})) fill("pushed pages", get(j, {"pagecache", "used"}), get(j, {"pagecache", "budget"}));
+    if (j.contains("nvme")) {
+      fill("NVMe", get(j, {"nvme", "used"}), get(j, {"nvme", "capacity"}));
+      if (!j["nvme"].value("admitting", true)) std::printf("               NVMe admission stopped (disk full or unwritable)\n");
+    }
   } else {
-    std::printf("  staging off (mount with ram=SIZE to stage ahead)\n");
+    std::printf("  staging off (mounted with ram=0)\n");
   }
-  auto share = [&](uint64_t n) { return opens ? 100.0 * static_cast<double>(n) / static_cast<double>(opens) : 0.0; };
-  std::printf("  opens served  RAM %llu (%.1f%%)   page cache %llu (%.1f%%)   SOURCE %llu (%.1f%%)\n",
-              static_cast<unsigned long long>(ram_files), share(ram_files), static_cast<unsigned long long>(cached),
-              share(cached), static_cast<unsigned long long>(source), share(source));
-  std::printf("  bytes served  RAM %s   SOURCE %s\n", human(static_cast<double>(get(j, {"tiers", "ram", "bytes"}))).c_str(),
+  std::printf("  opens served ");
+  for (size_t t = 0; t < 5; ++t) {
+    const uint64_t n = get(j, {"tiers", tiers[t], "files"});
+    if (n || t == 0 || t == 4) std::printf(" %s %llu (%.1f%%) ", names[t], static_cast<unsigned long long>(n), pct(n, opens));
+  }
+  std::printf("\n  bytes served  RAM %s   NVMe %s   SOURCE %s\n",
+              human(static_cast<double>(get(j, {"tiers", "ram", "bytes"}))).c_str(),
+              human(static_cast<double>(get(j, {"tiers", "nvme", "bytes"}))).c_str(),
               human(static_cast<double>(get(j, {"tiers", "source", "bytes"}))).c_str());
+  if (j.contains("source_traffic"))
+    std::printf("  SOURCE read   %s in all (staging and demand)\n",
+                human(static_cast<double>(get(j, {"source_traffic", "bytes"}))).c_str());
   if (j.contains("stalls"))
     std::printf("  stalls        %llu opens waited on SOURCE, %.2f s in all\n",
                 static_cast<unsigned long long>(get(j, {"stalls", "opens"})), j["stalls"].value("seconds", 0.0));
   if (j.contains("mispredicted_opens"))
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
+  if (get(j, {"checksum_failures"}))
+    std::printf("  checksum failures  %llu (re-read from SOURCE)\n", static_cast<unsigned long long>(get(j, {"checksum_failures"})));
   std::fflush(stdout);
   return true;
 }

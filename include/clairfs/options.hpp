@@ -67,7 +67,10 @@ struct Options {
   std::string trace;                    // append "PID PATH" per open to this file
 
   // Caches (consumed by the engine).
-  uint64_t ram = 0;  // bytes; 0: engine default
+  uint64_t ram = 0;  // bytes; 0: no staging (a plain mount)
+  bool ram_given = false;
+  uint64_t pagecache = 0;  // bytes of staged files pushed into the kernel ahead of readers
+  bool pagecache_given = false;
   std::string nvme;
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
   std::string manifest;

@@ -1,12 +1,13 @@
 #include "engine/clairvoyant.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <climits>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "util/fs.hpp"
 #include "util/log.hpp"
@@ -20,42 +21,88 @@ using Clock = std::chrono::steady_clock;
 // How long an open waits for a staging read of its file before reading SOURCE itself: far above a
 // read's time on a working file system, short enough that a stuck read costs little.
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
+// Pushes per stager round: between rounds the stager reaps reads and picks new ones.
+constexpr int kPushesPerRound = 64;
+// Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
+constexpr uint64_t kRateWindow = 64;
+// How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
+constexpr uint64_t kLeadScanSteps = 100000;
 
 uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-// Each file's first position in a stream.
-std::unordered_map<EntryId, uint64_t> first_positions(const std::vector<EntryId>& stream) {
-  std::unordered_map<EntryId, uint64_t> position;
-  position.reserve(stream.size());
-  for (uint64_t p = stream.size(); p-- > 0;) position[stream[p]] = p;
-  return position;
+StreamSource node_streams(const Manifest& manifest, const Oracle& oracle, std::vector<uint64_t> ranks) {
+  return [&manifest, &oracle, ranks = std::move(ranks)](uint64_t epoch) {
+    const EpochOrder order = oracle.epoch(epoch);
+    const auto& samples = manifest.samples();
+    std::vector<std::vector<EntryId>> seq(ranks.size());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] >= order.world_size()) continue;
+      seq[i].reserve(order.loaded(ranks[i]));
+      for (uint64_t k = 0; k < order.loaded(ranks[i]); ++k) {
+        const EntryId id = samples[order.at(ranks[i], k)];
+        if (S_ISREG(manifest.entry(id).mode)) seq[i].push_back(id);
+      }
+    }
+    return seq;
+  };
+}
+
+PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
+  PlannerConfig p;
+  p.ranks = c.ranks.empty() ? 1 : c.ranks.size();
+  p.entries = manifest.size();
+  p.start_epoch = c.start_epoch;
+  p.end_epoch = c.epochs ? c.start_epoch + *c.epochs : UINT64_MAX;
+  p.tolerance = c.tolerance;
+  p.horizon = c.horizon;
+  return p;
 }
 
 }  // namespace
 
-// A file served from RAM, or from SOURCE — opened there only when the first read arrives, since a
-// file whose pages the kernel still caches (keep_cache) is opened and read without any read reaching
-// us, and opening it in SOURCE would cost a metadata round trip for nothing.
+// A file served from RAM, NVMe or SOURCE. NVMe and SOURCE are read only when the first read arrives: a
+// file whose pages the kernel still caches (keep_cache) is opened and read without any read reaching us.
 struct ClairvoyantEngine::Handle {
-  FileBytes ram;
+  FileBytes data;              // whole file from RAM or NVMe
   EntryId id = 0;
   pid_t pid = 0;
   std::mutex mutex;            // guards the lazy open below (the kernel may send reads in parallel)
+  bool tried = false;          // the lazy open ran
   uint64_t source_handle = 0;
-  int source_error = 0;        // the lazy open's -errno, once tried
+  int source_error = 0;        // the lazy open's -errno
   bool source_open = false;
+  bool from_ram = false;
+  std::atomic<bool> read_any{false};  // a read reached us (else the kernel's cache served every byte)
+};
+
+// One file on its way through the ring: opened, read whole, maybe written to NVMe.
+struct ClairvoyantEngine::Pending {
+  enum class Step { kOpen, kRead, kWrite } step = Step::kOpen;
+  EntryId id = 0;
+  uint64_t key = 0;           // the use it is staged for
+  bool from_nvme = false;
+  UniqueFd fd;
+  std::shared_ptr<std::vector<char>> buf;
+  FileBytes keep;             // a write's bytes (also in RAM, maybe evicted meanwhile)
+  uint64_t checksum = 0;
 };
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceReader& source,
                                      EngineConfig config)
-    : manifest_(manifest), oracle_(oracle), source_(source), config_(std::move(config)), ram_(config_.ram),
-      epoch_(config_.start_epoch) {
-  stream_ = build_stream(epoch_);
-  position_ = first_positions(stream_);
-  opened_.assign(stream_.size(), 0);
-  served_.assign(manifest_.size(), 0);
+    : manifest_(manifest), oracle_(oracle), source_(source), config_(std::move(config)),
+      streams_(node_streams(manifest_, oracle_, config_.ranks.empty() ? std::vector<uint64_t>{0} : config_.ranks)),
+      ram_(config_.ram), planner_(planner_config(manifest_, config_), streams_) {
+  if (!config_.nvme.empty()) nvme_ = std::make_unique<NvmeTier>(config_.nvme, config_.nvme_size);
+  in_kernel_.assign(manifest_.size(), 0);
+  rates_.resize(config_.ranks.empty() ? 1 : config_.ranks.size());
+  // 1/16 of the budget in files of mean size, or the loaders' windows and a ring's worth, if larger.
+  uint64_t bytes = 0;
+  for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
+  const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
+  evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, config_.loader_window * rates_.size() + config_.depth);
+  stage_key_ = push_key_ = planner_.cursor();
   ring_ = std::make_unique<Ring>(config_.depth);
   stager_ = std::thread([this] { stage_loop(); });
 }
@@ -70,97 +117,123 @@ ClairvoyantEngine::~ClairvoyantEngine() {
   stager_.join();
 }
 
-std::vector<EntryId> ClairvoyantEngine::build_stream(uint64_t epoch) const {
-  const EpochOrder order = oracle_.epoch(epoch);
-  const auto& samples = manifest_.samples();
-  uint64_t longest = 0;
-  for (uint64_t r : config_.ranks) longest = std::max(longest, order.loaded(r));
-  std::vector<EntryId> stream;
-  stream.reserve(longest * config_.ranks.size());
-  for (uint64_t k = 0; k < longest; ++k)
-    for (uint64_t r : config_.ranks)
-      if (k < order.loaded(r)) {
-        const EntryId id = samples[order.at(r, k)];
-        if (S_ISREG(manifest_.entry(id).mode)) stream.push_back(id);
-      }
-  return stream;
+// ---- progress --------------------------------------------------------------------------------------
+
+void ClairvoyantEngine::drop_pages(EntryId id) {
+  if (!in_kernel_[id]) return;
+  if (in_kernel_[id] == 2) kernel_bytes_ -= manifest_.entry(id).size;
+  in_kernel_[id] = 0;
+  if (open_count_.count(id)) drop_on_release_.insert(id);
+  else drops_.push_back(id);
 }
 
-void ClairvoyantEngine::note_open(EntryId id) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  auto it = position_.find(id);
-  const bool expected = it != position_.end() && !opened_[it->second];
-  if (!expected && cursor_ * 2 >= stream_.size() && epoch_ + 1 < config_.epochs.value_or(UINT64_MAX)) {
-    // Not (or no longer) expected in this epoch, and its readers are past half of it: maybe they moved on
-    // to the next epoch, which reads the same files again in a new order. Its plan is built once.
-    if (!next_) {
-      next_ = std::make_unique<Plan>();
-      next_->stream = build_stream(epoch_ + 1);
-      next_->position = first_positions(next_->stream);
-    }
-    if (next_->position.count(id)) {
-      for (uint64_t p = evict_pos_; p < stream_.size(); ++p) ram_.erase(stream_[p]);
-      ++epoch_;
-      stream_ = std::move(next_->stream);
-      position_ = std::move(next_->position);
-      next_.reset();
-      opened_.assign(stream_.size(), 0);
-      cursor_ = stage_pos_ = evict_pos_ = 0;
-      it = position_.find(id);
-    }
+void ClairvoyantEngine::evict_ram(EntryId id) {
+  ram_.erase(id);
+  ram_keys_.erase(id);
+  ram_evictions_++;
+  drop_pages(id);
+}
+
+void ClairvoyantEngine::after_progress() {
+  for (const auto& [key, id] : planner_.take_passed()) {
+    const uint64_t next = planner_.next_use(id, key + 1);
+    ram_keys_.passed(id, key, next);
+    nvme_keys_.passed(id, key, next);
+    // The readers are past it: its pages go (once nobody has it open), whether pushed or read through
+    // the mount, so the kernel holds only what is about to be read.
+    drop_pages(id);
   }
-  served_[id] = 1;
-  if (it == position_.end()) {
-    mispredicted_++;
-    return;
-  }
-  opened_[it->second] = 1;
-  while (cursor_ < stream_.size() && opened_[cursor_]) ++cursor_;
-  if (stage_pos_ < cursor_) stage_pos_ = cursor_;
-  // Files behind the cursor have been opened: their budget goes to the files ahead. A reader still
-  // holding one keeps its bytes alive through its Handle.
-  for (; evict_pos_ < cursor_; ++evict_pos_) ram_.erase(stream_[evict_pos_]);
-  lock.unlock();
-  progress_.notify_all();
+  const uint64_t cursor = planner_.cursor();
+  if (stage_key_ < cursor) stage_key_ = cursor;
+  if (push_key_ < cursor) push_key_ = cursor;
 }
 
 int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
-  {
-    // A file being staged right now arrives sooner from that read than from a second one to SOURCE.
-    std::unique_lock<std::mutex> lock(mutex_);
-    staged_.wait_for(lock, kWaitForStaging, [&] { return stop_ || !in_flight_.count(id); });
-  }
-  FileBytes data = ram_.get(id);  // before note_open, which evicts what is opened
-  note_open(id);
   auto* h = new Handle;
   h->id = id;
   h->pid = pid;
-  if (data) {
-    ram_files_++;
-    h->ram = std::move(data);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // A file being staged right now arrives sooner from that read than from a second one.
+    staged_.wait_for(lock, kWaitForStaging, [&] { return stop_ || !in_flight_.count(id); });
+    h->data = ram_.get(id);
+    h->from_ram = h->data != nullptr;
+    open_count_[id]++;
+    uint64_t live_before = 0, live_after = 0;
+    for (uint64_t r = 0; r < rates_.size(); ++r) live_before += planner_.live(r);
+    const Planner::Open o = planner_.on_open(id, pid);
+    for (uint64_t r = 0; r < rates_.size(); ++r) live_after += planner_.live(r);
+    if (live_after > live_before) stage_key_ = planner_.cursor();  // a rank came back: stage for it again
+    if (o.expected) {
+      RankRate& rate = rates_[o.rank];
+      const auto now = Clock::now();
+      if (rate.opens++ % kRateWindow == 0) {
+        if (rate.opens > 1) {
+          const double s = std::chrono::duration<double>(now - rate.since).count();
+          const double r = s > 0 ? static_cast<double>(kRateWindow) / s : 0;
+          rate.per_second = rate.per_second == 0 ? r : 0.7 * rate.per_second + 0.3 * r;
+        }
+        rate.since = now;
+      }
+    }
+    after_progress();
+    if (!in_kernel_[id]) in_kernel_[id] = 1;
   }
+  progress_.notify_all();
   *handle = reinterpret_cast<uint64_t>(h);
+  return 0;
+}
+
+// ---- demand reads ----------------------------------------------------------------------------------
+
+int ClairvoyantEngine::load_from_nvme(Handle& h) {
+  const auto held = nvme_->find(h.id);
+  if (!held) return -ENOENT;
+  UniqueFd fd(::openat(nvme_->dir_fd(), NvmeTier::name(h.id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return -errno;
+  auto buf = std::make_shared<std::vector<char>>(held->size);
+  size_t done = 0;
+  while (done < buf->size()) {
+    const ssize_t n = ::pread(fd.get(), buf->data() + done, buf->size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done != buf->size() || NvmeTier::checksum(buf->data(), buf->size()) != held->checksum) {
+    checksum_failures_++;
+    log_warning("NVMe copy of '" + manifest_.path(h.id) + "' is damaged; read from SOURCE instead");
+    std::lock_guard<std::mutex> lock(mutex_);
+    nvme_->erase(h.id);
+    nvme_keys_.erase(h.id);
+    return -EIO;
+  }
+  nvme_files_++;
+  h.data = std::move(buf);
   return 0;
 }
 
 ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
   auto* h = reinterpret_cast<Handle*>(handle);
-  if (h->ram) {
-    const auto& data = *h->ram;
+  const auto t0 = Clock::now();
+  if (h->from_ram && !h->read_any.exchange(true)) ram_files_++;
+  if (!h->data) {
+    std::lock_guard<std::mutex> lock(h->mutex);
+    if (!h->tried) {
+      h->tried = true;
+      if (!nvme_ || load_from_nvme(*h) < 0) {
+        h->source_error = source_.open(h->id, h->pid, &h->source_handle);
+        h->source_open = h->source_error == 0;
+        if (h->source_open) source_files_++;
+      }
+    }
+  }
+  if (h->data) {
+    const auto& data = *h->data;
     if (static_cast<uint64_t>(offset) >= data.size()) return 0;
     const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
     std::memcpy(buf, data.data() + offset, n);
-    ram_bytes_ += n;
+    (h->from_ram ? ram_bytes_ : nvme_bytes_) += n;
     return static_cast<ssize_t>(n);
-  }
-  const auto t0 = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(h->mutex);
-    if (!h->source_open && h->source_error == 0) {
-      h->source_error = source_.open(h->id, h->pid, &h->source_handle);
-      h->source_open = h->source_error == 0;
-      if (h->source_open) source_files_++;
-    }
   }
   if (!h->source_open) return h->source_error;
   const ssize_t n = source_.read(h->source_handle, buf, size, offset);
@@ -171,126 +244,308 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
 
 void ClairvoyantEngine::release(uint64_t handle) {
   auto* h = reinterpret_cast<Handle*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = open_count_.find(h->id);
+    if (it != open_count_.end() && --it->second == 0) {
+      open_count_.erase(it);
+      if (drop_on_release_.erase(h->id)) drops_.push_back(h->id);
+    }
+  }
   if (h->source_open) source_.release(h->source_handle);
-  else if (!h->ram) cached_files_++;  // every byte came from the kernel's page cache
+  if (!h->tried && !h->read_any) cached_files_++;  // every byte came from the kernel's page cache
   delete h;
+}
+
+// ---- the stager ------------------------------------------------------------------------------------
+
+bool ClairvoyantEngine::make_ram_room(uint64_t size, uint64_t key) {
+  while (!ram_.reserve(size)) {
+    const auto far = ram_keys_.farthest();
+    if (!far || far->first <= key) return false;  // all held are needed sooner: wait for the readers
+    evict_ram(far->second);
+  }
+  return true;
+}
+
+bool ClairvoyantEngine::make_nvme_room(uint64_t size, uint64_t key) {
+  while (!nvme_->reserve(size)) {
+    if (!nvme_->admitting() || size > nvme_->capacity()) return false;
+    const auto far = nvme_keys_.farthest();
+    if (!far || far->first <= key) return false;
+    nvme_->erase(far->second);
+    nvme_keys_.erase(far->second);
+    nvme_evictions_++;
+  }
+  return true;
+}
+
+void ClairvoyantEngine::plan_ahead() {
+  std::optional<uint64_t> want;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    want = planner_.wanted_epoch();
+  }
+  if (!want) return;
+  // Built off the lock: an epoch of a large data set takes tens of milliseconds.
+  EpochStreams e = Planner::build(streams_, *want, rates_.size(), manifest_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (planner_.wanted_epoch() == want) planner_.add_epoch(std::move(e));
+}
+
+void ClairvoyantEngine::run_drops() {
+  std::vector<EntryId> drops;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    drops.swap(drops_);
+  }
+  if (!config_.page_cache) return;
+  for (EntryId id : drops)
+    if (config_.page_cache->drop(id) == 0) drops_done_++;
+}
+
+void ClairvoyantEngine::push_ahead() {
+  if (!config_.page_cache || config_.pagecache == 0) return;
+  for (int i = 0; i < kPushesPerRound; ++i) {
+    EntryId id = 0;
+    FileBytes data;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const uint64_t end = planner_.planned_end();
+      while (push_key_ < end) {
+        const auto item = planner_.item(push_key_);
+        if (!item || !planner_.live(planner_.rank_of(push_key_)) || in_kernel_[*item] == 2) {
+          ++push_key_;
+          continue;
+        }
+        break;
+      }
+      if (push_key_ >= end) return;
+      id = *planner_.item(push_key_);
+      const uint64_t size = manifest_.entry(id).size;
+      if (kernel_bytes_ + size > config_.pagecache) return;  // the window is full: wait for the readers
+      data = ram_.get(id);
+      if (!data) return;  // not staged yet
+      in_kernel_[id] = 2;
+      kernel_bytes_ += size;
+      ++push_key_;
+    }
+    if (const int rc = config_.page_cache->push(id, data->data(), data->size()); rc < 0) {
+      // The kernel does not know the inode yet (never looked up), or is unmounting: reads will reach us
+      // and be served from RAM.
+      push_failures_++;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (in_kernel_[id] == 2) {
+        kernel_bytes_ -= data->size();
+        in_kernel_[id] = 0;
+      }
+    } else {
+      pushes_++;
+    }
+  }
 }
 
 void ClairvoyantEngine::stage_loop() {
   Ring& ring = *ring_;
-  // A file goes through the ring twice: opened (openat2 beneath SOURCE), then read whole.
-  struct Pending {
-    EntryId id;
-    UniqueFd fd;
-    std::shared_ptr<std::vector<char>> buf;
-  };
   std::unordered_map<uint64_t, Pending> pending;  // by tag
   uint64_t next_tag = 1;
+  bool nvme_full_logged = false;
+  std::unordered_set<EntryId> writing;  // NVMe writes in flight: one at a time per file
 
   auto give_up = [&](EntryId id) {
     ram_.unreserve(manifest_.entry(id).size);
     stage_failures_++;
     finish_staging(id);
   };
+  auto start_open = [&](uint64_t tag, Pending& p) {
+    if (p.from_nvme) {
+      ring.submit_open(nvme_->dir_fd(), NvmeTier::name(p.id), tag);
+    } else {
+      std::string path = manifest_.path(p.id);
+      if (path.size() + 1 >= PATH_MAX) return false;
+      ring.submit_open(source_.root_fd(), std::move(path), tag);
+    }
+    p.step = Pending::Step::kOpen;
+    return true;
+  };
   // True if a read is now in flight for p; otherwise p is finished (staged, or given up).
   auto start_read = [&](uint64_t tag, Pending& p) {
     const uint64_t size = manifest_.entry(p.id).size;
-    if (source_.verify(p.id, p.fd.get()) < 0) {
+    if (!p.from_nvme && source_.verify(p.id, p.fd.get()) < 0) {
       give_up(p.id);
       return false;
     }
     p.buf = std::make_shared<std::vector<char>>(size);
-    if (size == 0) {
-      ram_.insert(p.id, std::move(p.buf));
-      staged_files_++;
-      finish_staging(p.id);
-      return false;
-    }
+    p.step = Pending::Step::kRead;
+    if (size == 0) return false;  // handled by the caller as a finished read
     ring.submit(p.fd.get(), p.buf->data(), size, tag);
     return true;
   };
+  // A read finished with `result`: checks it, puts the file in RAM, maybe starts its NVMe write.
+  // Returns true if p stays pending (re-read from SOURCE, or a write in flight).
+  auto finish_read = [&](uint64_t tag, Pending& p, int64_t result) {
+    const uint64_t size = manifest_.entry(p.id).size;
+    if (p.from_nvme) {
+      const auto held = nvme_->find(p.id);
+      if (result != static_cast<int64_t>(size) || !held ||
+          NvmeTier::checksum(p.buf->data(), size) != held->checksum) {
+        checksum_failures_++;
+        log_warning("NVMe copy of '" + manifest_.path(p.id) + "' is damaged; staged from SOURCE instead");
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          nvme_->erase(p.id);
+          nvme_keys_.erase(p.id);
+        }
+        p.from_nvme = false;
+        p.fd = UniqueFd();
+        if (start_open(tag, p)) return true;
+        give_up(p.id);
+        return false;
+      }
+    } else if (result != static_cast<int64_t>(size)) {
+      // Short (the file shrank) or failed: never stage bytes that disagree with the manifest.
+      log_warning("staging '" + manifest_.path(p.id) + "' read " + std::to_string(result) + " of " +
+                  std::to_string(size) + " bytes; left to SOURCE");
+      give_up(p.id);
+      return false;
+    }
+    p.fd = UniqueFd();
+    bool write = false;
+    uint64_t after = kNever;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const uint64_t key = planner_.next_use(p.id, planner_.cursor());
+      if (key == kNever) {  // the readers passed it (or left the plan) while it was read
+        ram_.unreserve(size);
+      } else {
+        FileBytes bytes = p.buf;
+        ram_.insert(p.id, bytes);
+        ram_keys_.set(p.id, key);
+        staged_files_++;
+        staged_bytes_ += size;
+        if (p.from_nvme) staged_from_nvme_++;
+        else staged_source_bytes_ += size;
+        // Into NVMe too, for the use after this one, if MIN keeps it there.
+        after = planner_.next_use(p.id, key + 1);
+        if (nvme_ && !p.from_nvme && after != kNever && !writing.count(p.id) && !nvme_->find(p.id) &&
+            make_nvme_room(size, after)) {
+          write = true;
+          p.keep = std::move(bytes);
+        }
+      }
+    }
+    finish_staging(p.id);
+    if (!write) return false;
+    const int fd = nvme_->create(p.id);
+    if (fd < 0) {
+      if (nvme_->abandon(p.id, size, fd)) log_warning("NVMe directory full or unwritable (" + std::string(std::strerror(-fd)) + "): no more files admitted");
+      nvme_write_failures_++;
+      return false;
+    }
+    p.fd = UniqueFd(fd);
+    writing.insert(p.id);
+    p.checksum = NvmeTier::checksum(p.keep->data(), size);
+    p.key = after;
+    p.step = Pending::Step::kWrite;
+    ring.submit_write(p.fd.get(), p.keep->data(), size, tag);
+    return true;
+  };
+  auto finish_write = [&](Pending& p, int64_t result) {
+    const uint64_t size = manifest_.entry(p.id).size;
+    p.fd = UniqueFd();
+    writing.erase(p.id);
+    if (result == static_cast<int64_t>(size)) {
+      nvme_->commit(p.id, size, p.checksum);
+      nvme_writes_++;
+      std::lock_guard<std::mutex> lock(mutex_);
+      nvme_keys_.set(p.id, planner_.next_use(p.id, std::min(p.key, planner_.cursor())));
+      return;
+    }
+    nvme_write_failures_++;
+    const int error = result < 0 ? static_cast<int>(result) : 0;
+    if (nvme_->abandon(p.id, size, error) && !nvme_full_logged) {
+      nvme_full_logged = true;
+      log_warning("NVMe directory " + nvme_->path() + ": " +
+                  (error ? std::string(std::strerror(-error)) : std::string("short write")) +
+                  "; no more files admitted, the rest keeps working");
+    }
+  };
 
   for (;;) {
+    plan_ahead();
+    run_drops();
+    push_ahead();
     // Pick the next files to stage: from the cursor on, while the budget and the ring have room.
-    std::vector<EntryId> picks;
+    std::vector<uint64_t> picks;  // tags
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (stop_) break;
       const unsigned room = ring.depth() - ring.in_flight();
-      while (picks.size() < room && stage_pos_ < stream_.size()) {
-        const EntryId id = stream_[stage_pos_];
-        const uint64_t size = manifest_.entry(id).size;
-        if (ram_.contains(id) || opened_[stage_pos_] || in_flight_.count(id) || served_[id] ||
-            size > ram_.budget()) {
-          ++stage_pos_;  // there already, passed, on its way, in the kernel's cache, or never fits
+      const uint64_t end = planner_.planned_end();
+      while (picks.size() < room && stage_key_ < end) {
+        const uint64_t key = stage_key_;
+        const auto item = planner_.item(key);
+        if (!item || !planner_.live(planner_.rank_of(key))) {
+          ++stage_key_;
           continue;
         }
-        if (!ram_.reserve(size)) break;  // full: wait for readers to move on
-        picks.push_back(id);
+        const EntryId id = *item;
+        const uint64_t size = manifest_.entry(id).size;
+        if (ram_keys_.contains(id) || in_flight_.count(id) || size > ram_.budget()) {
+          ++stage_key_;  // there already, on its way, or never fits (read on demand)
+          continue;
+        }
+        // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
+        if (key < planner_.cursor() + evict_window_ ? !make_ram_room(size, key) : !ram_.reserve(size)) break;
+        const uint64_t tag = next_tag++;
+        Pending& p = pending[tag];
+        p.id = id;
+        p.key = key;
+        p.from_nvme = nvme_ && nvme_->find(id).has_value();
+        picks.push_back(tag);
         in_flight_.insert(id);
-        ++stage_pos_;
+        ++stage_key_;
       }
       if (picks.empty() && ring.in_flight() == 0) {
-        progress_.wait_for(lock, std::chrono::milliseconds(100));
+        progress_.wait_for(lock, std::chrono::milliseconds(drops_.empty() ? 100 : 1));
         continue;
       }
     }
-    for (EntryId id : picks) {
-      const uint64_t tag = next_tag++;
-      std::string path = manifest_.path(id);
-      if (path.size() + 1 < PATH_MAX) {
-        ring.submit_open(source_.root_fd(), std::move(path), tag);
-        pending.emplace(tag, Pending{id, UniqueFd(), nullptr});
-        continue;
-      }
-      const int fd = source_.open_verified(id);  // too long for one openat2: walk down synchronously
+    for (uint64_t tag : picks) {
+      Pending& p = pending[tag];
+      if (start_open(tag, p)) continue;
+      const int fd = source_.open_verified(p.id);  // too long for one openat2: walk down synchronously
       if (fd < 0) {
-        give_up(id);
+        give_up(p.id);
+        pending.erase(tag);
         continue;
       }
-      auto [it, _] = pending.emplace(tag, Pending{id, UniqueFd(fd), nullptr});
-      if (!start_read(tag, it->second)) pending.erase(it);
+      p.fd = UniqueFd(fd);
+      if (start_read(tag, p)) continue;
+      if (p.step != Pending::Step::kRead || !finish_read(tag, p, 0)) pending.erase(tag);
     }
     for (const auto& c : ring.reap(picks.empty())) {
       auto it = pending.find(c.tag);
       if (it == pending.end()) continue;
       Pending& p = it->second;
-      if (!p.fd) {  // the open finished
+      bool keep = false;
+      if (p.step == Pending::Step::kOpen) {
         if (c.result < 0) {
           log_warning("cannot stage '" + manifest_.path(p.id) + "': " + std::strerror(static_cast<int>(-c.result)));
           give_up(p.id);
-          pending.erase(it);
         } else {
           p.fd = UniqueFd(static_cast<int>(c.result));
-          if (!start_read(c.tag, p)) pending.erase(it);
+          keep = start_read(c.tag, p) || (p.step == Pending::Step::kRead && finish_read(c.tag, p, 0));
         }
-        continue;
-      }
-      const uint64_t size = manifest_.entry(p.id).size;
-      bool wanted;  // the readers may have passed it, or moved to another epoch, while it was read
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto pos = position_.find(p.id);
-        wanted = pos != position_.end() && pos->second >= cursor_;
-      }
-      if (!wanted) {
-        ram_.unreserve(size);
-        finish_staging(p.id);
-      } else if (c.result != static_cast<int64_t>(size)) {
-        // Short (the file shrank) or failed: never stage bytes that disagree with the manifest.
-        log_warning("staging '" + manifest_.path(p.id) + "' read " + std::to_string(c.result) + " of " +
-                    std::to_string(size) + " bytes; left to SOURCE");
-        give_up(p.id);
+      } else if (p.step == Pending::Step::kRead) {
+        keep = finish_read(c.tag, p, c.result);
       } else {
-        ram_.insert(p.id, std::move(p.buf));
-        staged_files_++;
-        staged_bytes_ += size;
-        finish_staging(p.id);
+        finish_write(p, c.result);
       }
-      pending.erase(it);
+      if (!keep) pending.erase(it);
     }
   }
-  while (ring.in_flight() > 0) ring.reap(true);  // their buffers (in `pending`) must outlive the reads
+  while (ring.in_flight() > 0) ring.reap(true);  // their buffers (in `pending`) must outlive the I/O
 }
 
 void ClairvoyantEngine::finish_staging(EntryId id) {
@@ -301,20 +556,66 @@ void ClairvoyantEngine::finish_staging(EntryId id) {
   staged_.notify_all();
 }
 
+// ---- stats -----------------------------------------------------------------------------------------
+
+uint64_t ClairvoyantEngine::lead_files(uint64_t rank) const {
+  const uint64_t ranks = rates_.size();
+  uint64_t key = planner_.progress(rank).next_key;
+  uint64_t lead = 0;
+  for (uint64_t n = 0; n < kLeadScanSteps && key < planner_.planned_end(); ++n, key += ranks) {
+    const auto item = planner_.item(key);
+    if (!item) continue;
+    if (!ram_keys_.contains(*item) && in_kernel_[*item] != 2) break;
+    ++lead;
+  }
+  return lead;
+}
+
 std::string ClairvoyantEngine::stats_json() const {
   nlohmann::json j;
-  j["tiers"]["ram"] = {{"files", ram_files_.load()}, {"bytes", ram_bytes_.load()}};
-  j["tiers"]["source"] = {{"files", source_files_.load()}, {"bytes", source_bytes_.load()}};
   j["tiers"]["pagecache"] = {{"files", cached_files_.load()}};
-  j["staged"] = {{"files", staged_files_.load()}, {"bytes", staged_bytes_.load()}, {"failures", stage_failures_.load()}};
-  j["ram"] = {{"budget", ram_.budget()}, {"used", ram_.used()}, {"files", ram_.files()}};
+  j["tiers"]["ram"] = {{"files", ram_files_.load()}, {"bytes", ram_bytes_.load()}};
+  j["tiers"]["nvme"] = {{"files", nvme_files_.load()}, {"bytes", nvme_bytes_.load()}};
+  j["tiers"]["peer"] = {{"files", 0}, {"bytes", 0}};
+  j["tiers"]["source"] = {{"files", source_files_.load()}, {"bytes", source_bytes_.load()}};
+  j["staged"] = {{"files", staged_files_.load()},       {"bytes", staged_bytes_.load()},
+                 {"from_nvme", staged_from_nvme_.load()}, {"failures", stage_failures_.load()},
+                 {"source_bytes", staged_source_bytes_.load()}};
+  // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
+  j["source_traffic"] = {{"bytes", staged_source_bytes_.load() + source_bytes_.load()}};
+  j["ram"] = {{"budget", ram_.budget()}, {"used", ram_.used()}, {"files", ram_.files()}, {"evictions", ram_evictions_.load()}};
+  if (nvme_)
+    j["nvme"] = {{"dir", nvme_->path()},          {"capacity", nvme_->capacity()},     {"used", nvme_->used()},
+                 {"files", nvme_->files()},        {"admitting", nvme_->admitting()},   {"writes", nvme_writes_.load()},
+                 {"write_failures", nvme_write_failures_.load()}, {"evictions", nvme_evictions_.load()}};
+  j["checksum_failures"] = checksum_failures_.load();
   j["stalls"] = {{"opens", source_files_.load()}, {"seconds", static_cast<double>(stall_ns_.load()) / 1e9}};
-  j["mispredicted_opens"] = mispredicted_.load();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    j["epoch"] = epoch_;
-    j["plan"] = {{"files", stream_.size()}, {"cursor", cursor_}, {"staged_up_to", stage_pos_},
-                 {"lead_files", stage_pos_ - cursor_}};
+    j["pagecache"] = {{"budget", config_.page_cache ? config_.pagecache : 0}, {"used", kernel_bytes_},
+                      {"pushes", pushes_.load()}, {"push_failures", push_failures_.load()}, {"drops", drops_done_.load()}};
+    j["mispredicted_opens"] = planner_.mispredicted();
+    nlohmann::json ranks = nlohmann::json::array();
+    uint64_t min_epoch = UINT64_MAX, lead_min = UINT64_MAX;
+    for (uint64_t r = 0; r < rates_.size(); ++r) {
+      const Planner::RankProgress p = planner_.progress(r);
+      const uint64_t lead = lead_files(r);
+      const double rate = rates_[r].per_second;
+      ranks.push_back({{"rank", config_.ranks.empty() ? 0 : config_.ranks[r]},
+                       {"epoch", p.epoch},
+                       {"done", p.done},
+                       {"total", p.total},
+                       {"live", p.live},
+                       {"lead_files", lead},
+                       {"lead_seconds", rate > 0 ? static_cast<double>(lead) / rate : 0.0},
+                       {"files_per_second", rate},
+                       {"mispredicted_opens", p.mispredicted}});
+      if (p.live) min_epoch = std::min(min_epoch, p.epoch), lead_min = std::min(lead_min, lead);
+    }
+    j["ranks"] = ranks;
+    j["epoch"] = min_epoch == UINT64_MAX ? planner_.progress(0).epoch : min_epoch;
+    j["plan"] = {{"cursor", planner_.cursor()}, {"staged_up_to", stage_key_}, {"planned_up_to", planner_.planned_end()},
+                 {"lead_files", lead_min == UINT64_MAX ? 0 : lead_min}};
   }
   return j.dump(2) + "\n";
 }

@@ -1,24 +1,28 @@
-// ClairvoyantEngine: stages the files this node's ranks will open next into RAM before they ask.
+// ClairvoyantEngine: stages the files this node's ranks will open next before they ask, and keeps what
+// is needed again by next use.
 //
-// The plan is the node's stream: for the current epoch, the oracle's sequences of every rank this mount
-// serves, interleaved step by step (the k-th file of each rank, then the (k+1)-th, ...), which is the
-// order their reads will arrive in. A stager thread walks the stream ahead of the readers and reads each
-// upcoming file whole from SOURCE through io_uring (many reads in flight) into the RAM tier, as far
-// ahead as the `ram=` budget allows. Opens are the progress signal: the cursor is the first position of
-// the stream not yet opened; files behind it are evicted, which frees budget for the next ones.
-// An open of a staged file is served from RAM without touching SOURCE; anything else is opened in
-// SOURCE when its first read arrives (counted as a stall) — never, when the kernel's page cache still
-// holds it from an earlier epoch, which is why files served once are not staged again. An open the plan does not expect is counted as a misprediction
-// and served from SOURCE: bytes are right whatever the order.
+// The planner (planner.hpp) turns the oracle's orders into keys — when each file will be opened, epoch
+// after epoch — and follows the readers: every open is a progress signal. A stager thread walks the keys
+// ahead of the readers and brings each upcoming file into the RAM tier through io_uring (many opens and
+// reads in flight): from the NVMe tier when it holds the file (checksum verified), else from SOURCE.
+// Budgets are hard: when RAM is full, the resident needed farthest in the future is evicted to make
+// room, unless everything held is needed sooner than the file in question (Belady's MIN), and the
+// stager waits for the readers. Files read from SOURCE are written to the NVMe tier when its own MIN
+// admission keeps them; a full disk stops admission and nothing else; a checksum mismatch is re-read
+// from SOURCE and counted. Up to `pagecache` bytes of staged files just ahead of the readers are pushed
+// into the kernel's page cache, so their reads never reach the daemon; passed files' pages are dropped.
 //
-// Not yet here (issue 5 continues): pushing staged pages into the kernel (notify_store), the NVMe tier,
-// eviction by next use across epochs, detecting a reader that left the order and stopping for it.
+// Opens of staged files are served from RAM (or the kernel's pages); anything else is read on demand
+// from NVMe or SOURCE (opened there only when the first read arrives; time spent on SOURCE is counted as
+// a stall). Opens no rank expects are counted as mispredictions; a rank that keeps missing is dropped
+// from the plan (nothing staged for it) until it returns to the order. Bytes are right whatever happens.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,24 +33,35 @@
 
 #include "clairfs/engine.hpp"
 #include "clairfs/oracle.hpp"
+#include "engine/planner.hpp"
 #include "engine/source_reader.hpp"
 #include "io/uring.hpp"
+#include "tiers/next_use.hpp"
+#include "tiers/nvme.hpp"
+#include "tiers/page_cache.hpp"
 #include "tiers/ram.hpp"
 
 namespace clairfs {
 
 struct EngineConfig {
-  uint64_t ram = 0;              // bytes
-  std::vector<uint64_t> ranks;   // the training ranks this node serves
+  uint64_t ram = 0;                // bytes
+  std::vector<uint64_t> ranks;     // the training ranks this node serves
   uint64_t start_epoch = 0;
   std::optional<uint64_t> epochs;
-  unsigned depth = 32;           // reads in flight
+  unsigned depth = 32;             // opens, reads and writes in flight
+  uint64_t tolerance = 256;        // steps an open may stray from its rank's place (Planner)
+  uint64_t horizon = 2;            // epochs planned after the readers' one (Planner)
+  uint64_t loader_window = 16;     // files a rank's DataLoader opens ahead: prefetch_factor × workers × batch
+  std::string nvme;                // a directory; empty: no NVMe tier
+  uint64_t nvme_size = 0;          // 0: 90% of what is free there
+  uint64_t pagecache = 0;          // bytes pushed ahead into the kernel at most; 0: no pushes
+  PageCache* page_cache = nullptr; // where pushes go; nullptr: no pushes
 };
 
 class ClairvoyantEngine final : public Engine {
  public:
-  // REQUIRES: manifest, oracle and source outlive the engine. Starts the stager thread; throws
-  // std::runtime_error if io_uring cannot be set up.
+  // REQUIRES: manifest, oracle, source and page_cache outlive the engine. Starts the stager thread;
+  // throws std::runtime_error if io_uring cannot be set up or the NVMe directory cannot be used.
   ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceReader& source, EngineConfig config);
   ~ClairvoyantEngine() override;
 
@@ -59,43 +74,69 @@ class ClairvoyantEngine final : public Engine {
 
  private:
   struct Handle;
+  struct Pending;
+  using Clock = std::chrono::steady_clock;
+
   void stage_loop();
-  std::vector<EntryId> build_stream(uint64_t epoch) const;
-  void note_open(EntryId id);  // advances the cursor; REQUIRES: mutex_ not held
-  void finish_staging(EntryId id);  // wakes opens waiting for it; REQUIRES: mutex_ not held
+  void plan_ahead();
+  void push_ahead();
+  void run_drops();
+  // REQUIRES: mutex_ held.
+  void evict_ram(EntryId id);
+  void after_progress();  // re-keys passed files, queues their page drops
+  void drop_pages(EntryId id);  // queues a drop now, or at the file's last release
+  bool make_ram_room(uint64_t size, uint64_t key);
+  bool make_nvme_room(uint64_t size, uint64_t key);
+  void finish_staging(EntryId id);  // REQUIRES: mutex_ not held
+  // Demand paths (a handle's first read).
+  int load_from_nvme(Handle& h);
+  uint64_t lead_files(uint64_t rank) const;  // REQUIRES: mutex_ held
 
   const Manifest& manifest_;
   const Oracle& oracle_;
   SourceReader& source_;
   const EngineConfig config_;
+  const StreamSource streams_;
+  // Keys ahead of the cursor within which staging may evict a resident needed later. Beyond it files
+  // are staged into free room only: staging far ahead would push out files kept for later epochs and
+  // fetch them again (prefetching only pays within the lead the readers need).
+  uint64_t evict_window_ = 0;
   RamTier ram_;
+  std::unique_ptr<NvmeTier> nvme_;
 
-  // The plan. Guarded by mutex_ (lock order: mutex_ before RamTier's own).
+  // Guarded by mutex_ (lock order: mutex_ before RamTier's and NvmeTier's own).
   mutable std::mutex mutex_;
-  std::condition_variable progress_;        // the cursor moved, or stop
-  uint64_t epoch_;                          // the epoch being read
-  std::vector<EntryId> stream_;             // this node's files for epoch_, in arrival order
-  std::unordered_map<EntryId, uint64_t> position_;  // first position of each file in stream_
-  std::vector<char> opened_;                // per position: opened already
-  struct Plan {
-    std::vector<EntryId> stream;
-    std::unordered_map<EntryId, uint64_t> position;
-  };
-  std::unique_ptr<Plan> next_;              // epoch_ + 1's plan, once an open has asked for it
-  uint64_t cursor_ = 0;                     // first position not yet opened
-  uint64_t stage_pos_ = 0;                  // next position the stager considers
-  uint64_t evict_pos_ = 0;                  // positions below this are evicted
-  std::unordered_set<EntryId> in_flight_;   // being staged now: an open waits for it, not reads it twice
-  std::vector<char> served_;                // per entry: opened through the mount before, so its pages
-                                            // are likely in the kernel's cache (keep_cache): not staged
+  std::condition_variable progress_;        // readers moved, or stop
   std::condition_variable staged_;          // a staging read finished
+  Planner planner_;
+  NextUseIndex ram_keys_;                   // RAM residents by next use
+  NextUseIndex nvme_keys_;                  // NVMe residents by next use
+  std::unordered_set<EntryId> in_flight_;   // being staged now: an open waits for it, not reads it twice
+  uint64_t stage_key_ = 0;                  // next key the stager considers
+  uint64_t push_key_ = 0;                   // next key whose file may be pushed into the kernel
+  // Per entry: 0 the kernel holds none of its pages (as far as we know), 1 read through the mount,
+  // 2 pushed (its size counted in kernel_bytes_).
+  std::vector<uint8_t> in_kernel_;
+  uint64_t kernel_bytes_ = 0;
+  std::vector<EntryId> drops_;              // pages to drop, by the stager (never from a request handler)
+  std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
+  std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
+  struct RankRate {
+    uint64_t opens = 0;
+    Clock::time_point since{};
+    double per_second = 0;
+  };
+  std::vector<RankRate> rates_;
   bool stop_ = false;
 
   // Counters.
-  std::atomic<uint64_t> ram_files_{0}, ram_bytes_{0}, source_files_{0}, source_bytes_{0};
-  std::atomic<uint64_t> staged_files_{0}, staged_bytes_{0}, stage_failures_{0}, mispredicted_{0};
+  std::atomic<uint64_t> ram_files_{0}, ram_bytes_{0}, nvme_files_{0}, nvme_bytes_{0};
+  std::atomic<uint64_t> source_files_{0}, source_bytes_{0}, cached_files_{0};
+  std::atomic<uint64_t> staged_files_{0}, staged_bytes_{0}, staged_from_nvme_{0}, staged_source_bytes_{0};
+  std::atomic<uint64_t> stage_failures_{0};
+  std::atomic<uint64_t> nvme_writes_{0}, nvme_write_failures_{0}, nvme_evictions_{0}, checksum_failures_{0};
+  std::atomic<uint64_t> ram_evictions_{0}, pushes_{0}, push_failures_{0}, drops_done_{0};
   std::atomic<uint64_t> stall_ns_{0};
-  std::atomic<uint64_t> cached_files_{0};  // opened and closed without a read reaching us
 
   std::unique_ptr<Ring> ring_;  // made here so a missing io_uring fails the constructor; used by stager_ only
   std::thread stager_;

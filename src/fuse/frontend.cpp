@@ -24,7 +24,7 @@ namespace {
 
 Frontend& self(fuse_req_t req) { return *static_cast<Frontend*>(fuse_req_userdata(req)); }
 
-constexpr fuse_ino_t to_ino(EntryId id) { return static_cast<fuse_ino_t>(id) + 1; }
+constexpr fuse_ino_t to_ino(EntryId id) { return Frontend::ino_of(id); }
 
 }  // namespace
 

@@ -27,6 +27,9 @@ class Frontend {
   // The operation table; fuse_session_new() gets `this` as userdata.
   static const fuse_lowlevel_ops& ops();
 
+  // The inode number the kernel knows an entry by.
+  static constexpr fuse_ino_t ino_of(EntryId id) { return static_cast<fuse_ino_t>(id) + 1; }
+
   // Requests answered with an error, by cause; for tests and stats.
   uint64_t erofs_replies() const { return erofs_.load(); }
 

@@ -23,7 +23,8 @@ constexpr unsigned kMaxThreads = 16;
 
 }  // namespace
 
-MountedSession::MountedSession(const Options& o, Frontend& frontend) {
+MountedSession::MountedSession(const Options& o, Frontend& frontend, FusePageCache* page_cache)
+    : page_cache_(page_cache) {
   try {
     start(o, frontend);
   } catch (...) {
@@ -52,12 +53,14 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
     throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
   mounted_ = true;
+  if (page_cache_) page_cache_->attach(session_);
 }
 
 MountedSession::~MountedSession() { stop(); }
 
 void MountedSession::stop() {
   if (!session_) return;
+  if (page_cache_) page_cache_->detach();  // waits for a push in progress
   if (mounted_) fuse_session_unmount(session_);
   if (signals_set_) fuse_remove_signal_handlers(session_);
   fuse_session_destroy(session_);

@@ -7,14 +7,16 @@
 
 #include "clairfs/options.hpp"
 #include "fuse/frontend.hpp"
+#include "fuse/page_cache.hpp"
 
 namespace clairfs {
 
 class MountedSession {
  public:
-  // Creates the session and mounts it read-only at options.mountpoint_abs. Throws std::runtime_error
-  // with one line on failure (nothing is left mounted).
-  MountedSession(const Options& options, Frontend& frontend);
+  // Creates the session and mounts it read-only at options.mountpoint_abs; attaches `page_cache` (if
+  // given) to the session while it lives. Throws std::runtime_error with one line on failure (nothing
+  // is left mounted).
+  MountedSession(const Options& options, Frontend& frontend, FusePageCache* page_cache = nullptr);
   ~MountedSession();
   MountedSession(const MountedSession&) = delete;
   MountedSession& operator=(const MountedSession&) = delete;
@@ -27,6 +29,7 @@ class MountedSession {
   void stop();
 
   fuse_session* session_ = nullptr;
+  FusePageCache* page_cache_ = nullptr;
   bool signals_set_ = false;
   bool mounted_ = false;
 };

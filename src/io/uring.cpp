@@ -19,7 +19,7 @@ struct Request {
   size_t len = 0;
   size_t done = 0;
   uint64_t tag = 0;
-  bool is_open = false;
+  enum class Op { kRead, kWrite, kOpen } op = Op::kRead;
   std::string path;  // opens: kept alive until the kernel has read it
   open_how how{};
 };
@@ -33,8 +33,11 @@ struct Ring::Impl {
 
   void queue(uint64_t id, Request& r) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    if (r.is_open)
+    if (r.op == Request::Op::kOpen)
       io_uring_prep_openat2(sqe, r.fd, r.path.c_str(), &r.how);
+    else if (r.op == Request::Op::kWrite)
+      io_uring_prep_write(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
+                          static_cast<__u64>(r.done));
     else
       io_uring_prep_read(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
                          static_cast<__u64>(r.done));
@@ -61,35 +64,46 @@ Ring::~Ring() {
   io_uring_queue_exit(&impl_->ring);
 }
 
+void Ring::start(uint64_t id) {
+  impl_->queue(id, impl_->requests.at(id));
+  io_uring_submit(&impl_->ring);
+  ++in_flight_;
+}
+
 void Ring::submit(int fd, char* buf, size_t len, uint64_t tag) {
   const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = fd;
   r.buf = buf;
   r.len = len;
-  r.done = 0;
   r.tag = tag;
-  auto [it, _] = impl_->requests.emplace(id, std::move(r));
-  impl_->queue(id, it->second);
-  io_uring_submit(&impl_->ring);
-  ++in_flight_;
+  impl_->requests.emplace(id, std::move(r));
+  start(id);
+}
+
+void Ring::submit_write(int fd, const char* buf, size_t len, uint64_t tag) {
+  const uint64_t id = impl_->next_id++;
+  Request r;
+  r.fd = fd;
+  r.buf = const_cast<char*>(buf);  // only ever written from
+  r.len = len;
+  r.tag = tag;
+  r.op = Request::Op::kWrite;
+  impl_->requests.emplace(id, std::move(r));
+  start(id);
 }
 
 void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
   const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = dir_fd;
-  r.buf = nullptr;
-  r.len = r.done = 0;
   r.tag = tag;
-  r.is_open = true;
+  r.op = Request::Op::kOpen;
   r.path = std::move(path);
   r.how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
   r.how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  auto [it, _] = impl_->requests.emplace(id, std::move(r));  // node-based map: the path stays put
-  impl_->queue(id, it->second);
-  io_uring_submit(&impl_->ring);
-  ++in_flight_;
+  impl_->requests.emplace(id, std::move(r));  // node-based map: the path stays put
+  start(id);
 }
 
 std::vector<Ring::Completion> Ring::reap(bool wait) {
@@ -105,11 +119,12 @@ std::vector<Ring::Completion> Ring::reap(bool wait) {
     auto it = impl_->requests.find(id);
     if (it != impl_->requests.end()) {
       Request& r = it->second;
-      if (r.is_open && res != -EINTR && res != -EAGAIN) {
+      const bool is_open = r.op == Request::Op::kOpen;
+      if (is_open && res != -EINTR && res != -EAGAIN) {
         done.push_back({r.tag, res});
         impl_->requests.erase(it);
         --in_flight_;
-      } else if (r.is_open) {
+      } else if (is_open) {
         impl_->queue(id, r);
         resubmitted = true;
       } else if (res < 0 && res != -EINTR && res != -EAGAIN) {
@@ -123,7 +138,7 @@ std::vector<Ring::Completion> Ring::reap(bool wait) {
           impl_->requests.erase(it);
           --in_flight_;
         } else {
-          impl_->queue(id, r);  // short read (or interrupted): continue where it stopped
+          impl_->queue(id, r);  // short read or write (or interrupted): continue where it stopped
           resubmitted = true;
         }
       }

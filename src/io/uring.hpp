@@ -1,8 +1,9 @@
 // The only door to io_uring (this pair of files is the only place that includes liburing).
 //
 // A Ring belongs to one thread. It opens files and reads them whole into caller-owned buffers with many
-// requests in flight: submit_open() and submit() queue, reap() returns what finished. A short read is
-// continued internally until the requested length or end of file, so a completion covers the whole read.
+// requests in flight, and writes whole buffers out: submit_open(), submit() and submit_write() queue, reap()
+// returns what finished. A short read or write is continued internally until the requested length, end of
+// file, or an error, so a completion covers the whole transfer.
 #pragma once
 
 #include <sys/types.h>
@@ -18,7 +19,7 @@ class Ring {
  public:
   struct Completion {
     uint64_t tag;    // as given to submit() or submit_open()
-    int64_t result;  // a read: total bytes (less than asked only at end of file); an open: the fd; or -errno
+    int64_t result;  // a read or write: total bytes (less than asked only at end of file / device full); an open: the fd; or -errno
   };
 
   // Throws std::runtime_error if io_uring cannot be set up (kernel without it, or disabled).
@@ -30,6 +31,9 @@ class Ring {
   // Queues a read of `len` bytes at offset 0 of `fd` into `buf`. REQUIRES: in_flight() < depth();
   // fd and buf stay valid until the completion is reaped.
   void submit(int fd, char* buf, size_t len, uint64_t tag);
+  // Queues a write of `len` bytes from `buf` at offset 0 of `fd`; the completion's result is the bytes
+  // written (less than asked only if the device took no more) or -errno (-ENOSPC: full). REQUIRES: as submit.
+  void submit_write(int fd, const char* buf, size_t len, uint64_t tag);
   // Queues an open of `path` (relative, < PATH_MAX) beneath `dir_fd` for reading, following no symlink
   // and never leaving dir_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS). REQUIRES: room as above.
   void submit_open(int dir_fd, std::string path, uint64_t tag);
@@ -40,6 +44,7 @@ class Ring {
   unsigned in_flight() const { return in_flight_; }
 
  private:
+  void start(uint64_t id);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   unsigned depth_;

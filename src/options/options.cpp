@@ -46,6 +46,7 @@ enum Key : int {
   kRam,
   kNvme,
   kNvmeSize,
+  kPageCache,
   kManifest,
   kTorchVersion,
   kSharedGenerator,
@@ -101,6 +102,7 @@ const fuse_opt kTemplates[] = {
     CLAIRFS_OPT("extensions=", kExtensions),
     CLAIRFS_OPT("ram=", kRam),
     CLAIRFS_OPT("nvme=", kNvme),
+    CLAIRFS_OPT("pagecache=", kPageCache),
     CLAIRFS_OPT("nvme_size=", kNvmeSize),
     CLAIRFS_OPT("manifest=", kManifest),
     CLAIRFS_OPT("torch_version=", kTorchVersion),
@@ -212,7 +214,14 @@ void handle(ParseState& st, int key, const char* arg) {
       o.order_file = v;
       break;
     case kExtensions: o.extensions = parse_extensions(v); break;
-    case kRam: o.ram = parse_size(k, v); break;
+    case kRam:
+      o.ram = parse_size(k, v);
+      o.ram_given = true;
+      break;
+    case kPageCache:
+      o.pagecache = parse_size(k, v);
+      o.pagecache_given = true;
+      break;
     case kNvme:
       if (v.empty()) bad_value(k, v, "empty path");
       o.nvme = v;
@@ -296,6 +305,14 @@ std::string absolute(const std::string& path) {
   return out;
 }
 
+// A quarter of the node's memory: room for a good part of a data set ahead of the readers, while the
+// job keeps the rest.
+uint64_t default_ram_budget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return uint64_t{1} << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+}
+
 void check_paths(Options& o) {
   require_path("SOURCE", o.source, S_IFDIR, R_OK | X_OK);
   require_path("MOUNTPOINT", o.mountpoint, S_IFDIR, 0);
@@ -343,6 +360,11 @@ void check_combinations(ParseState& st) {
   if (o.allow_other && !o.default_permissions)
     throw UsageError("allow_other needs default_permissions too (else every user could read every file)");
   if (o.nvme_size > 0 && o.nvme.empty()) throw UsageError("nvme_size= needs nvme=DIR");
+  if (!o.ram_given) o.ram = default_ram_budget();
+  if (!o.nvme.empty() && o.ram == 0) throw UsageError("nvme= needs staging on (ram= above 0)");
+  if (o.pagecache_given && o.pagecache > 0 && o.ram == 0) throw UsageError("pagecache= needs staging on (ram= above 0)");
+  if (!o.pagecache_given) o.pagecache = std::min<uint64_t>(o.ram / 4, uint64_t{1} << 30);
+  if (o.pagecache > o.ram) throw UsageError("pagecache= cannot exceed ram= (it holds copies of staged files)");
   if (o.extensions.empty()) o.extensions = default_extensions();
   if (o.fsname.empty()) o.fsname = o.source_abs.empty() ? o.source : o.source_abs;
 }
@@ -456,9 +478,11 @@ Training schedule (what the job's sampler and DataLoader use):
   extensions=LIST      file extensions that are samples, ':'-separated; default ImageFolder's
 
 Caches:
-  ram=SIZE             RAM budget for staged data
-  nvme=DIR             local directory for the NVMe tier
-  nvme_size=SIZE       NVMe tier budget; needs nvme=
+  ram=SIZE             RAM budget for staged files (a hard limit); default 1/4 of memory; 0: no staging
+  pagecache=SIZE       staged files pushed into the kernel's page cache ahead of the readers, at most;
+                       default 1/4 of ram=, up to 1G; 0: no pushes
+  nvme=DIR             local directory for the NVMe tier (clairfs makes and removes its own folder in it)
+  nvme_size=SIZE       NVMe tier budget; default 90% of the free space in DIR; needs nvme=
   manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE
   trace=FILE           append one line per file opened ("PID PATH") to FILE
 

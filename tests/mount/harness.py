@@ -120,4 +120,13 @@ def expect_errno(fn, code):
     return False
 
 
+def reads_as_or_eio(path, expected):
+    """True if reading path whole gives exactly `expected`, or fails with EIO."""
+    try:
+        with open(path, "rb") as f:
+            return f.read() == expected
+    except OSError as e:
+        return e.errno == errno.EIO
+
+
 EROFS = errno.EROFS

@@ -189,15 +189,25 @@ with h.tempdir() as tmp:
         h.check(tree_listing(src) == source_listing, "SOURCE untouched by the write attempts")
         h.check(os.statvfs(mnt).f_flag & os.ST_RDONLY, "statfs reports read-only")
 
-        # A file changed in SOURCE after the scan is refused, never served with other bytes.
+        # A file changed in SOURCE after the scan is never served with other bytes: a reader gets the
+        # whole copy staged before the change (it matched the scan), or EIO — never new or mixed bytes.
         victim = "cls a/sub/f3.png"
+        before = open(os.path.join(src, victim), "rb").read()
         with open(os.path.join(src, victim), "ab") as fv:
             fv.write(b"appended")
-        h.check(h.expect_errno(lambda: open(os.path.join(mnt, victim), "rb").read(), 5),
-                "a file that grew in SOURCE after the scan reads as EIO, not as other bytes")
+        h.check(h.reads_as_or_eio(os.path.join(mnt, victim), before),
+                "a file that grew in SOURCE after the scan reads as its staged copy or EIO, not as other bytes")
+        before = open(os.path.join(src, "cls a/sub/f4.png"), "rb").read()
         os.unlink(os.path.join(src, "cls a/sub/f4.png"))
-        h.check(h.expect_errno(lambda: open(os.path.join(mnt, "cls a/sub/f4.png"), "rb").read(), 5),
-                "a file deleted from SOURCE reads as EIO")
+        h.check(h.reads_as_or_eio(os.path.join(mnt, "cls a/sub/f4.png"), before),
+                "a file deleted from SOURCE reads as its staged copy or EIO")
+
+    # Without staging (ram=0) there is no copy: a changed file is always EIO.
+    with h.mounted(src, mnt, "ram=0"):
+        with open(os.path.join(src, "wide/00007.jpg"), "ab") as fv:
+            fv.write(b"appended")
+        h.check(h.expect_errno(lambda: open(os.path.join(mnt, "wide/00007.jpg"), "rb").read(), 5),
+                "ram=0: a file that grew in SOURCE after the scan reads as EIO")
 
     h.check(not h.is_mounted(mnt), "unmounted")
 

@@ -1,0 +1,244 @@
+#include "engine/planner.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace clairfs {
+
+EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t ranks, uint64_t entries) {
+  EpochStreams e;
+  e.epoch = epoch;
+  e.seq = source(epoch);
+  if (e.seq.size() != ranks) throw std::logic_error("planner: stream source gave the wrong number of ranks");
+  for (const auto& s : e.seq) e.steps = std::max<uint64_t>(e.steps, s.size());
+  if (e.steps * ranks >= EpochStreams::kAbsent)
+    throw std::runtime_error("planner: " + std::to_string(e.steps * ranks) + " opens per epoch on one node is more than it plans for");
+  uint64_t items = 0;
+  for (const auto& s : e.seq) items += s.size();
+  if (items * 2 >= entries) {
+    e.first.assign(entries, EpochStreams::kAbsent);
+    for (uint64_t k = 0; k < e.steps; ++k)
+      for (uint64_t r = 0; r < ranks; ++r)
+        if (k < e.seq[r].size()) {
+          uint32_t& f = e.first[e.seq[r][k]];
+          if (f == EpochStreams::kAbsent) f = static_cast<uint32_t>(k * ranks + r);
+        }
+  } else {
+    e.sparse.reserve(items);
+    for (uint64_t k = 0; k < e.steps; ++k)
+      for (uint64_t r = 0; r < ranks; ++r)
+        if (k < e.seq[r].size()) e.sparse.emplace_back(e.seq[r][k], static_cast<uint32_t>(k * ranks + r));
+    // Sorted by entry, then offset: the first pair of an entry is its first occurrence.
+    std::sort(e.sparse.begin(), e.sparse.end());
+    e.sparse.erase(std::unique(e.sparse.begin(), e.sparse.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+                   e.sparse.end());
+    e.sparse.shrink_to_fit();
+  }
+  return e;
+}
+
+uint32_t EpochStreams::first_of(EntryId id) const {
+  if (!first.empty()) return id < first.size() ? first[id] : kAbsent;
+  auto it = std::lower_bound(sparse.begin(), sparse.end(), std::make_pair(id, uint32_t{0}));
+  return it != sparse.end() && it->first == id ? it->second : kAbsent;
+}
+
+Planner::Planner(PlannerConfig config, const StreamSource& source)
+    : config_(config),
+      stale_after_(config.stale_after ? config.stale_after : 2 * config.tolerance * config.ranks + 64) {
+  if (config_.ranks == 0) throw std::logic_error("planner: no ranks");
+  epochs_.push_back(build(source, config_.start_epoch, config_.ranks, config_.entries));
+  base_.push_back(0);
+  ranks_.resize(config_.ranks);
+  for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, r);
+  cursor_ = ranks_[0].next;
+  for (const Rank& r : ranks_) cursor_ = std::min(cursor_, r.next);
+}
+
+std::optional<uint64_t> Planner::wanted_epoch() const {
+  const uint64_t last = epochs_.back().epoch;
+  if (last + 1 >= config_.end_epoch) return std::nullopt;
+  uint64_t base = 0;
+  const EpochStreams* at = epoch_of_step(cursor_ / config_.ranks, &base);
+  const uint64_t reading = at ? at->epoch : last;
+  if (last + 1 > reading + config_.horizon) return std::nullopt;
+  return last + 1;
+}
+
+void Planner::add_epoch(EpochStreams e) {
+  if (e.epoch != epochs_.back().epoch + 1) throw std::logic_error("planner: epochs must be added in order");
+  base_.push_back(base_.back() + epochs_.back().steps);
+  epochs_.push_back(std::move(e));
+  // Ranks whose next item lay beyond the plan point into this epoch now: place them on a real item.
+  for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, ranks_[r].next);
+}
+
+const EpochStreams* Planner::epoch_of_step(uint64_t step, uint64_t* base) const {
+  for (size_t i = 0; i < epochs_.size(); ++i)
+    if (step >= base_[i] && step < base_[i] + epochs_[i].steps) {
+      *base = base_[i];
+      return &epochs_[i];
+    }
+  return nullptr;
+}
+
+uint64_t Planner::planned_end() const { return (base_.back() + epochs_.back().steps) * config_.ranks; }
+
+std::optional<EntryId> Planner::item(uint64_t key) const {
+  uint64_t base = 0;
+  const EpochStreams* e = epoch_of_step(key / config_.ranks, &base);
+  if (!e) return std::nullopt;
+  const auto& seq = e->seq[key % config_.ranks];
+  const uint64_t k = key / config_.ranks - base;
+  if (k >= seq.size()) return std::nullopt;
+  return seq[k];
+}
+
+uint64_t Planner::at_or_after(uint64_t rank, uint64_t key) const {
+  const uint64_t R = config_.ranks;
+  uint64_t step = key / R;
+  if (step * R + rank < key) ++step;
+  for (;;) {
+    uint64_t base = 0;
+    const EpochStreams* e = epoch_of_step(step, &base);
+    // Beyond the plan: a placeholder key that add_epoch moves onto a real item. (An empty epoch has no
+    // steps, so the epoch after it is found at the same step.)
+    if (!e) return step * R + rank;
+    if (step - base < e->seq[rank].size()) return step * R + rank;
+    step = base + e->steps;  // this rank's sequence ended: its next item is in the next epoch
+  }
+}
+
+uint64_t Planner::following(uint64_t rank, uint64_t key) const { return at_or_after(rank, key + config_.ranks); }
+
+uint64_t Planner::next_use(EntryId id, uint64_t from) const {
+  const uint64_t R = config_.ranks;
+  for (size_t i = 0; i < epochs_.size(); ++i) {
+    const EpochStreams& e = epochs_[i];
+    if ((base_[i] + e.steps) * R <= from) continue;
+    const uint32_t off = e.first_of(id);
+    if (off == EpochStreams::kAbsent) continue;
+    const uint64_t key = (base_[i] + off / R) * R + off % R;
+    if (key >= from) return key;
+  }
+  return kNever;
+}
+
+uint64_t Planner::epoch_end_key(uint64_t key) const {
+  uint64_t base = 0;
+  const EpochStreams* e = epoch_of_step(key / config_.ranks, &base);
+  return e ? (base + e->steps) * config_.ranks : kNever;
+}
+
+void Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
+  if (key < r.next) return;  // opened again (a retry, a second reader): no progress
+  if (key == r.next) r.next = following(rank, r.next);
+  else r.ahead.insert(key);
+  const uint64_t R = config_.ranks;
+  while (!r.ahead.empty()) {
+    const uint64_t first = *r.ahead.begin();
+    if (first <= r.next) {
+      if (first == r.next) r.next = following(rank, r.next);
+      r.ahead.erase(r.ahead.begin());
+    } else if ((*r.ahead.rbegin() / R - r.next / R) * 2 > config_.tolerance) {
+      r.next = following(rank, r.next);  // a hole the readers went past: never opened, step over it
+    } else {
+      break;
+    }
+  }
+}
+
+Planner::Open Planner::on_open(EntryId id, pid_t pid) {
+  ++opens_;
+  const uint64_t R = config_.ranks;
+  const auto tol = static_cast<int64_t>(config_.tolerance);
+  Open result;
+  for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
+    const uint32_t off = epochs_[i].first_of(id);
+    if (off == EpochStreams::kAbsent) continue;
+    const uint64_t rank = off % R;
+    const uint64_t key = (base_[i] + off / R) * R + rank;
+    Rank& r = ranks_[rank];
+    const int64_t d = static_cast<int64_t>(key / R) - static_cast<int64_t>(r.next / R);
+    if (d >= -tol && d <= tol) {
+      if (!r.live) {
+        r.live = true;
+        r.next = at_or_after(rank, std::max(r.next, cursor_));  // the cursor never moves back
+        r.ahead.clear();
+      }
+    } else if (!r.live && key >= r.next) {
+      // A lost rank seen ahead in its stream: twice, close together, and it is back in the order there.
+      if (r.resync_key != kNever && std::max(key, r.resync_key) / R - std::min(key, r.resync_key) / R <=
+                                        config_.tolerance) {
+        r.live = true;
+        r.next = at_or_after(rank, std::max(std::min(key, r.resync_key), cursor_));
+        r.ahead.clear();
+        consume(r, rank, r.resync_key);
+        r.resync_key = kNever;
+      } else {
+        r.resync_key = key;
+        continue;
+      }
+    } else {
+      continue;
+    }
+    r.last_expected = opens_;
+    rank_of_pid_[pid] = rank;
+    consume(r, rank, key);
+    result = {true, key, rank};
+  }
+  if (!result.expected) {
+    ++mispredicted_;
+    if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) ++ranks_[it->second].mispredicted;
+  }
+  for (Rank& r : ranks_)
+    if (r.live && opens_ - r.last_expected > stale_after_) {
+      r.live = false;
+      r.resync_key = kNever;
+    }
+  update_cursor();
+  return result;
+}
+
+void Planner::update_cursor() {
+  uint64_t c = kNever;
+  for (const Rank& r : ranks_)
+    if (r.live) c = std::min(c, r.next);
+  if (c == kNever || c <= cursor_) return;
+  const uint64_t end = std::min(c, planned_end());
+  for (uint64_t key = cursor_; key < end; ++key)
+    if (auto id = item(key)) passed_.emplace_back(key, *id);
+  cursor_ = c;
+  // Epochs wholly behind the cursor are no longer needed.
+  while (epochs_.size() > 1 && (base_[0] + epochs_[0].steps) * config_.ranks <= cursor_) {
+    epochs_.pop_front();
+    base_.pop_front();
+  }
+}
+
+std::vector<std::pair<uint64_t, EntryId>> Planner::take_passed() {
+  std::vector<std::pair<uint64_t, EntryId>> out;
+  out.swap(passed_);
+  return out;
+}
+
+Planner::RankProgress Planner::progress(uint64_t rank) const {
+  const Rank& r = ranks_[rank];
+  RankProgress p;
+  p.next_key = r.next;
+  p.live = r.live;
+  p.mispredicted = r.mispredicted;
+  uint64_t base = 0;
+  if (const EpochStreams* e = epoch_of_step(r.next / config_.ranks, &base)) {
+    p.epoch = e->epoch;
+    p.done = r.next / config_.ranks - base;
+    p.total = e->seq[rank].size();
+  } else {
+    p.epoch = epochs_.back().epoch;
+    p.total = p.done = epochs_.back().seq[rank].size();
+  }
+  return p;
+}
+
+}  // namespace clairfs

@@ -1,0 +1,149 @@
+// The planner: where this node's readers are in their predicted streams, and when each file is needed next.
+//
+// Everything the node's ranks will open, epoch after epoch, gets a key that orders it in time:
+//   key = (step) * R + ri,   step = the epoch's first step + k,
+// for the k-th item of the ri-th served rank's sequence (R ranks served). Ranks advance roughly step by
+// step together, so keys order files as they will be opened, and "next use" is simply the smallest key
+// of a file at or after a point — what Belady's MIN evicts by. The planner holds the streams of the
+// readers' epoch and up to `horizon` epochs after it (built off the engine's lock by the stager, see
+// wanted_epoch), so next use looks that far ahead; anything later counts as never.
+//
+// Progress: every open is placed in its rank's stream. Each rank has a next key (its first item not yet
+// opened) and a set of items opened ahead of it — DataLoader workers open out of order within
+// prefetch_factor × workers batches, so an open up to `tolerance` steps from the rank's next key is
+// expected. A hole (an item never opened: padding, a skipped file) is stepped over once the rank's opens
+// run tolerance/2 steps past it. The cursor is the smallest next key over the live ranks; items the
+// cursor passes are reported (take_passed) so the tiers can re-key them by their next use.
+//
+// Misprediction: an open no live rank expects is counted. A rank with no expected open during the last
+// `stale_after` opens of the node is lost (wrong seed, another sampler, finished, or idle): it no longer
+// holds the cursor back and nothing is staged for it. It is live again on an expected open near its next
+// key, or after two opens close together anywhere ahead in its stream (resync).
+//
+// Thread-compatible: the engine guards it with its own mutex.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+constexpr uint64_t kNever = UINT64_MAX;
+
+// One epoch of this node's plan.
+struct EpochStreams {
+  uint64_t epoch = 0;
+  std::vector<std::vector<EntryId>> seq;  // per served rank, in opening order
+  uint64_t steps = 0;                     // the longest sequence
+  // k * R + ri of each entry's first occurrence, or kAbsent: indexed by entry when the node reads a good
+  // part of the data set each epoch, else as (entry, offset) pairs sorted by entry — a node serving one
+  // rank of 64 needs 8 bytes per item rather than 4 per entry, for each epoch planned.
+  std::vector<uint32_t> first;
+  std::vector<std::pair<EntryId, uint32_t>> sparse;
+  static constexpr uint32_t kAbsent = UINT32_MAX;
+  uint32_t first_of(EntryId id) const;
+};
+
+// Each served rank's sequence of entries for an epoch.
+using StreamSource = std::function<std::vector<std::vector<EntryId>>(uint64_t epoch)>;
+
+struct PlannerConfig {
+  uint64_t ranks = 1;                 // R: ranks this node serves
+  uint64_t entries = 0;               // manifest size
+  uint64_t start_epoch = 0;
+  uint64_t end_epoch = UINT64_MAX;    // exclusive
+  uint64_t tolerance = 256;           // steps an open may lie from its rank's next key
+  uint64_t stale_after = 0;           // node opens without an expected one before a rank is lost; 0: 2·tol·R + 64
+  // Epochs planned after the readers' one. A node serving R of W ranks sees a file again about every
+  // W/R epochs, so next use must look that far for eviction by next use to know it.
+  uint64_t horizon = 2;
+};
+
+class Planner {
+ public:
+  static EpochStreams build(const StreamSource& source, uint64_t epoch, uint64_t ranks, uint64_t entries);
+
+  // Builds start_epoch's plan at once.
+  Planner(PlannerConfig config, const StreamSource& source);
+
+  // The epoch the planner wants next, if any (build it with build(), off any lock, then add_epoch).
+  std::optional<uint64_t> wanted_epoch() const;
+  // REQUIRES: e.epoch == *wanted_epoch().
+  void add_epoch(EpochStreams e);
+
+  struct Open {
+    bool expected = false;
+    uint64_t key = kNever;  // where it was placed (kNever when unexpected)
+    uint64_t rank = 0;      // index among the served ranks
+  };
+  Open on_open(EntryId id, pid_t pid);
+
+  // Keys the cursor passed since the last call, with their entries, in key order.
+  std::vector<std::pair<uint64_t, EntryId>> take_passed();
+
+  uint64_t cursor() const { return cursor_; }
+  // Keys below this are planned (items known).
+  uint64_t planned_end() const;
+  // The entry at a key; nullopt for a hole (a shorter rank) or a key outside the plan.
+  std::optional<EntryId> item(uint64_t key) const;
+  // The smallest planned key >= from holding id, or kNever.
+  uint64_t next_use(EntryId id, uint64_t from) const;
+  uint64_t rank_of(uint64_t key) const { return key % config_.ranks; }
+  bool live(uint64_t rank) const { return ranks_[rank].live; }
+  // First key of the epoch after the one `key` lies in (kNever beyond the plan).
+  uint64_t epoch_end_key(uint64_t key) const;
+
+  struct RankProgress {
+    uint64_t epoch = 0;       // the epoch its next item is in
+    uint64_t done = 0;        // items of that epoch before its next one
+    uint64_t total = 0;       // items of that epoch
+    uint64_t next_key = 0;
+    bool live = true;
+    uint64_t mispredicted = 0;  // unexpected opens from this rank's processes
+  };
+  RankProgress progress(uint64_t rank) const;
+  uint64_t mispredicted() const { return mispredicted_; }
+  uint64_t opens() const { return opens_; }
+
+ private:
+  struct Rank {
+    uint64_t next = 0;            // key of its first item not yet opened
+    std::set<uint64_t> ahead;     // keys opened past next
+    uint64_t last_expected = 0;   // opens_ at its last expected open
+    bool live = true;
+    uint64_t resync_key = kNever; // a lost rank's last open found ahead in its stream
+    uint64_t mispredicted = 0;
+  };
+
+  // The loaded epoch holding a step, or nullptr.
+  const EpochStreams* epoch_of_step(uint64_t step, uint64_t* base) const;
+  // The key of a rank's item after `key` (skipping holes, across epochs).
+  uint64_t following(uint64_t rank, uint64_t key) const;
+  // The key of a rank's first item at or after `key`.
+  uint64_t at_or_after(uint64_t rank, uint64_t key) const;
+  void consume(Rank& r, uint64_t rank, uint64_t key);
+  void update_cursor();
+
+  const PlannerConfig config_;
+  const uint64_t stale_after_;
+  std::deque<EpochStreams> epochs_;  // consecutive epochs, oldest first
+  std::deque<uint64_t> base_;        // first step of each
+  std::vector<Rank> ranks_;
+  std::unordered_map<pid_t, uint64_t> rank_of_pid_;  // learnt from expected opens
+  uint64_t cursor_ = 0;
+  std::vector<std::pair<uint64_t, EntryId>> passed_;
+  uint64_t opens_ = 0;
+  uint64_t mispredicted_ = 0;
+};
+
+}  // namespace clairfs

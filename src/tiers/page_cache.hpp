@@ -1,0 +1,24 @@
+// The kernel's page cache as a tier: the engine pushes staged files into it before their readers open
+// them (a read then never waits on the daemon) and drops them once they are passed or evicted. The FUSE
+// implementation (fuse/page_cache.cpp) uses fuse_lowlevel_notify_store and notify_inval_inode; the kernel
+// may refuse a push (it has not looked the inode up yet) or drop pages on its own under memory pressure,
+// so the engine always keeps its RAM copy to serve reads that still reach it.
+#pragma once
+
+#include <cstddef>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+class PageCache {
+ public:
+  virtual ~PageCache() = default;
+  // Puts a whole file's bytes into the kernel's cache: 0, or -errno (-ENOENT: the kernel does not know
+  // the inode yet; -ENODEV: not mounted). May be called from any thread, never from a request handler.
+  virtual int push(EntryId id, const char* data, size_t size) = 0;
+  // Drops a file's cached pages. Same threading rule.
+  virtual int drop(EntryId id) = 0;
+};
+
+}  // namespace clairfs

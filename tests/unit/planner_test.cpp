@@ -1,0 +1,194 @@
+// The planner: keys, next use, progress with out-of-order opens, holes, epochs, lost ranks and resync.
+#include "engine/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+namespace clairfs {
+namespace {
+
+// N entries, R ranks; epoch e gives rank r the entries (perm_e)[r], [r + R], ... with a seeded shuffle.
+StreamSource shuffled(uint64_t n, uint64_t ranks) {
+  return [=](uint64_t epoch) {
+    std::vector<EntryId> perm(n);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 g(static_cast<uint32_t>(epoch) * 7919u + 1);
+    std::shuffle(perm.begin(), perm.end(), g);
+    std::vector<std::vector<EntryId>> seq(ranks);
+    for (uint64_t i = 0; i < n; ++i) seq[i % ranks].push_back(perm[i]);
+    return seq;
+  };
+}
+
+PlannerConfig config(uint64_t n, uint64_t ranks, uint64_t tolerance = 8) {
+  PlannerConfig c;
+  c.ranks = ranks;
+  c.entries = n;
+  c.tolerance = tolerance;
+  return c;
+}
+
+void load_all_wanted(Planner& p, const StreamSource& s, uint64_t ranks, uint64_t n) {
+  while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(s, *e, ranks, n));
+}
+
+TEST(Planner, KeysOrderTheInterleavedStreams) {
+  const auto src = shuffled(10, 2);
+  Planner p(config(10, 2), src);
+  const auto seq = src(0);
+  for (uint64_t k = 0; k < 5; ++k)
+    for (uint64_t r = 0; r < 2; ++r) EXPECT_EQ(p.item(k * 2 + r), seq[r][k]);
+  EXPECT_EQ(p.planned_end(), 10u);
+  EXPECT_FALSE(p.item(10).has_value());
+}
+
+TEST(Planner, NextUseLooksAcrossEpochs) {
+  const auto src = shuffled(10, 1);
+  Planner p(config(10, 1), src);
+  load_all_wanted(p, src, 1, 10);
+  EXPECT_EQ(p.planned_end(), 30u);  // the readers' epoch and kHorizon more
+  const auto e0 = src(0)[0], e1 = src(1)[0];
+  const EntryId first = e0[0];
+  EXPECT_EQ(p.next_use(first, 0), 0u);
+  const auto pos1 = std::find(e1.begin(), e1.end(), first) - e1.begin();
+  EXPECT_EQ(p.next_use(first, 1), 10u + static_cast<uint64_t>(pos1));
+}
+
+TEST(Planner, ANodeReadingAFewFilesIndexesThemSparsely) {
+  // 1000 entries, the node reads 10 a epoch (a rank of a large world): the same answers either way.
+  StreamSource src = [](uint64_t e) {
+    std::vector<std::vector<EntryId>> seq(1);
+    for (EntryId i = 0; i < 10; ++i) seq[0].push_back(static_cast<EntryId>((i * 97 + e * 13) % 1000));
+    return seq;
+  };
+  auto c = config(1000, 1);
+  c.horizon = 3;
+  Planner p(c, src);
+  load_all_wanted(p, src, 1, 1000);
+  EXPECT_TRUE(Planner::build(src, 0, 1, 1000).first.empty());
+  EXPECT_EQ(p.planned_end(), 40u);
+  for (uint64_t e = 0; e < 4; ++e)
+    for (uint64_t k = 0; k < 10; ++k) EXPECT_EQ(p.next_use(src(e)[0][k], 0), e * 10 + k) << e << " " << k;
+  EXPECT_EQ(p.next_use(999, 0), kNever);
+  EXPECT_TRUE(p.on_open(src(0)[0][0], 1).expected);
+}
+
+TEST(Planner, InOrderOpensMoveTheCursorAndReportPassedItems) {
+  const auto src = shuffled(12, 2);
+  Planner p(config(12, 2), src);
+  const auto seq = src(0);
+  for (uint64_t k = 0; k < 3; ++k)
+    for (uint64_t r = 0; r < 2; ++r) EXPECT_TRUE(p.on_open(seq[r][k], 100 + static_cast<pid_t>(r)).expected);
+  EXPECT_EQ(p.cursor(), 6u);
+  const auto passed = p.take_passed();
+  ASSERT_EQ(passed.size(), 6u);
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_EQ(passed[i].first, i);
+  EXPECT_TRUE(p.take_passed().empty());
+  EXPECT_EQ(p.mispredicted(), 0u);
+}
+
+TEST(Planner, OutOfOrderOpensInsideTheToleranceAreExpected) {
+  const auto src = shuffled(40, 1);
+  Planner p(config(40, 1, 8), src);
+  const auto seq = src(0)[0];
+  for (uint64_t k : {2, 0, 3, 1, 5, 4}) EXPECT_TRUE(p.on_open(seq[k], 1).expected);
+  EXPECT_EQ(p.cursor(), 6u);
+  EXPECT_FALSE(p.on_open(seq[30], 1).expected);  // far ahead of the rank: not where it is
+  EXPECT_EQ(p.mispredicted(), 1u);
+}
+
+TEST(Planner, AHoleIsSteppedOverOnceTheReaderIsWellPastIt) {
+  const auto src = shuffled(40, 1);
+  Planner p(config(40, 1, 8), src);
+  const auto seq = src(0)[0];
+  for (uint64_t k = 1; k <= 4; ++k) p.on_open(seq[k], 1);
+  EXPECT_EQ(p.cursor(), 0u);  // item 0 may still come
+  for (uint64_t k = 5; k <= 6; ++k) p.on_open(seq[k], 1);
+  EXPECT_EQ(p.cursor(), 7u);  // 6 steps past the hole > tolerance / 2
+}
+
+TEST(Planner, ReadersMoveIntoTheNextEpochAndOldEpochsAreDropped) {
+  const auto src = shuffled(10, 1);
+  Planner p(config(10, 1, 4), src);
+  load_all_wanted(p, src, 1, 10);
+  for (uint64_t e = 0; e < 4; ++e) {
+    const auto seq = src(e);
+    for (EntryId id : seq[0]) EXPECT_TRUE(p.on_open(id, 1).expected) << "epoch " << e;
+    load_all_wanted(p, src, 1, 10);
+    EXPECT_EQ(p.progress(0).epoch, e + 1);
+    EXPECT_EQ(p.progress(0).done, 0u);
+  }
+  EXPECT_EQ(p.cursor(), 40u);
+  EXPECT_EQ(p.take_passed().size(), 40u);
+  EXPECT_EQ(p.mispredicted(), 0u);
+  EXPECT_EQ(p.planned_end(), 70u);  // epochs 4..6 held, 0..3 dropped
+  EXPECT_FALSE(p.item(39).has_value());
+}
+
+TEST(Planner, EndEpochBoundsThePlan) {
+  const auto src = shuffled(10, 1);
+  auto c = config(10, 1);
+  c.start_epoch = 3;
+  c.end_epoch = 5;
+  Planner p(c, src);
+  load_all_wanted(p, src, 1, 10);
+  EXPECT_EQ(p.planned_end(), 20u);
+  EXPECT_EQ(p.item(0), src(3)[0][0]);
+  EXPECT_FALSE(p.wanted_epoch().has_value());
+}
+
+TEST(Planner, AWrongOrderIsDetectedWithinBoundedOpensAndResyncs) {
+  const auto src = shuffled(400, 1);
+  auto c = config(400, 1, 4);
+  c.stale_after = 20;
+  Planner p(c, src);
+  const auto seq = src(0)[0];
+  for (uint64_t k = 0; k < 10; ++k) p.on_open(seq[k], 1);
+  const auto wrong = shuffled(400, 1)(99)[0];  // another seed
+  uint64_t opens = 0;
+  for (EntryId id : wrong) {
+    p.on_open(id, 1);
+    ++opens;
+    if (!p.live(0)) break;
+  }
+  EXPECT_FALSE(p.live(0));
+  EXPECT_LE(opens, 30u);
+  EXPECT_GE(p.progress(0).mispredicted, 15u);
+  // Back in the order further on: two opens close together make the rank live there.
+  const uint64_t before = p.cursor();
+  p.on_open(seq[200], 1);
+  EXPECT_FALSE(p.live(0));
+  p.on_open(seq[201], 1);
+  EXPECT_TRUE(p.live(0));
+  p.on_open(seq[202], 1);
+  EXPECT_GE(p.cursor(), before);
+  EXPECT_EQ(p.progress(0).done, 203u);
+}
+
+TEST(Planner, ALostRankNoLongerHoldsTheCursorBack) {
+  const auto src = shuffled(400, 2);
+  auto c = config(400, 2, 4);
+  c.stale_after = 30;
+  Planner p(c, src);
+  const auto seq = src(0);
+  for (uint64_t k = 0; k < 100; ++k) p.on_open(seq[0][k], 1);  // rank 1 never reads
+  EXPECT_FALSE(p.live(1));
+  EXPECT_TRUE(p.live(0));
+  EXPECT_EQ(p.cursor(), 200u);
+}
+
+TEST(Planner, RaggedRanksLeaveHolesTheKeysSkip) {
+  StreamSource src = [](uint64_t) { return std::vector<std::vector<EntryId>>{{0, 1, 2, 3}, {4}}; };
+  Planner p(config(5, 2), src);
+  EXPECT_EQ(p.item(0), 0u);
+  EXPECT_EQ(p.item(1), 4u);
+  EXPECT_FALSE(p.item(3).has_value());
+  for (EntryId id : {0, 4, 1, 2, 3}) EXPECT_TRUE(p.on_open(id, 7).expected);
+  EXPECT_EQ(p.cursor(), 8u);  // rank 1's next item is in the next epoch, not planned yet
+}
+
+}  // namespace
+}  // namespace clairfs
