@@ -1,0 +1,155 @@
+"""The NVMe tier (nvme=DIR) on real mounts: files read from SOURCE once and back from NVMe in later epochs,
+the size limit never exceeded, clairfs touching only its own folder in DIR, corrupted cache files never
+served (re-read from SOURCE and counted), and a full disk (a small tmpfs) stopping admission only."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+h.require_fuse()
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def stats(mnt):
+    with open(mnt + "/.clairfs/stats") as f:
+        return json.load(f)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def dir_bytes(path):
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(d, f))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+with h.tempdir() as tmp:
+    src, mnt, cache = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
+    os.makedirs(mnt)
+    os.makedirs(cache)
+    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), src, "--files", "300",
+                    "--classes", "5", "--mean-kb", "30", "--seed", "5"], check=True, stdout=subprocess.DEVNULL)
+    want = {}
+    for d, _, files in os.walk(src):
+        for f in files:
+            want[os.path.relpath(os.path.join(d, f), src)] = digest(os.path.join(d, f))
+    total = sum(os.path.getsize(os.path.join(src, p)) for p in want)
+    # Someone else's files in DIR: never touched.
+    with open(cache + "/not-ours.bin", "wb") as f:
+        f.write(b"x" * 1000)
+    os.makedirs(cache + "/other")
+
+    def order(epoch):
+        with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, epoch)) as f:
+            return f.read().splitlines()
+
+    def read_epochs(epochs, between=None):
+        wrong = opened = 0
+        for e in epochs:
+            if between:
+                between(e)
+            for rel in order(e):
+                time.sleep(0.0005)
+                wrong += digest(os.path.join(mnt, rel)) != want[rel]
+                opened += 1
+        return wrong, opened
+
+    # 1. RAM holds an eighth of the data set, NVMe all of it: SOURCE is read once over 3 epochs.
+    opts = "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, cache)
+    with h.mounted(src, mnt, opts):
+        ours = [d for d in os.listdir(cache) if d.startswith("clairfs-cache.")]
+        h.check(len(ours) == 1, "one cache folder of its own in DIR: %s" % ours)
+        wrong, opened = read_epochs(range(3))
+        s = stats(mnt)
+        h.check(wrong == 0, "3 epochs with RAM at 1/8 and NVMe: every byte equals SOURCE (%d files)" % opened)
+        traffic = s["source_traffic"]["bytes"] / total
+        h.check(traffic <= 1.05, "SOURCE read %.2f× the data set over 3 epochs (every byte once)" % traffic)
+        h.check(s["staged"]["from_nvme"] > len(want), "later epochs were staged from NVMe: %s" % s["staged"])
+        h.check(s["nvme"]["used"] <= s["nvme"]["capacity"] and s["checksum_failures"] == 0, "NVMe within capacity, no bad copies: %s" % s["nvme"])
+    h.check(sorted(os.listdir(cache)) == ["not-ours.bin", "other"] and os.path.getsize(cache + "/not-ours.bin") == 1000,
+            "after unmount only the files that were there before remain: %s" % os.listdir(cache))
+
+    # 2. nvme_size a third of the data set: never exceeded, bytes still right.
+    limit = total // 3
+    with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, cache, limit)):
+        folder = [os.path.join(cache, d) for d in os.listdir(cache) if d.startswith("clairfs-cache.")][0]
+        peak = [0]
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], dir_bytes(folder))
+                time.sleep(0.002)
+
+        w = threading.Thread(target=watch)
+        w.start()
+        wrong, opened = read_epochs(range(3))
+        done.set()
+        w.join()
+        s = stats(mnt)
+        h.check(wrong == 0, "NVMe limited to 1/3 of the data set: every byte equals SOURCE")
+        h.check(peak[0] <= limit and s["nvme"]["used"] <= limit,
+                "files in the NVMe folder peaked at %d bytes, within nvme_size=%d" % (peak[0], limit))
+        h.check(s["nvme"]["writes"] > 0 and s["staged"]["from_nvme"] > 0,
+                "what fitted was written and read back: %s %s" % (s["nvme"], s["staged"]))
+
+    # 3. Corrupted cache files are never served: re-read from SOURCE and counted.
+    with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, cache)):
+        folder = [os.path.join(cache, d) for d in os.listdir(cache) if d.startswith("clairfs-cache.")][0]
+
+        def corrupt(epoch):
+            if epoch != 1:
+                return
+            time.sleep(0.3)  # let the writes of epoch 0 land
+            for f in os.listdir(folder):
+                p = os.path.join(folder, f)
+                with open(p, "r+b") as fh:
+                    b = fh.read(1)
+                    fh.seek(0)
+                    fh.write(bytes([(b[0] if b else 0) ^ 0xFF]))
+
+        wrong, opened = read_epochs(range(3), corrupt)
+        s = stats(mnt)
+        h.check(wrong == 0, "every NVMe copy corrupted after epoch 0: every byte still equals SOURCE (%d files)" % opened)
+        h.check(s["checksum_failures"] > 0, "the bad copies were caught and counted: %d" % s["checksum_failures"])
+
+    # 4. A full disk: NVMe on a 256 KiB tmpfs. Admission stops; serving goes on.
+    small = tmp + "/small"
+    os.makedirs(small)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", small], capture_output=True, text=True)
+    if r.returncode != 0:
+        h.check(True, "skipped the full-disk case: cannot mount a tmpfs (%s)" % r.stderr.strip())
+    else:
+        try:
+            # nvme_size above what the tmpfs holds, so the disk fills before the limit does.
+            with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, small, total)):
+                wrong, opened = read_epochs(range(3))
+                s = stats(mnt)
+                h.check(wrong == 0, "NVMe directory full: every byte equals SOURCE (%d files)" % opened)
+                h.check(not s["nvme"]["admitting"] and s["nvme"]["write_failures"] > 0,
+                        "the full disk stopped admission: %s" % s["nvme"])
+                h.check(s["staged"]["from_nvme"] > 0, "files written before it filled were still used: %s" % s["staged"])
+        finally:
+            subprocess.run(["umount", "-l", small])
+
+    # 5. A missing NVMe directory is refused at mount with one line.
+    r = h.run_clairfs([src, mnt, "-o", "nvme=%s/missing" % tmp])
+    h.check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "missing" in r.stderr,
+            "nvme=DIR that does not exist: exit 2, one line: %s" % r.stderr.strip())
+    h.check(not h.is_mounted(mnt), "and nothing mounted")
+
+h.finish()
