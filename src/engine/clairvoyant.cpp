@@ -23,6 +23,11 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
 // Pushes per stager round: between rounds the stager reaps reads and picks new ones.
 constexpr int kPushesPerRound = 64;
+// Samples staged ahead of a reader reading in sample order off the plan (a validation pass, `tar`, a
+// sequential sampler): enough to keep a ring's worth of reads busy.
+constexpr uint32_t kReadAhead = 32;
+// Key of a read-ahead file in RAM: after every planned use, so it is the first to go.
+constexpr uint64_t kReadAheadKey = kNever - 1;
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
 constexpr uint64_t kRateWindow = 64;
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
@@ -83,6 +88,7 @@ struct ClairvoyantEngine::Pending {
   EntryId id = 0;
   uint64_t key = 0;           // the use it is staged for
   bool from_nvme = false;
+  bool readahead = false;     // staged for a reader off the plan
   UniqueFd fd;
   std::shared_ptr<std::vector<char>> buf;
   FileBytes keep;             // a write's bytes (also in RAM, maybe evicted meanwhile)
@@ -177,11 +183,30 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
       }
     }
     after_progress();
+    if (!o.expected) read_ahead(id, pid);
+    if (h->from_ram && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever);  // read: first to go
     if (!in_kernel_[id]) in_kernel_[id] = 1;
   }
   progress_.notify_all();
   *handle = reinterpret_cast<uint64_t>(h);
   return 0;
+}
+
+void ClairvoyantEngine::read_ahead(EntryId id, pid_t pid) {
+  if (sample_of_.empty()) {
+    sample_of_.assign(manifest_.size(), UINT32_MAX);
+    const auto& samples = manifest_.samples();
+    for (uint32_t i = 0; i < samples.size(); ++i) sample_of_[samples[i]] = i;
+  }
+  const uint32_t i = sample_of_[id];
+  if (i == UINT32_MAX) return;
+  auto [it, fresh] = last_unexpected_.try_emplace(pid, i);
+  const uint32_t last = it->second;
+  it->second = i;
+  if (fresh || i != last + 1) return;  // not (yet) sequential
+  const auto& samples = manifest_.samples();
+  // The stager skips those already staged or on their way: the window slides by one sample per open.
+  for (uint32_t j = i + 1; j <= i + kReadAhead && j < samples.size(); ++j) readahead_.push_back(samples[j]);
 }
 
 // ---- demand reads ----------------------------------------------------------------------------------
@@ -414,7 +439,7 @@ void ClairvoyantEngine::stage_loop() {
     uint64_t after = kNever;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const uint64_t key = planner_.next_use(p.id, planner_.cursor());
+      const uint64_t key = p.readahead ? kReadAheadKey : planner_.next_use(p.id, planner_.cursor());
       if (key == kNever) {  // the readers passed it (or left the plan) while it was read
         ram_.unreserve(size);
       } else {
@@ -425,9 +450,10 @@ void ClairvoyantEngine::stage_loop() {
         staged_bytes_ += size;
         if (p.from_nvme) staged_from_nvme_++;
         else staged_source_bytes_ += size;
+        if (p.readahead) readahead_files_++;
         // Into NVMe too, for the use after this one, if MIN keeps it there.
         after = planner_.next_use(p.id, key + 1);
-        if (nvme_ && !p.from_nvme && after != kNever && !writing.count(p.id) && !nvme_->find(p.id) &&
+        if (nvme_ && !p.from_nvme && !p.readahead && after != kNever && !writing.count(p.id) && !nvme_->find(p.id) &&
             make_nvme_room(size, after)) {
           write = true;
           p.keep = std::move(bytes);
@@ -482,6 +508,38 @@ void ClairvoyantEngine::stage_loop() {
       if (stop_) break;
       const unsigned room = ring.depth() - ring.in_flight();
       const uint64_t end = planner_.planned_end();
+      uint64_t live_ranks = 0;
+      for (uint64_t r = 0; r < rates_.size(); ++r) live_ranks += planner_.live(r);
+      size_t n = 0;
+      for (; n < readahead_.size() && picks.size() < room; ++n) {
+        const EntryId id = readahead_[n];
+        const uint64_t size = manifest_.entry(id).size;
+        if (!S_ISREG(manifest_.entry(id).mode) || ram_keys_.contains(id) || in_flight_.count(id)) continue;
+        // Free room, or room held by files no plan needs (read-ahead files already opened among them),
+        // or, when every rank has left the plan, by anything.
+        bool room_found = true;
+        while (!ram_.reserve(size)) {
+          const auto far = ram_keys_.farthest();
+          if (!far || (far->first != kNever && live_ranks > 0)) {
+            room_found = false;
+            break;
+          }
+          evict_ram(far->second);
+        }
+        if (!room_found) {  // drop the rest
+          n = readahead_.size();
+          break;
+        }
+        const uint64_t tag = next_tag++;
+        Pending& p = pending[tag];
+        p.id = id;
+        p.key = kReadAheadKey;
+        p.readahead = true;
+        p.from_nvme = nvme_ && nvme_->find(id).has_value();
+        picks.push_back(tag);
+        in_flight_.insert(id);
+      }
+      readahead_.erase(readahead_.begin(), readahead_.begin() + static_cast<std::ptrdiff_t>(n));
       while (picks.size() < room && stage_key_ < end) {
         const uint64_t key = stage_key_;
         const auto item = planner_.item(key);
@@ -589,6 +647,7 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"files", nvme_->files()},        {"admitting", nvme_->admitting()},   {"writes", nvme_writes_.load()},
                  {"write_failures", nvme_write_failures_.load()}, {"evictions", nvme_evictions_.load()}};
   j["checksum_failures"] = checksum_failures_.load();
+  j["readahead_files"] = readahead_files_.load();
   j["stalls"] = {{"opens", source_files_.load()}, {"seconds", static_cast<double>(stall_ns_.load()) / 1e9}};
   {
     std::lock_guard<std::mutex> lock(mutex_);

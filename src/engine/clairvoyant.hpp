@@ -121,6 +121,13 @@ class ClairvoyantEngine final : public Engine {
   std::vector<EntryId> drops_;              // pages to drop, by the stager (never from a request handler)
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
+  // Sequential read-ahead for readers off the plan: an unexpected open of the sample right after the
+  // previous unexpected open of the same process queues the next kReadAhead samples, staged into free
+  // RAM only (and evicted first).
+  void read_ahead(EntryId id, pid_t pid);  // REQUIRES: mutex_ held
+  std::vector<uint32_t> sample_of_;        // per entry: its sample index, or UINT32_MAX; built on first use
+  std::unordered_map<pid_t, uint32_t> last_unexpected_;
+  std::vector<EntryId> readahead_;         // queued by read_ahead, taken by the stager
   struct RankRate {
     uint64_t opens = 0;
     Clock::time_point since{};
@@ -137,6 +144,7 @@ class ClairvoyantEngine final : public Engine {
   std::atomic<uint64_t> nvme_writes_{0}, nvme_write_failures_{0}, nvme_evictions_{0}, checksum_failures_{0};
   std::atomic<uint64_t> ram_evictions_{0}, pushes_{0}, push_failures_{0}, drops_done_{0};
   std::atomic<uint64_t> stall_ns_{0};
+  std::atomic<uint64_t> readahead_files_{0};
 
   std::unique_ptr<Ring> ring_;  // made here so a missing io_uring fails the constructor; used by stager_ only
   std::thread stager_;

@@ -161,29 +161,36 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
     const uint64_t key = (base_[i] + off / R) * R + rank;
     Rank& r = ranks_[rank];
     const int64_t d = static_cast<int64_t>(key / R) - static_cast<int64_t>(r.next / R);
-    if (d >= -tol && d <= tol) {
-      if (!r.live) {
-        r.live = true;
-        r.next = at_or_after(rank, std::max(r.next, cursor_));  // the cursor never moves back
-        r.ahead.clear();
-      }
-    } else if (!r.live && key >= r.next) {
-      // A lost rank seen ahead in its stream: twice, close together, and it is back in the order there.
-      if (r.resync_key != kNever && std::max(key, r.resync_key) / R - std::min(key, r.resync_key) / R <=
-                                        config_.tolerance) {
-        r.live = true;
-        r.next = at_or_after(rank, std::max(std::min(key, r.resync_key), cursor_));
-        r.ahead.clear();
-        consume(r, rank, r.resync_key);
-        r.resync_key = kNever;
-      } else {
-        r.resync_key = key;
-        continue;
-      }
+    if (r.live && d >= -tol && d <= tol) {
+      // Where it was expected.
+    } else if (!r.live && d >= -tol) {
+      // A lost rank seen at or ahead of where it was: kResync opens in a row close together in one
+      // epoch's stream, and it is back in the order there (one alone may be chance). Each open has a
+      // candidate place in every planned epoch, so the runs are kept per epoch.
+      const uint64_t epoch_end = epoch_end_key(key);
+      bool close = true;
+      for (uint64_t k : r.resync)
+        if (epoch_end_key(k) == epoch_end && std::max(k, key) / R - std::min(k, key) / R > config_.tolerance)
+          close = false;
+      if (!close)
+        r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
+                                      [&](uint64_t k) { return epoch_end_key(k) == epoch_end; }),
+                       r.resync.end());
+      r.resync.push_back(key);
+      std::vector<uint64_t> run;
+      for (uint64_t k : r.resync)
+        if (epoch_end_key(k) == epoch_end) run.push_back(k);
+      if (run.size() < kResync) continue;
+      r.live = true;
+      r.next = at_or_after(rank, std::max(*std::min_element(run.begin(), run.end()), cursor_));
+      r.ahead.clear();
+      for (uint64_t k : run)
+        if (k != key) consume(r, rank, k);
+      r.resync.clear();
     } else {
       continue;
     }
-    r.last_expected = opens_;
+    ++r.expected_in_block;
     rank_of_pid_[pid] = rank;
     consume(r, rank, key);
     result = {true, key, rank};
@@ -192,11 +199,16 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
     ++mispredicted_;
     if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) ++ranks_[it->second].mispredicted;
   }
-  for (Rank& r : ranks_)
-    if (r.live && opens_ - r.last_expected > stale_after_) {
-      r.live = false;
-      r.resync_key = kNever;
+  if (opens_ % stale_after_ == 0) {
+    const uint64_t enough = stale_after_ / config_.ranks / 4;
+    for (Rank& r : ranks_) {
+      if (r.live && r.expected_in_block < enough) {
+        r.live = false;
+        r.resync.clear();
+      }
+      r.expected_in_block = 0;
     }
+  }
   update_cursor();
   return result;
 }

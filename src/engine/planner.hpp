@@ -15,10 +15,13 @@
 // run tolerance/2 steps past it. The cursor is the smallest next key over the live ranks; items the
 // cursor passes are reported (take_passed) so the tiers can re-key them by their next use.
 //
-// Misprediction: an open no live rank expects is counted. A rank with no expected open during the last
-// `stale_after` opens of the node is lost (wrong seed, another sampler, finished, or idle): it no longer
-// holds the cursor back and nothing is staged for it. It is live again on an expected open near its next
-// key, or after two opens close together anywhere ahead in its stream (resync).
+// Misprediction: an open no live rank expects is counted. The node's opens are taken in blocks of
+// `stale_after`; a rank with fewer than a quarter of its share of them expected in a block is lost (wrong
+// seed, another sampler, finished, or idle — a random reader still lands inside the tolerance now and
+// then, at a rate of about 2·tolerance / its epoch's length): it no longer holds the cursor back and
+// nothing is staged for it. It is live again on an open near its next key, or after kResync of its
+// opens in a row lie within the tolerance of each other anywhere ahead in its stream (resync) — a
+// random reader does that with a chance of about (2·tolerance / length)^(kResync-1).
 //
 // Thread-compatible: the engine guards it with its own mutex.
 #pragma once
@@ -71,6 +74,8 @@ struct PlannerConfig {
 
 class Planner {
  public:
+  static constexpr size_t kResync = 4;
+
   static EpochStreams build(const StreamSource& source, uint64_t epoch, uint64_t ranks, uint64_t entries);
 
   // Builds start_epoch's plan at once.
@@ -119,9 +124,9 @@ class Planner {
   struct Rank {
     uint64_t next = 0;            // key of its first item not yet opened
     std::set<uint64_t> ahead;     // keys opened past next
-    uint64_t last_expected = 0;   // opens_ at its last expected open
+    uint64_t expected_in_block = 0;
     bool live = true;
-    uint64_t resync_key = kNever; // a lost rank's last open found ahead in its stream
+    std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
     uint64_t mispredicted = 0;
   };
 

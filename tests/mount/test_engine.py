@@ -113,7 +113,46 @@ with h.tempdir() as tmp:
         h.check(not errors, "8 concurrent readers in random orders: every byte equals SOURCE %s" % errors[:3])
         h.check(stats(mnt)["ram"]["used"] <= total // 3, "RAM use within budget after concurrent readers")
 
-    # 3. A budget smaller than any file: nothing but empty files can be staged; reads still right.
+    # 3. A reader off the plan is noticed within a bounded number of opens, and resyncs when it returns;
+    # a reader in sample order gets read-ahead. batch_size=1: tolerance 96 steps, so opens are judged in
+    # blocks of 256; 3,000 files, so a random reader lands inside the tolerance only now and then.
+    many = tmp + "/many"
+    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), many, "--files", "3000",
+                    "--classes", "4", "--mean-kb", "1", "--seed", "4"], check=True, stdout=subprocess.DEVNULL)
+    many_want = {}
+    for d, _, files in os.walk(many):
+        for f in files:
+            many_want[os.path.relpath(os.path.join(d, f), many)] = digest(os.path.join(d, f))
+    with h.mounted(many, mnt, "seed=9,batch_size=1,epochs=3,ram=%d" % (sum(os.path.getsize(os.path.join(many, p)) for p in many_want) // 2)):
+        wrong_order = list(many_want)
+        rnd.shuffle(wrong_order)
+        lost_at, bad = None, 0
+        for n, p in enumerate(wrong_order[:1000], 1):
+            bad += digest(os.path.join(mnt, p)) != many_want[p]
+            if lost_at is None and n % 8 == 0 and not stats(mnt)["ranks"][0]["live"]:
+                lost_at = n
+        s = stats(mnt)
+        h.check(bad == 0, "another order: every byte equals SOURCE")
+        h.check(lost_at is not None and lost_at <= 256 + 8,
+                "the rank was marked off the plan after %s opens (bound: one block of 256)" % lost_at)
+        h.check(s["mispredicted_opens"] >= 900, "mispredicted opens counted: %d of 1000" % s["mispredicted_opens"])
+        served_before = s["tiers"]["ram"]["files"] + s["tiers"]["pagecache"]["files"]
+        rels = order(1)
+        for rel in rels:
+            time.sleep(0.0005)  # a little compute: the lead is short once RAM is full of files kept for later
+            bad += digest(os.path.join(mnt, rel)) != many_want[rel]
+        s = stats(mnt)
+        staged = s["tiers"]["ram"]["files"] + s["tiers"]["pagecache"]["files"] - served_before
+        h.check(bad == 0 and s["ranks"][0]["live"] and staged >= len(rels) * 0.7,
+                "back in the predicted order (epoch 1): live again, %d of %d opens staged" % (staged, len(rels)))
+        before = s["readahead_files"]
+        for p in sorted(many_want):  # ImageFolder's order: a sequential pass
+            bad += digest(os.path.join(mnt, p)) != many_want[p]
+        s = stats(mnt)
+        h.check(bad == 0 and s["readahead_files"] - before >= 1000,
+                "a pass in sample order: every byte right, %d of %d files read ahead" % (s["readahead_files"] - before, len(many_want)))
+
+    # 4. A budget smaller than any file: nothing but empty files can be staged; reads still right.
     with h.mounted(src, mnt, "seed=9,batch_size=8,ram=1K"):
         rels = order(0)
         h.check(all(digest(os.path.join(mnt, p)) == want[p] for p in rels),

@@ -157,15 +157,17 @@ TEST(Planner, AWrongOrderIsDetectedWithinBoundedOpensAndResyncs) {
   EXPECT_FALSE(p.live(0));
   EXPECT_LE(opens, 30u);
   EXPECT_GE(p.progress(0).mispredicted, 15u);
-  // Back in the order further on: two opens close together make the rank live there.
+  // Back in the order further on: kResync opens close together make the rank live there.
   const uint64_t before = p.cursor();
-  p.on_open(seq[200], 1);
-  EXPECT_FALSE(p.live(0));
-  p.on_open(seq[201], 1);
+  for (uint64_t k = 200; k < 200 + Planner::kResync - 1; ++k) {
+    p.on_open(seq[k], 1);
+    EXPECT_FALSE(p.live(0));
+  }
+  p.on_open(seq[200 + Planner::kResync - 1], 1);
   EXPECT_TRUE(p.live(0));
-  p.on_open(seq[202], 1);
+  p.on_open(seq[200 + Planner::kResync], 1);
   EXPECT_GE(p.cursor(), before);
-  EXPECT_EQ(p.progress(0).done, 203u);
+  EXPECT_EQ(p.progress(0).done, 200u + Planner::kResync + 1);
 }
 
 TEST(Planner, ALostRankNoLongerHoldsTheCursorBack) {
