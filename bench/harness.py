@@ -3,11 +3,15 @@
 side by side in one run, plus the cache-policy simulation. Writes tables and plots into docs/.
 
 Systems (each run starts from a fresh slow-source mount, so its SOURCE traffic is its own):
-  direct     the training loop reads the slow source directly
-  stage-in   copy the whole data set to local disk first (copy time counted in epoch 1), then read that
-  clairfs    the training loop reads a clairfs mount of the slow source
-  bound      not a run: epoch 1 cannot stall less than max(0, bytes from SOURCE / bandwidth - compute);
-             later epochs 0 when the data set fits the caches
+  direct              the training loop reads the slow source directly
+  stage-in            copy the whole data set to local disk first (copy time counted in epoch 1), then read that
+  clairfs ram=0       a plain clairfs mount of the slow source (no staging)
+  clairfs ram=¼       the engine with a RAM budget of a quarter of the data set: the cache is smaller than it
+  clairfs ram=¼ nvme  the same with an NVMe tier (a directory on local disk) that holds the rest
+  clairfs             the engine with its defaults (RAM: a quarter of the machine's memory)
+  bound               not a run: epoch 1 cannot stall less than max(0, bytes from SOURCE / bandwidth - compute);
+                      later epochs 0 when the data set fits the caches
+Then a long unmodified-PyTorch run (10 epochs) read directly and through clairfs, end to end.
 
     harness.py BUILD [--quick] [--out docs]
 """
@@ -76,9 +80,23 @@ def run_loop(build, p, root, order_root, stalls=None, torch=False):
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
+def daemon_memory(mnt):
+    """Peak resident memory (VmHWM) of the clairfs daemon serving mnt, in bytes, or 0."""
+    r = subprocess.run(["pgrep", "-f", "clairfs .* " + mnt], capture_output=True, text=True)
+    for pid in r.stdout.split():
+        try:
+            for line in open("/proc/%s/status" % pid):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return 0
+
+
 def run_system(name, build, p, data, work, torch=False, stalls=None):
     slow = SlowSource(build, data, work, p)
     copy_s = 0.0
+    memory = 0
     try:
         if name == "direct":
             epochs = run_loop(build, p, slow.mnt, slow.mnt, stalls, torch)
@@ -93,22 +111,33 @@ def run_system(name, build, p, data, work, torch=False, stalls=None):
                 shutil.rmtree(local, ignore_errors=True)
             epochs[0]["wall_s"] += copy_s
             epochs[0]["stall_s"] += copy_s  # the GPU waits for the copy as it would for data
-        elif name in ("clairfs", "clairfs ram="):
+        elif name.startswith("clairfs"):
             mnt = tempfile.mkdtemp(prefix="clairfs-", dir=work)
             opts = "seed=%d,batch_size=%d,workers=%d,prefetch_factor=%d,epochs=%d" % (
                 p.seed, p.batch, p.workers, p.prefetch, p.epochs)
-            if name == "clairfs ram=":
+            nvme = None
+            if name == "clairfs ram=0":
+                opts += ",ram=0"
+            elif name.startswith("clairfs ram=¼"):
                 opts += ",ram=%d" % p.ram
+            if name.endswith("nvme"):
+                nvme = tempfile.mkdtemp(prefix="nvme-", dir="/var/tmp")
+                opts += ",nvme=" + nvme
             subprocess.run([build + "/clairfs", slow.mnt, mnt, "-o", opts], check=True)
             try:
                 epochs = run_loop(build, p, mnt, mnt, stalls, torch)
+                memory = daemon_memory(mnt)
             finally:
                 unmount(mnt, lazy=True)
+                if nvme:
+                    time.sleep(0.5)  # the daemon removes its cache folder on the way out
+                    shutil.rmtree(nvme, ignore_errors=True)
         else:
             raise ValueError(name)
     finally:
         stats = slow.close()
-    return {"epochs": epochs, "source_bytes": stats["bytes"], "source_opens": stats["opens"], "copy_s": copy_s}
+    return {"epochs": epochs, "source_bytes": stats["bytes"], "source_opens": stats["opens"], "copy_s": copy_s,
+            "memory": memory}
 
 
 def bound(p, data_bytes, batches):
@@ -189,9 +218,9 @@ def main():
     work = tempfile.mkdtemp(prefix="clairfs-harness-")
 
     p.ram = total_bytes // 4  # the staging engine's budget: a quarter of the data set
-    systems = ["direct", "stage-in", "clairfs", "clairfs ram="]
+    systems = ["direct", "stage-in", "clairfs ram=0", "clairfs ram=¼", "clairfs ram=¼ nvme", "clairfs"]
     results = {s: [] for s in systems}
-    torch_results = {s: [] for s in ("direct", "clairfs", "clairfs ram=")}
+    torch_results = {s: [] for s in ("direct", "clairfs ram=0", "clairfs ram=¼ nvme", "clairfs")}
     stall_files = {}
     for rep in range(p.reps):
         for i in range(len(systems)):
@@ -199,7 +228,7 @@ def main():
             stalls = "%s/stalls-%s.txt" % (work, name)
             results[name].append(run_system(name, build, p, data, work, stalls=stalls))
             stall_files[name] = (stalls, results[name][-1]["copy_s"])
-            print("rep %d %-9s %s" % (rep, name, " ".join("e%d %.2fs/%.2fs" % (e["epoch"], e["wall_s"], e["stall_s"])
+            print("rep %d %-18s %s" % (rep, name, " ".join("e%d %.2fs/%.2fs" % (e["epoch"], e["wall_s"], e["stall_s"])
                                                        for e in results[name][-1]["epochs"])), file=sys.stderr)
         if p.torch:
             for name in torch_results:
@@ -220,8 +249,10 @@ def main():
             "lognormal sizes, mean ~110 KB", p.batch, p.workers, p.prefetch, p.compute_ms, batches, p.epochs,
             p.latency_ms, p.bandwidth_mbps, p.inflight, p.reps))
     out("")
-    out("`clairfs` is the plain mount; `clairfs ram=` adds the staging engine with a RAM budget of a quarter "
-        "of the data set (%.0f MB)." % (p.ram / 1e6))
+    out("`clairfs ram=0` is the plain mount (no staging); `clairfs ram=¼` stages with a RAM budget of a quarter "
+        "of the data set (%.0f MB), smaller than the data set; `clairfs ram=¼ nvme` adds an NVMe tier (a directory "
+        "in /var/tmp) that holds the rest; `clairfs` is the engine with its defaults (RAM: a quarter of this "
+        "machine's memory, so the data set fits)." % (p.ram / 1e6))
     out("")
     out("C++ loop (`bench/train_loop`), stall and epoch time in seconds:")
     out("")
@@ -237,6 +268,10 @@ def main():
         row += " %.2f |" % (statistics.median(r["source_bytes"] for r in runs) / total_bytes)
         out(row)
     out("| bound |" + "".join(" %.2f | |" % b for b in lower) + " 1.00 |")
+    out("")
+    out("Peak daemon memory (VmHWM), C++ loop runs: " + ", ".join(
+        "%s %.0f MiB" % (name, max(r["memory"] for r in results[name]) / 2**20) for name in systems
+        if name.startswith("clairfs")) + "; data set %.0f MiB in %d files." % (total_bytes / 2**20, p.files))
     out("")
     out("Ratios of stall (C++ loop): to direct, and to the bound where the bound is not 0.")
     out("")

@@ -1,6 +1,6 @@
 // Benchmark reader: reads every regular file under ROOT once, whole, in a seeded random order, with
 // T threads, the way DataLoader workers read samples. Prints one JSON line: files, bytes, seconds.
-//   read_files ROOT [--threads T] [--seed S] [--list FILE]
+//   read_files ROOT [--threads T] [--seed S] [--list FILE] [--in-order]
 // --list names the files (relative paths, one a line) so the walk is not timed.
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,15 +19,22 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: read_files ROOT [--threads T] [--seed S] [--list FILE]\n");
+    std::fprintf(stderr, "usage: read_files ROOT [--threads T] [--seed S] [--list FILE] [--in-order]\n");
     return 2;
   }
   const std::string root = argv[1];
   int threads = 1;
   unsigned seed = 1;
   std::string list;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  bool in_order = false;
+  for (int i = 2; i < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--in-order") {  // the list's own order (a predicted one), not shuffled
+      in_order = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (a == "--threads") threads = std::stoi(argv[i + 1]);
     else if (a == "--seed") seed = static_cast<unsigned>(std::stoul(argv[i + 1]));
     else if (a == "--list") list = argv[i + 1];
@@ -41,7 +48,7 @@ int main(int argc, char** argv) {
       if (e.is_regular_file()) files.push_back(e.path());
     std::sort(files.begin(), files.end());
   }
-  std::shuffle(files.begin(), files.end(), std::mt19937(seed));
+  if (!in_order) std::shuffle(files.begin(), files.end(), std::mt19937(seed));
 
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes{0};

@@ -28,6 +28,8 @@ constexpr int kPushesPerRound = 64;
 constexpr uint32_t kReadAhead = 32;
 // Key of a read-ahead file in RAM: after every planned use, so it is the first to go.
 constexpr uint64_t kReadAheadKey = kNever - 1;
+// When pushes the kernel refused (an inode it has not looked up yet) are tried again.
+constexpr auto kPushRetry = std::chrono::milliseconds(50);
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
 constexpr uint64_t kRateWindow = 64;
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
@@ -158,6 +160,7 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   auto* h = new Handle;
   h->id = id;
   h->pid = pid;
+  bool wake = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     // A file being staged right now arrives sooner from that read than from a second one.
@@ -186,8 +189,10 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
     if (!o.expected) read_ahead(id, pid);
     if (h->from_ram && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever);  // read: first to go
     if (!in_kernel_[id]) in_kernel_[id] = 1;
+    wake = stager_waiting_ &&
+           (planner_.cursor() >= wake_at_cursor_ || !readahead_.empty() || live_after > live_before);
   }
-  progress_.notify_all();
+  if (wake) progress_.notify_all();
   *handle = reinterpret_cast<uint64_t>(h);
   return 0;
 }
@@ -331,6 +336,11 @@ void ClairvoyantEngine::run_drops() {
 
 void ClairvoyantEngine::push_ahead() {
   if (!config_.page_cache || config_.pagecache == 0) return;
+  if (push_retry_at_ && Clock::now() >= *push_retry_at_) {
+    push_retry_at_.reset();
+    std::lock_guard<std::mutex> lock(mutex_);
+    push_key_ = planner_.cursor();
+  }
   for (int i = 0; i < kPushesPerRound; ++i) {
     EntryId id = 0;
     FileBytes data;
@@ -358,12 +368,15 @@ void ClairvoyantEngine::push_ahead() {
     if (const int rc = config_.page_cache->push(id, data->data(), data->size()); rc < 0) {
       // The kernel does not know the inode yet (never looked up), or is unmounting: reads will reach us
       // and be served from RAM.
+      // Tried again once the window is walked anew (kPushRetry later): a listing or an open may have
+      // introduced the inode by then.
       push_failures_++;
       std::lock_guard<std::mutex> lock(mutex_);
       if (in_kernel_[id] == 2) {
         kernel_bytes_ -= data->size();
         in_kernel_[id] = 0;
       }
+      if (!push_retry_at_) push_retry_at_ = Clock::now() + kPushRetry;
     } else {
       pushes_++;
     }
@@ -543,8 +556,8 @@ void ClairvoyantEngine::stage_loop() {
       while (picks.size() < room && stage_key_ < end) {
         const uint64_t key = stage_key_;
         const auto item = planner_.item(key);
-        if (!item || !planner_.live(planner_.rank_of(key))) {
-          ++stage_key_;
+        if (!item || !planner_.live(planner_.rank_of(key)) || planner_.opened(key)) {
+          ++stage_key_;  // a hole, a rank off the plan, or opened already (read on demand)
           continue;
         }
         const EntryId id = *item;
@@ -565,7 +578,12 @@ void ClairvoyantEngine::stage_loop() {
         ++stage_key_;
       }
       if (picks.empty() && ring.in_flight() == 0) {
+        // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
+        // per open would cost every open a context switch.
+        stager_waiting_ = true;
+        wake_at_cursor_ = planner_.cursor() + std::max<uint64_t>(1, evict_window_ / 8);
         progress_.wait_for(lock, std::chrono::milliseconds(drops_.empty() ? 100 : 1));
+        stager_waiting_ = false;
         continue;
       }
     }

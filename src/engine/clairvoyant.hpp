@@ -114,6 +114,7 @@ class ClairvoyantEngine final : public Engine {
   std::unordered_set<EntryId> in_flight_;   // being staged now: an open waits for it, not reads it twice
   uint64_t stage_key_ = 0;                  // next key the stager considers
   uint64_t push_key_ = 0;                   // next key whose file may be pushed into the kernel
+  std::optional<Clock::time_point> push_retry_at_;  // stager only: when refused pushes are tried again
   // Per entry: 0 the kernel holds none of its pages (as far as we know), 1 read through the mount,
   // 2 pushed (its size counted in kernel_bytes_).
   std::vector<uint8_t> in_kernel_;
@@ -135,6 +136,8 @@ class ClairvoyantEngine final : public Engine {
   };
   std::vector<RankRate> rates_;
   bool stop_ = false;
+  bool stager_waiting_ = false;             // the stager sleeps until the cursor reaches wake_at_cursor_
+  uint64_t wake_at_cursor_ = 0;
 
   // Counters.
   std::atomic<uint64_t> ram_files_{0}, ram_bytes_{0}, nvme_files_{0}, nvme_bytes_{0};

@@ -104,6 +104,11 @@ class Planner {
   // The smallest planned key >= from holding id, or kNever.
   uint64_t next_use(EntryId id, uint64_t from) const;
   uint64_t rank_of(uint64_t key) const { return key % config_.ranks; }
+  // True if the use at `key` has been opened already (its rank is past it, or opened it out of order).
+  bool opened(uint64_t key) const {
+    const Rank& r = ranks_[key % config_.ranks];
+    return key < r.next || r.ahead.count(key) != 0;
+  }
   bool live(uint64_t rank) const { return ranks_[rank].live; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
