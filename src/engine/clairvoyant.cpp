@@ -28,6 +28,11 @@ constexpr int kPushesPerRound = 64;
 constexpr uint32_t kReadAhead = 32;
 // Key of a read-ahead file in RAM: after every planned use, so it is the first to go.
 constexpr uint64_t kReadAheadKey = kNever - 1;
+// A file opened on demand (not staged) is read whole from SOURCE at its first read, up to this size,
+// and kept like a staged one; larger ones are read piecemeal, as the kernel asks.
+constexpr uint64_t kWholeFileRead = 64 << 20;
+// Demand-read files waiting for the stager to keep them: beyond this many, the rest are not kept.
+constexpr size_t kMaxAdopted = 4096;
 // When pushes the kernel refused (an inode it has not looked up yet) are tried again.
 constexpr auto kPushRetry = std::chrono::milliseconds(50);
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
@@ -72,7 +77,7 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
 // A file served from RAM, NVMe or SOURCE. NVMe and SOURCE are read only when the first read arrives: a
 // file whose pages the kernel still caches (keep_cache) is opened and read without any read reaching us.
 struct ClairvoyantEngine::Handle {
-  FileBytes data;              // whole file from RAM or NVMe
+  FileBytes data;              // whole file from RAM, NVMe, or read whole from SOURCE
   EntryId id = 0;
   pid_t pid = 0;
   std::mutex mutex;            // guards the lazy open below (the kernel may send reads in parallel)
@@ -81,6 +86,7 @@ struct ClairvoyantEngine::Handle {
   int source_error = 0;        // the lazy open's -errno
   bool source_open = false;
   bool from_ram = false;
+  bool from_nvme = false;
   std::atomic<bool> read_any{false};  // a read reached us (else the kernel's cache served every byte)
 };
 
@@ -242,6 +248,32 @@ int ClairvoyantEngine::load_from_nvme(Handle& h) {
   return 0;
 }
 
+int ClairvoyantEngine::load_from_source(Handle& h) {
+  const uint64_t size = manifest_.entry(h.id).size;
+  const int fd = source_.open_verified(h.id);
+  if (fd < 0) return fd;
+  UniqueFd file(fd);
+  auto buf = std::make_shared<std::vector<char>>(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, buf->data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done != size) {
+    log_warning("'" + manifest_.path(h.id) + "' read " + std::to_string(done) + " of " + std::to_string(size) +
+                " bytes from SOURCE: changed since the scan");
+    return -EIO;
+  }
+  source_files_++;
+  source_bytes_ += size;
+  h.data = buf;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(h.id, std::move(buf));
+  return 0;
+}
+
 ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
   auto* h = reinterpret_cast<Handle*>(handle);
   const auto t0 = Clock::now();
@@ -250,10 +282,18 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
     std::lock_guard<std::mutex> lock(h->mutex);
     if (!h->tried) {
       h->tried = true;
+      h->read_any = true;
       if (!nvme_ || load_from_nvme(*h) < 0) {
-        h->source_error = source_.open(h->id, h->pid, &h->source_handle);
-        h->source_open = h->source_error == 0;
-        if (h->source_open) source_files_++;
+        if (manifest_.entry(h->id).size <= kWholeFileRead) {
+          h->source_error = load_from_source(*h);
+        } else {
+          h->source_error = source_.open(h->id, h->pid, &h->source_handle);
+          h->source_open = h->source_error == 0;
+          if (h->source_open) source_files_++;
+        }
+        stall_ns_ += ns_since(t0);
+      } else {
+        h->from_nvme = true;
       }
     }
   }
@@ -262,7 +302,8 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
     if (static_cast<uint64_t>(offset) >= data.size()) return 0;
     const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
     std::memcpy(buf, data.data() + offset, n);
-    (h->from_ram ? ram_bytes_ : nvme_bytes_) += n;
+    if (h->from_ram) ram_bytes_ += n;
+    else if (h->from_nvme) nvme_bytes_ += n;
     return static_cast<ssize_t>(n);
   }
   if (!h->source_open) return h->source_error;
@@ -283,7 +324,7 @@ void ClairvoyantEngine::release(uint64_t handle) {
     }
   }
   if (h->source_open) source_.release(h->source_handle);
-  if (!h->tried && !h->read_any) cached_files_++;  // every byte came from the kernel's page cache
+  if (!h->read_any) cached_files_++;  // every byte came from the kernel's page cache
   delete h;
 }
 
@@ -389,6 +430,7 @@ void ClairvoyantEngine::stage_loop() {
   uint64_t next_tag = 1;
   bool nvme_full_logged = false;
   std::unordered_set<EntryId> writing;  // NVMe writes in flight: one at a time per file
+  std::vector<std::pair<EntryId, FileBytes>> to_write;  // demand-read files waiting for a slot to go to NVMe
 
   auto give_up = [&](EntryId id) {
     ram_.unreserve(manifest_.entry(id).size);
@@ -417,6 +459,30 @@ void ClairvoyantEngine::stage_loop() {
     p.step = Pending::Step::kRead;
     if (size == 0) return false;  // handled by the caller as a finished read
     ring.submit(p.fd.get(), p.buf->data(), size, tag);
+    return true;
+  };
+  auto log_full = [&](int error) {
+    if (nvme_full_logged) return;
+    nvme_full_logged = true;
+    log_warning("NVMe directory " + nvme_->path() + ": " +
+                (error ? std::string(std::strerror(-error)) : std::string("short write")) +
+                "; no more files admitted, the rest keeps working");
+  };
+  // Writes p.keep to the NVMe tier (its room reserved); true if the write is in flight.
+  auto start_write = [&](uint64_t tag, Pending& p, uint64_t next_use) {
+    const uint64_t size = p.keep->size();
+    const int fd = nvme_->create(p.id);
+    if (fd < 0) {
+      if (nvme_->abandon(p.id, size, fd)) log_full(fd);
+      nvme_write_failures_++;
+      return false;
+    }
+    p.fd = UniqueFd(fd);
+    writing.insert(p.id);
+    p.checksum = NvmeTier::checksum(p.keep->data(), size);
+    p.key = next_use;
+    p.step = Pending::Step::kWrite;
+    ring.submit_write(p.fd.get(), p.keep->data(), size, tag);
     return true;
   };
   // A read finished with `result`: checks it, puts the file in RAM, maybe starts its NVMe write.
@@ -474,20 +540,7 @@ void ClairvoyantEngine::stage_loop() {
       }
     }
     finish_staging(p.id);
-    if (!write) return false;
-    const int fd = nvme_->create(p.id);
-    if (fd < 0) {
-      if (nvme_->abandon(p.id, size, fd)) log_warning("NVMe directory full or unwritable (" + std::string(std::strerror(-fd)) + "): no more files admitted");
-      nvme_write_failures_++;
-      return false;
-    }
-    p.fd = UniqueFd(fd);
-    writing.insert(p.id);
-    p.checksum = NvmeTier::checksum(p.keep->data(), size);
-    p.key = after;
-    p.step = Pending::Step::kWrite;
-    ring.submit_write(p.fd.get(), p.keep->data(), size, tag);
-    return true;
+    return write && start_write(tag, p, after);
   };
   auto finish_write = [&](Pending& p, int64_t result) {
     const uint64_t size = manifest_.entry(p.id).size;
@@ -502,12 +555,7 @@ void ClairvoyantEngine::stage_loop() {
     }
     nvme_write_failures_++;
     const int error = result < 0 ? static_cast<int>(result) : 0;
-    if (nvme_->abandon(p.id, size, error) && !nvme_full_logged) {
-      nvme_full_logged = true;
-      log_warning("NVMe directory " + nvme_->path() + ": " +
-                  (error ? std::string(std::strerror(-error)) : std::string("short write")) +
-                  "; no more files admitted, the rest keeps working");
-    }
+    if (nvme_->abandon(p.id, size, error)) log_full(error);
   };
 
   for (;;) {
@@ -516,11 +564,42 @@ void ClairvoyantEngine::stage_loop() {
     push_ahead();
     // Pick the next files to stage: from the cursor on, while the budget and the ring have room.
     std::vector<uint64_t> picks;  // tags
+    std::vector<std::pair<uint64_t, uint64_t>> writes;  // tags and next uses of adopted files to write
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (stop_) break;
-      const unsigned room = ring.depth() - ring.in_flight();
+      unsigned room = ring.depth() - ring.in_flight();
       const uint64_t end = planner_.planned_end();
+      // Files read whole from SOURCE on demand: kept like staged ones, so SOURCE sees them once.
+      for (auto& [id, bytes] : adopted_) {
+        if (ram_keys_.contains(id) || in_flight_.count(id)) continue;
+        uint64_t key = planner_.next_use(id, planner_.cursor());
+        if (key != kNever && planner_.opened(key)) key = planner_.next_use(id, key + 1);
+        if (key == kNever) continue;
+        const uint64_t size = bytes->size();
+        if (key < planner_.cursor() + evict_window_ ? make_ram_room(size, key) : ram_.reserve(size)) {
+          ram_.insert(id, bytes);
+          ram_keys_.set(id, key);
+        }
+        if (nvme_ && to_write.size() < kMaxAdopted && !writing.count(id) && !nvme_->find(id))
+          to_write.emplace_back(id, std::move(bytes));
+      }
+      adopted_.clear();
+      // Their NVMe writes, as the ring has room (it may be full of reads for a while).
+      size_t w = 0;
+      for (; w < to_write.size() && writes.size() < room; ++w) {
+        const auto& [id, bytes] = to_write[w];
+        uint64_t key = planner_.next_use(id, planner_.cursor());
+        if (key != kNever && planner_.opened(key)) key = planner_.next_use(id, key + 1);
+        if (key == kNever || writing.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key)) continue;
+        const uint64_t tag = next_tag++;
+        Pending& p = pending[tag];
+        p.id = id;
+        p.keep = bytes;
+        writes.emplace_back(tag, key);
+      }
+      to_write.erase(to_write.begin(), to_write.begin() + static_cast<std::ptrdiff_t>(w));
+      room -= static_cast<unsigned>(writes.size());
       uint64_t live_ranks = 0;
       for (uint64_t r = 0; r < rates_.size(); ++r) live_ranks += planner_.live(r);
       size_t n = 0;
@@ -577,7 +656,8 @@ void ClairvoyantEngine::stage_loop() {
         in_flight_.insert(id);
         ++stage_key_;
       }
-      if (picks.empty() && ring.in_flight() == 0) {
+      if (picks.empty() && writes.empty() && ring.in_flight() == 0 && (to_write.empty() || !nvme_->admitting())) {
+        to_write.clear();
         // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
         // per open would cost every open a context switch.
         stager_waiting_ = true;
@@ -587,6 +667,8 @@ void ClairvoyantEngine::stage_loop() {
         continue;
       }
     }
+    for (const auto& [tag, next_use] : writes)
+      if (!start_write(tag, pending[tag], next_use)) pending.erase(tag);
     for (uint64_t tag : picks) {
       Pending& p = pending[tag];
       if (start_open(tag, p)) continue;
@@ -600,7 +682,7 @@ void ClairvoyantEngine::stage_loop() {
       if (start_read(tag, p)) continue;
       if (p.step != Pending::Step::kRead || !finish_read(tag, p, 0)) pending.erase(tag);
     }
-    for (const auto& c : ring.reap(picks.empty())) {
+    for (const auto& c : ring.reap(picks.empty() && writes.empty())) {
       auto it = pending.find(c.tag);
       if (it == pending.end()) continue;
       Pending& p = it->second;

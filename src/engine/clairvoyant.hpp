@@ -90,6 +90,7 @@ class ClairvoyantEngine final : public Engine {
   void finish_staging(EntryId id);  // REQUIRES: mutex_ not held
   // Demand paths (a handle's first read).
   int load_from_nvme(Handle& h);
+  int load_from_source(Handle& h);  // reads the file whole and offers it to the tiers
   uint64_t lead_files(uint64_t rank) const;  // REQUIRES: mutex_ held
 
   const Manifest& manifest_;
@@ -129,6 +130,7 @@ class ClairvoyantEngine final : public Engine {
   std::vector<uint32_t> sample_of_;        // per entry: its sample index, or UINT32_MAX; built on first use
   std::unordered_map<pid_t, uint32_t> last_unexpected_;
   std::vector<EntryId> readahead_;         // queued by read_ahead, taken by the stager
+  std::vector<std::pair<EntryId, FileBytes>> adopted_;  // read whole on demand, for the stager to keep
   struct RankRate {
     uint64_t opens = 0;
     Clock::time_point since{};

@@ -80,6 +80,14 @@ with h.tempdir() as tmp:
         from_source = s["source_traffic"]["bytes"]
         h.check(total <= from_source < 2 * total, "SOURCE read %.2f× the data set over 2 epochs" % (from_source / total))
         h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
+        hwm = 0
+        for pid in h.daemon_pids(mnt):
+            for line in open("/proc/%d/status" % pid):
+                if line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+        bound = budget + (64 << 20) + 100 * len(want)
+        h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
+            hwm / 2**20, bound / 2**20))
         r = h.run_clairfs(["status", mnt])
         h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
                 and "lead" in r.stdout,
