@@ -32,6 +32,7 @@
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
 #include "fuse/page_cache.hpp"
+#include "peer/mpi.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -135,6 +136,32 @@ void raise_fd_limit() {
   }
 }
 
+// The global plan's owners: each file is kept for every node by the node whose rank reads it first in
+// the first epoch (it reads it from SOURCE anyway); a file nobody reads then goes to node id mod nodes.
+std::vector<uint16_t> plan_owners(const Manifest& manifest, const Oracle& oracle, const Options& o,
+                                  const std::vector<std::vector<uint64_t>>& ranks_of_node, int nodes) {
+  if (nodes > 65535) throw std::runtime_error("more than 65,535 nodes");
+  std::vector<int> node_of_rank(o.world_size, -1);
+  for (int n = 0; n < nodes; ++n)
+    for (uint64_t r : ranks_of_node[static_cast<size_t>(n)])
+      if (r < o.world_size && node_of_rank[r] < 0) node_of_rank[r] = n;
+  std::vector<uint16_t> owner(manifest.size());
+  std::vector<char> placed(manifest.size(), 0);
+  const EpochOrder first = oracle.epoch(o.start_epoch);
+  const auto& samples = manifest.samples();
+  uint64_t longest = 0;
+  for (uint64_t r = 0; r < first.world_size(); ++r) longest = std::max(longest, first.loaded(r));
+  for (uint64_t k = 0; k < longest; ++k)
+    for (uint64_t r = 0; r < first.world_size(); ++r)
+      if (k < first.loaded(r) && r < node_of_rank.size() && node_of_rank[r] >= 0) {
+        const EntryId id = samples[first.at(r, k)];
+        if (!placed[id]) owner[id] = static_cast<uint16_t>(node_of_rank[r]), placed[id] = 1;
+      }
+  for (EntryId id = 0; id < manifest.size(); ++id)
+    if (!placed[id]) owner[id] = static_cast<uint16_t>(id % static_cast<EntryId>(nodes));
+  return owner;
+}
+
 int run_mount(int argc, char** argv) {
   Options o;
   try {
@@ -147,6 +174,25 @@ int run_mount(int argc, char** argv) {
     return kExitUsage;
   }
   raise_fd_limit();
+
+  // Under a launcher (mpiexec, srun): one daemon per node, in the foreground (no fork once MPI runs).
+  std::optional<MpiWorld> world;
+  if (launched_by_mpi()) {
+    o.foreground = true;
+    try {
+      world.emplace();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "clairfs: %s\n", e.what());
+      return kExitFailure;
+    }
+    if (o.ranks_per_node > 0 && !o.ranks_given) {  // the ranks of this node, not of node 0
+      o.ranks.clear();
+      for (uint64_t r = world->rank() * o.ranks_per_node; r < (world->rank() + 1) * o.ranks_per_node; ++r)
+        if (r < o.world_size) o.ranks.push_back(r);
+    }
+  }
+  const int node = world ? world->rank() : 0;
+  const int nodes = world ? world->size() : 1;
 
   int report_fd = -1;
   if (!o.foreground) {
@@ -176,20 +222,69 @@ int run_mount(int argc, char** argv) {
   std::optional<Oracle> oracle;
   std::optional<TraceEngine> trace;
   FusePageCache page_cache;  // before the engine that pushes into it
+  std::optional<MpiPeers> peers;  // before the engine: the engine calls it; stopped before the engine goes
   std::optional<ClairvoyantEngine> staged;
-  Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
-  try {
-    const auto t0 = std::chrono::steady_clock::now();
-    manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
-                                  : Manifest::load(o.manifest, o.extensions, o.source_abs);
-    for (const auto& w : manifest->warnings()) log_warning(w);
-    reader.emplace(*manifest, o.source_abs);
-    if (!o.manifest.empty()) {
-      if (std::string why = reader->spot_check(kManifestSpotChecks); !why.empty())
-        return report.fail(kExitUsage, "manifest '" + o.manifest + "' does not match SOURCE: " + why +
-                                           "; write it again with 'clairfs index'");
+  struct StopPeers {
+    std::optional<MpiPeers>& peers;
+    ~StopPeers() {
+      if (peers) peers->stop();  // completes every fetch while the engine still exists
     }
-    oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
+  } stop_peers{peers};
+  Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<uint16_t> owner;
+  {
+    // Node 0 alone reads SOURCE's metadata; the others get the index from it. Under a launcher every
+    // node then says whether it is ready, so one that cannot start stops them all rather than leaving
+    // the others waiting in a collective.
+    std::string failure;
+    int code = kExitUsage;
+    try {
+      if (node == 0) {
+        try {
+          manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
+                                        : Manifest::load(o.manifest, o.extensions, o.source_abs);
+          for (const auto& w : manifest->warnings()) log_warning(w);
+          reader.emplace(*manifest, o.source_abs);
+          if (!o.manifest.empty())
+            if (std::string why = reader->spot_check(kManifestSpotChecks); !why.empty())
+              failure = "manifest '" + o.manifest + "' does not match SOURCE: " + why + "; write it again with 'clairfs index'";
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+        if (world) (void)world->broadcast(failure.empty() ? "K" + manifest->serialize() : "E" + failure, 0);
+      } else {
+        std::string bytes = world->broadcast("", 0);
+        if (bytes.empty() || bytes[0] != 'K') {
+          failure = "node 0: " + bytes.substr(std::min<size_t>(1, bytes.size()));
+        } else {
+          manifest = Manifest::deserialize(bytes.substr(1), o.extensions, o.source_abs);
+          reader.emplace(*manifest, o.source_abs);
+        }
+      }
+      if (failure.empty()) oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = e.what();
+    }
+    if (world && !world->all(failure.empty()))
+      return report.fail(code, failure.empty() ? "another node could not start (see its message)" : failure);
+    if (!failure.empty()) return report.fail(code, failure);
+  }
+  // A failure from here on, under a launcher: the other nodes learn it where they check that every
+  // mount is live, and unmount.
+  auto fail_all = [&](int code, const std::string& message) {
+    if (world) (void)world->all(false);
+    return report.fail(code, message);
+  };
+  try {
+    if (world) {
+      owner = plan_owners(*manifest, *oracle, o, world->allgather(o.ranks), nodes);
+      MpiPeersConfig pc;
+      pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
+      peers.emplace(*world, pc);
+      log_info("node " + std::to_string(node) + " of " + std::to_string(nodes) + ", serving " +
+               std::to_string(o.ranks.size()) + " training rank(s)");
+    }
     if (o.ram > 0) {
       try {
         EngineConfig c;
@@ -209,13 +304,19 @@ int run_mount(int argc, char** argv) {
         c.nvme_size = o.nvme_size;
         c.pagecache = o.pagecache;
         c.page_cache = &page_cache;
+        if (peers) {
+          c.peers = &*peers;
+          c.owner = std::move(owner);
+          c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
+        }
         staged.emplace(*manifest, *oracle, *reader, std::move(c));
       } catch (const NvmeError& e) {
-        return report.fail(kExitUsage, e.what());
+        return fail_all(kExitUsage, e.what());
       } catch (const std::runtime_error& e) {
         log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
       }
     }
+    if (peers) peers->start(staged ? staged->peer_lookup() : PeerTransport::Lookup([](EntryId) { return PeerBytes(); }));
     serving = staged ? static_cast<Engine*>(&*staged) : &*reader;
     if (!o.trace.empty()) serving = &trace.emplace(*serving, *manifest, o.trace);
     if (manifest->lookup(0, ControlTree::kName) != kNoEntry)
@@ -226,23 +327,35 @@ int run_mount(int argc, char** argv) {
                std::to_string(manifest->classes().size()) + " classes (" +
                std::to_string(seconds_since(t0)).substr(0, 5) + " s)");
   } catch (const std::exception& e) {
-    return report.fail(kExitUsage, e.what());
+    return fail_all(kExitUsage, e.what());
   }
 
   const Entry& root = manifest->entry(0);
   auto stats = [&]() { return staged ? staged->stats_json() : reader->stats_json(); };
   ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
   Frontend frontend(*manifest, *serving, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
+  std::optional<MountedSession> session;
+  std::string failure;
   try {
-    MountedSession session(o, frontend, &page_cache);
-    if (report.detached()) {
-      if (!report.live()) return kExitFailure;  // unmounts on the way out
-      detach_from_terminal();
-    }
-    return session.serve() == 0 ? 0 : kExitFailure;
+    session.emplace(o, frontend, &page_cache);
   } catch (const std::exception& e) {
-    return report.fail(kExitFailure, e.what());
+    failure = e.what();
   }
+  if (world) {
+    // Every node's mount is live, or none stays: the job's mount helper waits for node 0's line.
+    const bool all = world->all(failure.empty());
+    if (!all) {
+      session.reset();
+      return report.fail(kExitFailure, failure.empty() ? "another node could not mount; unmounted" : failure);
+    }
+    if (node == 0) log_info("all " + std::to_string(nodes) + " nodes mounted");
+  }
+  if (!failure.empty()) return report.fail(kExitFailure, failure);
+  if (report.detached()) {
+    if (!report.live()) return kExitFailure;  // unmounts on the way out
+    detach_from_terminal();
+  }
+  return session->serve() == 0 ? 0 : kExitFailure;
 }
 
 int run_index(int argc, char** argv) {

@@ -62,6 +62,11 @@ class Manifest {
 
   // Writes the tree (not the samples, which depend on extensions) atomically: temp file + rename.
   void save(const std::string& file) const;
+  // The bytes save() writes, and back (for sending the index to other nodes). deserialize() checks them
+  // like load() and throws std::runtime_error naming the defect.
+  std::string serialize() const;
+  static Manifest deserialize(std::string bytes, const std::vector<std::string>& extensions,
+                              const std::string& source = "");
 
   size_t size() const { return entries_.size(); }
   const Entry& entry(EntryId id) const { return entries_[id]; }

@@ -71,6 +71,7 @@ struct Options {
   bool ram_given = false;
   uint64_t pagecache = 0;  // bytes of staged files pushed into the kernel ahead of readers
   bool pagecache_given = false;
+  double peer_timeout = 5.0;  // seconds
   std::string nvme;
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
   std::string manifest;

@@ -28,6 +28,11 @@ constexpr int kPushesPerRound = 64;
 constexpr uint32_t kReadAhead = 32;
 // Key of a read-ahead file in RAM: after every planned use, so it is the first to go.
 constexpr uint64_t kReadAheadKey = kNever - 1;
+// Key of a file this node keeps for the others but will not read itself within the plan: kept, and the
+// first of those to go.
+constexpr uint64_t kKeptForPeers = kNever - 2;
+// Fetches from peers that count as "busy" in the choice between a peer and SOURCE.
+constexpr double kPeerParallel = 8;
 // A file opened on demand (not staged) is read whole from SOURCE at its first read, up to this size,
 // and kept like a staged one; larger ones are read piecemeal, as the kernel asks.
 constexpr uint64_t kWholeFileRead = 64 << 20;
@@ -86,17 +91,20 @@ struct ClairvoyantEngine::Handle {
   int source_error = 0;        // the lazy open's -errno
   bool source_open = false;
   bool from_ram = false;
+  bool from_peer = false;      // its RAM copy came from a peer
   bool from_nvme = false;
   std::atomic<bool> read_any{false};  // a read reached us (else the kernel's cache served every byte)
 };
 
 // One file on its way through the ring: opened, read whole, maybe written to NVMe.
 struct ClairvoyantEngine::Pending {
-  enum class Step { kOpen, kRead, kWrite } step = Step::kOpen;
+  enum class Step { kOpen, kRead, kWrite, kPeer } step = Step::kOpen;
   EntryId id = 0;
   uint64_t key = 0;           // the use it is staged for
   bool from_nvme = false;
   bool readahead = false;     // staged for a reader off the plan
+  bool from_peer = false;     // asked of the node that keeps it
+  std::chrono::steady_clock::time_point started;
   UniqueFd fd;
   std::shared_ptr<std::vector<char>> buf;
   FileBytes keep;             // a write's bytes (also in RAM, maybe evicted meanwhile)
@@ -110,6 +118,10 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
       ram_(config_.ram), planner_(planner_config(manifest_, config_), streams_) {
   if (!config_.nvme.empty()) nvme_ = std::make_unique<NvmeTier>(config_.nvme, config_.nvme_size);
   in_kernel_.assign(manifest_.size(), 0);
+  origin_.assign(manifest_.size(), 0);
+  if (config_.peers) node_ = config_.peers->node();
+  if (!config_.owner.empty() && config_.owner.size() != manifest_.size())
+    throw std::logic_error("engine: an owner per entry, please");
   rates_.resize(config_.ranks.empty() ? 1 : config_.ranks.size());
   // 1/16 of the budget in files of mean size, or the loaders' windows and a ring's worth, if larger.
   uint64_t bytes = 0;
@@ -173,6 +185,7 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
     staged_.wait_for(lock, kWaitForStaging, [&] { return stop_ || !in_flight_.count(id); });
     h->data = ram_.get(id);
     h->from_ram = h->data != nullptr;
+    h->from_peer = h->from_ram && origin_[id] == 1;
     open_count_[id]++;
     uint64_t live_before = 0, live_after = 0;
     for (uint64_t r = 0; r < rates_.size(); ++r) live_before += planner_.live(r);
@@ -193,7 +206,7 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
     }
     after_progress();
     if (!o.expected) read_ahead(id, pid);
-    if (h->from_ram && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever);  // read: first to go
+    if (h->from_ram && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever, false);  // read: first to go
     if (!in_kernel_[id]) in_kernel_[id] = 1;
     wake = stager_waiting_ &&
            (planner_.cursor() >= wake_at_cursor_ || !readahead_.empty() || live_after > live_before);
@@ -222,11 +235,11 @@ void ClairvoyantEngine::read_ahead(EntryId id, pid_t pid) {
 
 // ---- demand reads ----------------------------------------------------------------------------------
 
-int ClairvoyantEngine::load_from_nvme(Handle& h) {
-  const auto held = nvme_->find(h.id);
-  if (!held) return -ENOENT;
-  UniqueFd fd(::openat(nvme_->dir_fd(), NvmeTier::name(h.id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) return -errno;
+FileBytes ClairvoyantEngine::read_nvme(EntryId id) {
+  const auto held = nvme_->find(id);
+  if (!held) return nullptr;
+  UniqueFd fd(::openat(nvme_->dir_fd(), NvmeTier::name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return nullptr;
   auto buf = std::make_shared<std::vector<char>>(held->size);
   size_t done = 0;
   while (done < buf->size()) {
@@ -237,14 +250,86 @@ int ClairvoyantEngine::load_from_nvme(Handle& h) {
   }
   if (done != buf->size() || NvmeTier::checksum(buf->data(), buf->size()) != held->checksum) {
     checksum_failures_++;
-    log_warning("NVMe copy of '" + manifest_.path(h.id) + "' is damaged; read from SOURCE instead");
+    log_warning("NVMe copy of '" + manifest_.path(id) + "' is damaged; not served, SOURCE is read instead");
     std::lock_guard<std::mutex> lock(mutex_);
-    nvme_->erase(h.id);
-    nvme_keys_.erase(h.id);
-    return -EIO;
+    nvme_->erase(id);
+    nvme_keys_.erase(id);
+    return nullptr;
   }
+  return buf;
+}
+
+int ClairvoyantEngine::load_from_nvme(Handle& h) {
+  FileBytes bytes = read_nvme(h.id);
+  if (!bytes) return -ENOENT;
   nvme_files_++;
-  h.data = std::move(buf);
+  h.data = std::move(bytes);
+  return 0;
+}
+
+PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {
+  return [this](EntryId id) -> PeerBytes {
+    // A peer's message carries a file id only: checked against the manifest before anything is read.
+    if (id >= manifest_.size() || !S_ISREG(manifest_.entry(id).mode)) return nullptr;
+    if (FileBytes b = ram_.get(id)) return b;
+    if (nvme_) return read_nvme(id);
+    return nullptr;
+  };
+}
+
+bool ClairvoyantEngine::prefer_peer(EntryId id, unsigned source_in_flight) {
+  if (!config_.peers || config_.owner.empty()) return false;
+  const int keeper = config_.owner[id];
+  if (keeper == node_ || !config_.peers->usable(keeper)) return false;
+  // The model: seconds per file each way as measured (submission to completion, so queueing included),
+  // scaled by how busy each way is now. Unmeasured peers are tried; ties go to the peer, which spares
+  // the shared file system.
+  // SOURCE is chosen only when a peer is clearly slower (4×): peers spare the shared file system. Every
+  // 32nd choice goes to the peer anyway, so its estimate follows the present.
+  const double peer = secs_peer_.load(), source = secs_source_.load();
+  if (peer == 0 || source == 0 || ++peer_choices_ % 32 == 0) return true;
+  const double wait_peer = peer * (1.0 + static_cast<double>(peer_in_flight_) / kPeerParallel);
+  const double wait_source = source * (1.0 + static_cast<double>(source_in_flight) / config_.depth);
+  return wait_peer <= 4 * wait_source;
+}
+
+void ClairvoyantEngine::note_duration(bool peer, Clock::time_point started) {
+  const double d = std::chrono::duration<double>(Clock::now() - started).count();
+  std::atomic<double>& ewma = peer ? secs_peer_ : secs_source_;
+  const double old = ewma.load();
+  ewma = old == 0 ? d : 0.9 * old + 0.1 * d;
+}
+
+int ClairvoyantEngine::load_from_peer(Handle& h) {
+  if (!config_.peers || config_.owner.empty()) return -ENOENT;
+  const int keeper = config_.owner[h.id];
+  const uint64_t size = manifest_.entry(h.id).size;
+  if (keeper == node_ || size == 0 || !config_.peers->usable(keeper)) return -ENOENT;
+  struct Answer {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    int64_t result = 0;
+  };
+  auto answer = std::make_shared<Answer>();  // outlives a wait given up on
+  auto buf = std::make_shared<std::vector<char>>(size);
+  config_.peers->fetch(keeper, h.id, buf, [answer](int64_t result) {
+    std::lock_guard<std::mutex> lock(answer->mutex);
+    answer->result = result;
+    answer->done = true;
+    answer->cv.notify_all();
+  });
+  {
+    // The transport answers within its timeout; the bound here only guards against it hanging.
+    std::unique_lock<std::mutex> lock(answer->mutex);
+    if (!answer->cv.wait_for(lock, config_.peer_wait, [&] { return answer->done; })) return -ETIMEDOUT;
+    if (answer->result != static_cast<int64_t>(size)) return -EIO;
+  }
+  peer_files_++;
+  demand_peer_files_++;
+  h.data = buf;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(h.id, std::move(buf));
   return 0;
 }
 
@@ -277,14 +362,16 @@ int ClairvoyantEngine::load_from_source(Handle& h) {
 ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
   auto* h = reinterpret_cast<Handle*>(handle);
   const auto t0 = Clock::now();
-  if (h->from_ram && !h->read_any.exchange(true)) ram_files_++;
+  if (h->from_ram && !h->read_any.exchange(true)) (h->from_peer ? peer_files_ : ram_files_)++;
   if (!h->data) {
     std::lock_guard<std::mutex> lock(h->mutex);
     if (!h->tried) {
       h->tried = true;
       h->read_any = true;
       if (!nvme_ || load_from_nvme(*h) < 0) {
-        if (manifest_.entry(h->id).size <= kWholeFileRead) {
+        if (load_from_peer(*h) == 0) {
+          h->from_peer = true;
+        } else if (manifest_.entry(h->id).size <= kWholeFileRead) {
           h->source_error = load_from_source(*h);
         } else {
           h->source_error = source_.open(h->id, h->pid, &h->source_handle);
@@ -302,8 +389,9 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
     if (static_cast<uint64_t>(offset) >= data.size()) return 0;
     const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
     std::memcpy(buf, data.data() + offset, n);
-    if (h->from_ram) ram_bytes_ += n;
+    if (h->from_ram) (h->from_peer ? peer_bytes_ : ram_bytes_) += n;
     else if (h->from_nvme) nvme_bytes_ += n;
+    else if (h->from_peer) peer_bytes_ += n;
     return static_cast<ssize_t>(n);
   }
   if (!h->source_open) return h->source_error;
@@ -330,22 +418,22 @@ void ClairvoyantEngine::release(uint64_t handle) {
 
 // ---- the stager ------------------------------------------------------------------------------------
 
-bool ClairvoyantEngine::make_ram_room(uint64_t size, uint64_t key) {
+bool ClairvoyantEngine::make_ram_room(uint64_t size, uint64_t key, bool owned) {
   while (!ram_.reserve(size)) {
-    const auto far = ram_keys_.farthest();
-    if (!far || far->first <= key) return false;  // all held are needed sooner: wait for the readers
-    evict_ram(far->second);
+    const auto victim = ram_keys_.victim(key, owned);
+    if (!victim) return false;  // all held are needed sooner (or kept for peers): wait for the readers
+    evict_ram(*victim);
   }
   return true;
 }
 
-bool ClairvoyantEngine::make_nvme_room(uint64_t size, uint64_t key) {
+bool ClairvoyantEngine::make_nvme_room(uint64_t size, uint64_t key, bool owned) {
   while (!nvme_->reserve(size)) {
     if (!nvme_->admitting() || size > nvme_->capacity()) return false;
-    const auto far = nvme_keys_.farthest();
-    if (!far || far->first <= key) return false;
-    nvme_->erase(far->second);
-    nvme_keys_.erase(far->second);
+    const auto victim = nvme_keys_.victim(key, owned);
+    if (!victim) return false;
+    nvme_->erase(*victim);
+    nvme_keys_.erase(*victim);
     nvme_evictions_++;
   }
   return true;
@@ -485,6 +573,19 @@ void ClairvoyantEngine::stage_loop() {
     ring.submit_write(p.fd.get(), p.keep->data(), size, tag);
     return true;
   };
+  // Asks the file's keeper for it; the answer arrives through peer_done_.
+  auto start_peer = [&](uint64_t tag, Pending& p) {
+    p.step = Pending::Step::kPeer;
+    p.buf = std::make_shared<std::vector<char>>(manifest_.entry(p.id).size);
+    peer_in_flight_++;
+    config_.peers->fetch(config_.owner[p.id], p.id, p.buf, [this, tag](int64_t result) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        peer_done_.emplace_back(tag, result);
+      }
+      progress_.notify_all();
+    });
+  };
   // A read finished with `result`: checks it, puts the file in RAM, maybe starts its NVMe write.
   // Returns true if p stays pending (re-read from SOURCE, or a write in flight).
   auto finish_read = [&](uint64_t tag, Pending& p, int64_t result) {
@@ -514,26 +615,36 @@ void ClairvoyantEngine::stage_loop() {
       return false;
     }
     p.fd = UniqueFd();
+    if (p.from_peer) {
+      staged_from_peer_++;
+      staged_peer_bytes_ += size;
+    } else if (!p.from_nvme) {
+      staged_source_bytes_ += size;
+    }
     bool write = false;
     uint64_t after = kNever;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const uint64_t key = p.readahead ? kReadAheadKey : planner_.next_use(p.id, planner_.cursor());
+      const bool keep_for_peers = !p.readahead && owned(p.id);
+      uint64_t key = p.readahead ? kReadAheadKey : planner_.next_use(p.id, planner_.cursor());
+      if (key == kNever && keep_for_peers) key = kKeptForPeers;
       if (key == kNever) {  // the readers passed it (or left the plan) while it was read
         ram_.unreserve(size);
       } else {
         FileBytes bytes = p.buf;
         ram_.insert(p.id, bytes);
-        ram_keys_.set(p.id, key);
+        ram_keys_.set(p.id, key, keep_for_peers);
+        origin_[p.id] = p.from_peer ? 1 : 0;
         staged_files_++;
         staged_bytes_ += size;
         if (p.from_nvme) staged_from_nvme_++;
-        else staged_source_bytes_ += size;
         if (p.readahead) readahead_files_++;
-        // Into NVMe too, for the use after this one, if MIN keeps it there.
-        after = planner_.next_use(p.id, key + 1);
+        // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if
+        // this one keeps it for them).
+        after = key == kKeptForPeers ? kKeptForPeers : planner_.next_use(p.id, key + 1);
+        if (after == kNever && keep_for_peers) after = kKeptForPeers;
         if (nvme_ && !p.from_nvme && !p.readahead && after != kNever && !writing.count(p.id) && !nvme_->find(p.id) &&
-            make_nvme_room(size, after)) {
+            make_nvme_room(size, after, keep_for_peers)) {
           write = true;
           p.keep = std::move(bytes);
         }
@@ -550,7 +661,7 @@ void ClairvoyantEngine::stage_loop() {
       nvme_->commit(p.id, size, p.checksum);
       nvme_writes_++;
       std::lock_guard<std::mutex> lock(mutex_);
-      nvme_keys_.set(p.id, planner_.next_use(p.id, std::min(p.key, planner_.cursor())));
+      nvme_keys_.set(p.id, planner_.next_use(p.id, std::min(p.key, planner_.cursor())), owned(p.id));
       return;
     }
     nvme_write_failures_++;
@@ -575,11 +686,12 @@ void ClairvoyantEngine::stage_loop() {
         if (ram_keys_.contains(id) || in_flight_.count(id)) continue;
         uint64_t key = planner_.next_use(id, planner_.cursor());
         if (key != kNever && planner_.opened(key)) key = planner_.next_use(id, key + 1);
+        if (key == kNever && owned(id)) key = kKeptForPeers;
         if (key == kNever) continue;
         const uint64_t size = bytes->size();
-        if (key < planner_.cursor() + evict_window_ ? make_ram_room(size, key) : ram_.reserve(size)) {
+        if (key < planner_.cursor() + evict_window_ ? make_ram_room(size, key, owned(id)) : ram_.reserve(size)) {
           ram_.insert(id, bytes);
-          ram_keys_.set(id, key);
+          ram_keys_.set(id, key, owned(id));
         }
         if (nvme_ && to_write.size() < kMaxAdopted && !writing.count(id) && !nvme_->find(id))
           to_write.emplace_back(id, std::move(bytes));
@@ -591,7 +703,8 @@ void ClairvoyantEngine::stage_loop() {
         const auto& [id, bytes] = to_write[w];
         uint64_t key = planner_.next_use(id, planner_.cursor());
         if (key != kNever && planner_.opened(key)) key = planner_.next_use(id, key + 1);
-        if (key == kNever || writing.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key)) continue;
+        if (key == kNever && owned(id)) key = kKeptForPeers;
+        if (key == kNever || writing.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key, owned(id))) continue;
         const uint64_t tag = next_tag++;
         Pending& p = pending[tag];
         p.id = id;
@@ -611,7 +724,7 @@ void ClairvoyantEngine::stage_loop() {
         // or, when every rank has left the plan, by anything.
         bool room_found = true;
         while (!ram_.reserve(size)) {
-          const auto far = ram_keys_.farthest();
+          const auto far = ram_keys_.farthest_unowned();
           if (!far || (far->first != kNever && live_ranks > 0)) {
             room_found = false;
             break;
@@ -646,17 +759,19 @@ void ClairvoyantEngine::stage_loop() {
           continue;
         }
         // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-        if (key < planner_.cursor() + evict_window_ ? !make_ram_room(size, key) : !ram_.reserve(size)) break;
+        if (key < planner_.cursor() + evict_window_ ? !make_ram_room(size, key, owned(id)) : !ram_.reserve(size)) break;
         const uint64_t tag = next_tag++;
         Pending& p = pending[tag];
         p.id = id;
         p.key = key;
         p.from_nvme = nvme_ && nvme_->find(id).has_value();
+        p.from_peer = !p.from_nvme && prefer_peer(id, ring.in_flight() + static_cast<unsigned>(picks.size()));
         picks.push_back(tag);
         in_flight_.insert(id);
         ++stage_key_;
       }
-      if (picks.empty() && writes.empty() && ring.in_flight() == 0 && (to_write.empty() || !nvme_->admitting())) {
+      if (picks.empty() && writes.empty() && ring.in_flight() == 0 && peer_in_flight_ == 0 && peer_done_.empty() &&
+          (to_write.empty() || !nvme_->admitting())) {
         to_write.clear();
         // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
         // per open would cost every open a context switch.
@@ -671,6 +786,11 @@ void ClairvoyantEngine::stage_loop() {
       if (!start_write(tag, pending[tag], next_use)) pending.erase(tag);
     for (uint64_t tag : picks) {
       Pending& p = pending[tag];
+      p.started = Clock::now();
+      if (p.from_peer) {
+        start_peer(tag, p);
+        continue;
+      }
       if (start_open(tag, p)) continue;
       const int fd = source_.open_verified(p.id);  // too long for one openat2: walk down synchronously
       if (fd < 0) {
@@ -682,7 +802,36 @@ void ClairvoyantEngine::stage_loop() {
       if (start_read(tag, p)) continue;
       if (p.step != Pending::Step::kRead || !finish_read(tag, p, 0)) pending.erase(tag);
     }
-    for (const auto& c : ring.reap(picks.empty() && writes.empty())) {
+    std::vector<std::pair<uint64_t, int64_t>> answers;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      answers.swap(peer_done_);
+    }
+    for (const auto& [tag, result] : answers) {
+      auto it = pending.find(tag);
+      if (it == pending.end()) continue;
+      Pending& p = it->second;
+      peer_in_flight_--;
+      const uint64_t size = manifest_.entry(p.id).size;
+      bool keep = false;
+      if (result == static_cast<int64_t>(size)) {
+        note_duration(true, p.started);
+        keep = finish_read(tag, p, result);
+      } else {
+        // Refused, timed out, or the peer left: SOURCE it is.
+        p.from_peer = false;
+        p.buf.reset();
+        p.started = Clock::now();
+        keep = start_open(tag, p);
+        if (!keep) give_up(p.id);
+      }
+      if (!keep) pending.erase(it);
+    }
+    const bool idle = picks.empty() && writes.empty() && answers.empty();
+    const auto completions = peer_in_flight_ > 0 ? ring.reap_for(idle ? std::chrono::milliseconds(1)
+                                                                     : std::chrono::milliseconds(0))
+                                                : ring.reap(idle);
+    for (const auto& c : completions) {
       auto it = pending.find(c.tag);
       if (it == pending.end()) continue;
       Pending& p = it->second;
@@ -696,6 +845,7 @@ void ClairvoyantEngine::stage_loop() {
           keep = start_read(c.tag, p) || (p.step == Pending::Step::kRead && finish_read(c.tag, p, 0));
         }
       } else if (p.step == Pending::Step::kRead) {
+        if (!p.from_nvme && c.result > 0) note_duration(false, p.started);
         keep = finish_read(c.tag, p, c.result);
       } else {
         finish_write(p, c.result);
@@ -734,10 +884,11 @@ std::string ClairvoyantEngine::stats_json() const {
   j["tiers"]["pagecache"] = {{"files", cached_files_.load()}};
   j["tiers"]["ram"] = {{"files", ram_files_.load()}, {"bytes", ram_bytes_.load()}};
   j["tiers"]["nvme"] = {{"files", nvme_files_.load()}, {"bytes", nvme_bytes_.load()}};
-  j["tiers"]["peer"] = {{"files", 0}, {"bytes", 0}};
+  j["tiers"]["peer"] = {{"files", peer_files_.load()}, {"bytes", peer_bytes_.load()}};
   j["tiers"]["source"] = {{"files", source_files_.load()}, {"bytes", source_bytes_.load()}};
   j["staged"] = {{"files", staged_files_.load()},       {"bytes", staged_bytes_.load()},
-                 {"from_nvme", staged_from_nvme_.load()}, {"failures", stage_failures_.load()},
+                 {"from_nvme", staged_from_nvme_.load()}, {"from_peer", staged_from_peer_.load()},
+                 {"failures", stage_failures_.load()},
                  {"source_bytes", staged_source_bytes_.load()}};
   // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
   j["source_traffic"] = {{"bytes", staged_source_bytes_.load() + source_bytes_.load()}};
@@ -747,6 +898,26 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"files", nvme_->files()},        {"admitting", nvme_->admitting()},   {"writes", nvme_writes_.load()},
                  {"write_failures", nvme_write_failures_.load()}, {"evictions", nvme_evictions_.load()}};
   j["checksum_failures"] = checksum_failures_.load();
+  if (config_.peers) {
+    const auto c = config_.peers->counters();
+    j["peers"] = {{"node", node_},
+                  {"nodes", config_.peers->nodes()},
+                  {"staged_files", staged_from_peer_.load()},
+                  {"staged_bytes", staged_peer_bytes_.load()},
+                  {"demand_files", demand_peer_files_.load()},
+                  {"requests", c.requests},
+                  {"hits", c.hits},
+                  {"refused", c.refused},
+                  {"timeouts", c.timeouts},
+                  {"failures", c.failures},
+                  {"served_files", c.served},
+                  {"served_bytes", c.served_bytes},
+                  {"refused_to_peers", c.refused_to_peers},
+                  {"seconds_per_file", {{"peer", secs_peer_.load()}, {"source", secs_source_.load()}}}};
+    int usable = 0;
+    for (int n = 0; n < config_.peers->nodes(); ++n) usable += n != node_ && config_.peers->usable(n);
+    j["peers"]["usable"] = usable;
+  }
   j["readahead_files"] = readahead_files_.load();
   j["stalls"] = {{"opens", source_files_.load()}, {"seconds", static_cast<double>(stall_ns_.load()) / 1e9}};
   {

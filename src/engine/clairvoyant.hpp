@@ -33,6 +33,7 @@
 
 #include "clairfs/engine.hpp"
 #include "clairfs/oracle.hpp"
+#include "clairfs/peer.hpp"
 #include "engine/planner.hpp"
 #include "engine/source_reader.hpp"
 #include "io/uring.hpp"
@@ -56,6 +57,9 @@ struct EngineConfig {
   uint64_t nvme_size = 0;          // 0: 90% of what is free there
   uint64_t pagecache = 0;          // bytes pushed ahead into the kernel at most; 0: no pushes
   PageCache* page_cache = nullptr; // where pushes go; nullptr: no pushes
+  PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
+  std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
+  std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
 };
 
 class ClairvoyantEngine final : public Engine {
@@ -72,6 +76,9 @@ class ClairvoyantEngine final : public Engine {
   // The counters as JSON (.clairfs/stats).
   std::string stats_json() const;
 
+  // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
+  PeerTransport::Lookup peer_lookup();
+
  private:
   struct Handle;
   struct Pending;
@@ -85,12 +92,19 @@ class ClairvoyantEngine final : public Engine {
   void evict_ram(EntryId id);
   void after_progress();  // re-keys passed files, queues their page drops
   void drop_pages(EntryId id);  // queues a drop now, or at the file's last release
-  bool make_ram_room(uint64_t size, uint64_t key);
-  bool make_nvme_room(uint64_t size, uint64_t key);
+  bool make_ram_room(uint64_t size, uint64_t key, bool owned);
+  bool make_nvme_room(uint64_t size, uint64_t key, bool owned);
+  // This node keeps the file for the others (it owns it in the global plan).
+  bool owned(EntryId id) const { return !config_.owner.empty() && config_.owner[id] == node_; }
+  // Whether to ask the file's keeper rather than SOURCE (stager only).
+  bool prefer_peer(EntryId id, unsigned source_in_flight);
+  void note_duration(bool peer, Clock::time_point started);
   void finish_staging(EntryId id);  // REQUIRES: mutex_ not held
   // Demand paths (a handle's first read).
+  FileBytes read_nvme(EntryId id);  // whole and checked, or nullptr (a bad copy is removed and counted)
   int load_from_nvme(Handle& h);
   int load_from_source(Handle& h);  // reads the file whole and offers it to the tiers
+  int load_from_peer(Handle& h);    // asks the file's keeper, and waits; offers it to the tiers
   uint64_t lead_files(uint64_t rank) const;  // REQUIRES: mutex_ held
 
   const Manifest& manifest_;
@@ -110,8 +124,8 @@ class ClairvoyantEngine final : public Engine {
   std::condition_variable progress_;        // readers moved, or stop
   std::condition_variable staged_;          // a staging read finished
   Planner planner_;
-  NextUseIndex ram_keys_;                   // RAM residents by next use
-  NextUseIndex nvme_keys_;                  // NVMe residents by next use
+  TierIndex ram_keys_;                      // RAM residents by next use
+  TierIndex nvme_keys_;                     // NVMe residents by next use
   std::unordered_set<EntryId> in_flight_;   // being staged now: an open waits for it, not reads it twice
   uint64_t stage_key_ = 0;                  // next key the stager considers
   uint64_t push_key_ = 0;                   // next key whose file may be pushed into the kernel
@@ -119,6 +133,8 @@ class ClairvoyantEngine final : public Engine {
   // Per entry: 0 the kernel holds none of its pages (as far as we know), 1 read through the mount,
   // 2 pushed (its size counted in kernel_bytes_).
   std::vector<uint8_t> in_kernel_;
+  std::vector<uint8_t> origin_;             // per entry: 1 if its RAM copy came from a peer
+  std::vector<std::pair<uint64_t, int64_t>> peer_done_;  // answered fetches (tag, result), for the stager
   uint64_t kernel_bytes_ = 0;
   std::vector<EntryId> drops_;              // pages to drop, by the stager (never from a request handler)
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
@@ -150,6 +166,12 @@ class ClairvoyantEngine final : public Engine {
   std::atomic<uint64_t> ram_evictions_{0}, pushes_{0}, push_failures_{0}, drops_done_{0};
   std::atomic<uint64_t> stall_ns_{0};
   std::atomic<uint64_t> readahead_files_{0};
+  std::atomic<uint64_t> peer_files_{0}, peer_bytes_{0}, staged_from_peer_{0}, staged_peer_bytes_{0};
+  std::atomic<double> secs_peer_{0}, secs_source_{0};  // seconds per staged file, each way (EWMA)
+  unsigned peer_in_flight_ = 0;  // stager only: fetches asked of peers, not answered yet
+  uint64_t peer_choices_ = 0;    // stager only
+  std::atomic<uint64_t> demand_peer_files_{0};
+  int node_ = 0;
 
   std::unique_ptr<Ring> ring_;  // made here so a missing io_uring fails the constructor; used by stager_ only
   std::thread stager_;

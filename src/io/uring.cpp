@@ -106,6 +106,16 @@ void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
   start(id);
 }
 
+std::vector<Ring::Completion> Ring::reap_for(std::chrono::milliseconds timeout) {
+  if (in_flight_ == 0 || timeout.count() <= 0) return reap(false);
+  io_uring_cqe* cqe = nullptr;
+  __kernel_timespec ts{};
+  ts.tv_sec = timeout.count() / 1000;
+  ts.tv_nsec = (timeout.count() % 1000) * 1000000;
+  (void)io_uring_wait_cqe_timeout(&impl_->ring, &cqe, &ts);  // the completion stays queued for reap()
+  return reap(false);
+}
+
 std::vector<Ring::Completion> Ring::reap(bool wait) {
   std::vector<Completion> done;
   if (in_flight_ == 0) return done;

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,8 @@ class Ring {
   void submit_open(int dir_fd, std::string path, uint64_t tag);
   // Waits for at least one completion if `wait` and any are in flight; returns all that are ready.
   std::vector<Completion> reap(bool wait);
+  // Waits up to `timeout` for at least one completion if any are in flight; returns all that are ready.
+  std::vector<Completion> reap_for(std::chrono::milliseconds timeout);
 
   unsigned depth() const { return depth_; }
   unsigned in_flight() const { return in_flight_; }

@@ -166,7 +166,7 @@ void Manifest::validate() const {
   if (children_total != n - 1) corrupt("entries not reachable from the root");
 }
 
-void Manifest::save(const std::string& file) const {
+std::string Manifest::serialize() const {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kFormatVersion;
@@ -180,15 +180,22 @@ void Manifest::save(const std::string& file) const {
   uint64_t hv = hash_bytes(ebytes, elen);
   hv = hash_bytes(names_.data(), names_.size(), hv);
   h.hash = hash_bytes(source_root_.data(), source_root_.size(), hv);
+  std::string out;
+  out.reserve(sizeof(h) + elen + names_.size() + source_root_.size());
+  out.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  out.append(ebytes, elen);
+  out.append(names_);
+  out.append(source_root_);
+  return out;
+}
 
+void Manifest::save(const std::string& file) const {
+  const std::string bytes = serialize();
   const std::string tmp = file + ".tmp." + std::to_string(::getpid());
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
   try {
-    write_all(fd.get(), &h, sizeof(h), file);
-    write_all(fd.get(), ebytes, elen, file);
-    write_all(fd.get(), names_.data(), names_.size(), file);
-    write_all(fd.get(), source_root_.data(), source_root_.size(), file);
+    write_all(fd.get(), bytes.data(), bytes.size(), file);
     if (::fsync(fd.get()) != 0) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -217,30 +224,36 @@ Manifest Manifest::load(const std::string& file, const std::vector<std::string>&
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
+  data.resize(got);
   try {
-    if (got < sizeof(Header)) corrupt("too short for a header");
-    Header h;
-    std::memcpy(&h, data.data(), sizeof(h));
-    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) corrupt("not a clairfs manifest");
-    if (h.version != kFormatVersion) corrupt("format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion));
-    if (h.byte_order != kByteOrderMark || h.entry_size != sizeof(Entry)) corrupt("written on a machine of another kind");
-    const uint64_t body = got - sizeof(Header);
-    if (h.entry_count > body / sizeof(Entry)) corrupt("truncated");
-    const uint64_t elen = h.entry_count * sizeof(Entry);
-    if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
-    const char* p = data.data() + sizeof(Header);
-    if (hash_bytes(p + elen + h.names_size, h.root_len, hash_bytes(p + elen, h.names_size, hash_bytes(p, elen))) != h.hash)
-      corrupt("checksum mismatch (damaged file)");
-    std::vector<Entry> entries(h.entry_count);
-    std::memcpy(entries.data(), p, elen);
-    std::string names(p + elen, h.names_size);
-    std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
-    data.clear();
-    data.shrink_to_fit();
-    return from_parts(std::move(entries), std::move(names), extensions, std::move(root));
+    return deserialize(std::move(data), extensions, source);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("manifest '" + file + "': " + e.what());
   }
+}
+
+Manifest Manifest::deserialize(std::string data, const std::vector<std::string>& extensions, const std::string& source) {
+  const uint64_t got = data.size();
+  if (got < sizeof(Header)) corrupt("too short for a header");
+  Header h;
+  std::memcpy(&h, data.data(), sizeof(h));
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) corrupt("not a clairfs manifest");
+  if (h.version != kFormatVersion) corrupt("format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion));
+  if (h.byte_order != kByteOrderMark || h.entry_size != sizeof(Entry)) corrupt("written on a machine of another kind");
+  const uint64_t body = got - sizeof(Header);
+  if (h.entry_count > body / sizeof(Entry)) corrupt("truncated");
+  const uint64_t elen = h.entry_count * sizeof(Entry);
+  if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
+  const char* p = data.data() + sizeof(Header);
+  if (hash_bytes(p + elen + h.names_size, h.root_len, hash_bytes(p + elen, h.names_size, hash_bytes(p, elen))) != h.hash)
+    corrupt("checksum mismatch (damaged file)");
+  std::vector<Entry> entries(h.entry_count);
+  std::memcpy(entries.data(), p, elen);
+  std::string names(p + elen, h.names_size);
+  std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
+  data.clear();
+  data.shrink_to_fit();
+  return from_parts(std::move(entries), std::move(names), extensions, std::move(root));
 }
 
 }  // namespace clairfs

@@ -47,6 +47,7 @@ enum Key : int {
   kNvme,
   kNvmeSize,
   kPageCache,
+  kPeerTimeout,
   kManifest,
   kTorchVersion,
   kSharedGenerator,
@@ -103,6 +104,7 @@ const fuse_opt kTemplates[] = {
     CLAIRFS_OPT("ram=", kRam),
     CLAIRFS_OPT("nvme=", kNvme),
     CLAIRFS_OPT("pagecache=", kPageCache),
+    CLAIRFS_OPT("peer_timeout=", kPeerTimeout),
     CLAIRFS_OPT("nvme_size=", kNvmeSize),
     CLAIRFS_OPT("manifest=", kManifest),
     CLAIRFS_OPT("torch_version=", kTorchVersion),
@@ -217,6 +219,10 @@ void handle(ParseState& st, int key, const char* arg) {
     case kRam:
       o.ram = parse_size(k, v);
       o.ram_given = true;
+      break;
+    case kPeerTimeout:
+      o.peer_timeout = parse_seconds(k, v);
+      if (o.peer_timeout <= 0) bad_value(k, v, "must be above 0");
       break;
     case kPageCache:
       o.pagecache = parse_size(k, v);
@@ -483,6 +489,8 @@ Caches:
                        default 1/4 of ram=, up to 1G; 0: no pushes
   nvme=DIR             local directory for the NVMe tier (clairfs makes and removes its own folder in it)
   nvme_size=SIZE       NVMe tier budget; default 90% of the free space in DIR; needs nvme=
+  peer_timeout=SECS    under mpiexec/srun: a peer that has not answered in this long is not asked again
+                       (its files come from SOURCE); default 5
   manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE
   trace=FILE           append one line per file opened ("PID PATH") to FILE
 

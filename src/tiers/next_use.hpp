@@ -55,4 +55,38 @@ class NextUseIndex {
   std::unordered_map<EntryId, uint64_t> key_;
 };
 
+// A tier's residents in two groups: the files this node keeps for the other nodes (it owns them in the
+// global plan; see peer.hpp) and the rest. Each group is ordered by next use; a file of the rest may
+// push out only another of the rest, an owned file either, so what peers count on stays while the node
+// has room for it. With one node nothing is owned and this is plain MIN.
+class TierIndex {
+ public:
+  void set(EntryId id, uint64_t key, bool owned) { (owned ? owned_ : rest_).set(id, key); }
+  bool erase(EntryId id) { return rest_.erase(id) || owned_.erase(id); }
+  bool contains(EntryId id) const { return rest_.contains(id) || owned_.contains(id); }
+  std::optional<uint64_t> key(EntryId id) const {
+    auto k = rest_.key(id);
+    return k ? k : owned_.key(id);
+  }
+  void passed(EntryId id, uint64_t passed, uint64_t next) {
+    rest_.passed(id, passed, next);
+    owned_.passed(id, passed, next);
+  }
+  // The resident to evict for a file needed at `key`: one needed later than that, from the rest first
+  // (owned ones only for an owned file); nullopt if none may go.
+  std::optional<EntryId> victim(uint64_t key, bool owned) const {
+    if (auto far = rest_.farthest(); far && far->first > key) return far->second;
+    if (owned)
+      if (auto far = owned_.farthest(); far && far->first > key) return far->second;
+    return std::nullopt;
+  }
+  // The resident needed last of the rest (for read-ahead, which takes only what no plan needs).
+  std::optional<std::pair<uint64_t, EntryId>> farthest_unowned() const { return rest_.farthest(); }
+  size_t size() const { return rest_.size() + owned_.size(); }
+  size_t owned() const { return owned_.size(); }
+
+ private:
+  NextUseIndex rest_, owned_;
+};
+
 }  // namespace clairfs

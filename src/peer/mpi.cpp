@@ -1,0 +1,415 @@
+#include "peer/mpi.hpp"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "util/log.hpp"
+
+namespace clairfs {
+
+namespace {
+
+constexpr int kRequest = 1;
+constexpr int kGoodbye = 2;
+constexpr int kFirstReplyTag = 16;
+// A file larger than this is never asked of a peer (MPI counts are ints): it is read from SOURCE.
+constexpr uint64_t kMaxPeerFile = 1u << 30;
+// How long stop() keeps trying to deliver goodbyes and finish sends to peers that may be gone.
+constexpr auto kStopGrace = std::chrono::seconds(2);
+// The progress thread's nap when there is nothing to do: short enough for a fetch's latency, long
+// enough not to take a core from the readers.
+constexpr auto kIdleNap = std::chrono::microseconds(200);
+
+long env_long(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::strtol(v, nullptr, 10) : 0;
+}
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw std::runtime_error(std::string(what) + ": " + std::string(text, static_cast<size_t>(len)));
+}
+
+}  // namespace
+
+bool launched_by_mpi() {
+  // Hydra (MPICH), PMIx (Open MPI, Slurm), Open MPI's own, and srun's step variables.
+  return env_long("PMI_SIZE") > 1 || env_long("PMIX_SIZE") > 1 || env_long("OMPI_COMM_WORLD_SIZE") > 1 ||
+         (std::getenv("SLURM_STEP_ID") && env_long("SLURM_STEP_NUM_TASKS") > 1);
+}
+
+MpiWorld::MpiWorld() {
+  int provided = 0;
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "cannot start MPI");
+  if (provided < MPI_THREAD_MULTIPLE) throw std::runtime_error("MPI does not offer MPI_THREAD_MULTIPLE");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiWorld::~MpiWorld() {
+  if (unclean_) return;  // a peer failed: MPI_Finalize could wait on it forever; the launcher cleans up
+  MPI_Finalize();
+}
+
+std::string MpiWorld::broadcast(const std::string& data, int root) const {
+  uint64_t size = data.size();
+  check(MPI_Bcast(&size, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "broadcast");
+  std::string out = rank_ == root ? data : std::string(size, '\0');
+  // In pieces: counts are ints.
+  constexpr uint64_t kPiece = 1u << 30;
+  for (uint64_t off = 0; off < size; off += kPiece)
+    check(MPI_Bcast(out.data() + off, static_cast<int>(std::min(kPiece, size - off)), MPI_BYTE, root, MPI_COMM_WORLD),
+          "broadcast");
+  return out;
+}
+
+std::vector<std::vector<uint64_t>> MpiWorld::allgather(const std::vector<uint64_t>& mine) const {
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_));
+  check(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD), "allgather");
+  int total = 0;
+  for (int i = 0; i < size_; ++i) offsets[static_cast<size_t>(i)] = total, total += counts[static_cast<size_t>(i)];
+  std::vector<uint64_t> all(static_cast<size_t>(total));
+  check(MPI_Allgatherv(mine.data(), count, MPI_UINT64_T, all.data(), counts.data(), offsets.data(), MPI_UINT64_T,
+                       MPI_COMM_WORLD),
+        "allgather");
+  std::vector<std::vector<uint64_t>> out(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i)
+    out[static_cast<size_t>(i)].assign(all.begin() + offsets[static_cast<size_t>(i)],
+                                       all.begin() + offsets[static_cast<size_t>(i)] + counts[static_cast<size_t>(i)]);
+  return out;
+}
+
+bool MpiWorld::all(bool ok) const {
+  int mine = ok ? 1 : 0, every = 0;
+  check(MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "allreduce");
+  return every == 1;
+}
+
+// ---- MpiPeers ----------------------------------------------------------------------------------------
+
+struct MpiPeers::Comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int tag_ub = 32767;
+};
+
+struct MpiPeers::Fetch {
+  int owner = 0;
+  EntryId id = 0;
+  std::shared_ptr<std::vector<char>> buf;
+  Done done;
+  int tag = 0;
+  MPI_Request recv = MPI_REQUEST_NULL;
+  MPI_Request send = MPI_REQUEST_NULL;
+  uint64_t header[3] = {0, 0, 0};
+  std::chrono::steady_clock::time_point deadline;
+};
+
+struct MpiPeers::Send {
+  MPI_Request request = MPI_REQUEST_NULL;
+  PeerBytes bytes;  // alive until the send completes
+};
+
+MpiPeers::MpiPeers(MpiWorld& world, MpiPeersConfig config)
+    : world_(world), config_(config), node_(world.rank()), nodes_(world.size()), comm_(std::make_unique<Comm>()),
+      gone_(static_cast<size_t>(world.size())) {
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_->comm), "cannot set up the peer communicator");
+  MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm_->comm, MPI_TAG_UB, &ub, &flag);
+  if (flag && ub) comm_->tag_ub = *ub;
+  gone_[static_cast<size_t>(node_)] = true;  // never ask ourselves
+}
+
+MpiPeers::~MpiPeers() { stop(); }
+
+void MpiPeers::start(Lookup lookup) {
+  lookup_ = std::move(lookup);
+  thread_ = std::thread([this] { loop(); });
+}
+
+bool MpiPeers::usable(int owner) const {
+  return owner >= 0 && owner < nodes_ && !gone_[static_cast<size_t>(owner)];
+}
+
+void MpiPeers::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) {
+  if (!usable(owner) || buf->size() > kMaxPeerFile || buf->empty()) {
+    done(-EHOSTDOWN);
+    return;
+  }
+  auto f = std::make_unique<Fetch>();
+  f->owner = owner;
+  f->id = id;
+  f->buf = std::move(buf);
+  f->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      f->done(-ECANCELED);
+      return;
+    }
+    queued_.push_back(std::move(f));
+  }
+  wake_.notify_one();
+}
+
+PeerTransport::Counters MpiPeers::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counters_;
+}
+
+void MpiPeers::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  // The communicator is left to MPI_Finalize: freeing it is collective, and a peer may be gone.
+}
+
+void MpiPeers::loop() {
+  MPI_Comm comm = comm_->comm;
+  uint64_t request_in[3] = {0, 0, 0};
+  uint64_t goodbye_in = 0;
+  MPI_Request request_recv = MPI_REQUEST_NULL, goodbye_recv = MPI_REQUEST_NULL;
+  MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
+  MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
+  std::vector<std::unique_ptr<Fetch>> active;
+  std::vector<unsigned> per_peer(static_cast<size_t>(nodes_), 0);
+  std::vector<Send> sends;
+  uint64_t next_tag = 0;
+  bool failed = false;  // a peer broke an operation: MPI_Finalize must not wait on it
+
+  auto fail_peer = [&](int peer, const char* why) {
+    if (peer < 0 || peer >= nodes_ || gone_[static_cast<size_t>(peer)].exchange(true)) return;
+    log_warning("peer node " + std::to_string(peer) + " " + why + ": not asked any more; its files come from SOURCE");
+  };
+  auto finish = [&](size_t i, int64_t result) {
+    std::unique_ptr<Fetch> f = std::move(active[i]);
+    active[i] = std::move(active.back());
+    active.pop_back();
+    --per_peer[static_cast<size_t>(f->owner)];
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (result >= 0) counters_.hits++;
+      else if (result == -ENOENT) counters_.refused++;
+      else if (result == -ETIMEDOUT) counters_.timeouts++;
+      else counters_.failures++;
+    }
+    f->done(result);
+  };
+
+  for (;;) {
+    bool busy = false;
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping = stop_;
+    }
+    if (stopping) break;
+
+    // A peer asks for a file.
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&request_recv, &flag, &st) != MPI_SUCCESS) {
+      // A receive from any source can be broken by one peer failing: post it again for the others.
+      failed = true;
+      MPI_Cancel(&request_recv);
+      MPI_Request_free(&request_recv);
+      MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
+    } else if (flag) {
+      busy = true;
+      const int from = st.MPI_SOURCE;
+      const auto id = static_cast<EntryId>(request_in[0]);
+      const int tag = static_cast<int>(request_in[1]);
+      const uint64_t size = request_in[2];
+      if (from < 0 || from >= nodes_ || gone_[static_cast<size_t>(from)]) {
+        MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
+        continue;  // it left: nobody is waiting for an answer
+      }
+      PeerBytes bytes = lookup_(id);
+      Send s;
+      if (bytes && bytes->size() == size) {
+        s.bytes = bytes;
+        MPI_Isend(bytes->data(), static_cast<int>(size), MPI_BYTE, from, tag, comm, &s.request);
+        std::lock_guard<std::mutex> lock(mutex_);
+        counters_.served++;
+        counters_.served_bytes += size;
+      } else {
+        MPI_Isend(nullptr, 0, MPI_BYTE, from, tag, comm, &s.request);
+        std::lock_guard<std::mutex> lock(mutex_);
+        counters_.refused_to_peers++;
+      }
+      sends.push_back(std::move(s));
+      MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
+    }
+    // A peer leaves.
+    if (MPI_Test(&goodbye_recv, &flag, &st) != MPI_SUCCESS) {
+      failed = true;
+      MPI_Cancel(&goodbye_recv);
+      MPI_Request_free(&goodbye_recv);
+      MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
+    } else if (flag) {
+      busy = true;
+      if (st.MPI_SOURCE >= 0 && st.MPI_SOURCE < nodes_) gone_[static_cast<size_t>(st.MPI_SOURCE)] = true;
+      MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
+    }
+    // New fetches, within the bounds.
+    std::vector<std::unique_ptr<Fetch>> refused;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = queued_.begin(); it != queued_.end() && active.size() < config_.max_in_flight;) {
+        Fetch& f = **it;
+        if (gone_[static_cast<size_t>(f.owner)]) {
+          refused.push_back(std::move(*it));
+          it = queued_.erase(it);
+          continue;
+        }
+        if (per_peer[static_cast<size_t>(f.owner)] >= config_.max_per_peer) {
+          ++it;
+          continue;
+        }
+        f.tag = kFirstReplyTag + static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kFirstReplyTag));
+        f.header[0] = f.id;
+        f.header[1] = static_cast<uint64_t>(f.tag);
+        f.header[2] = f.buf->size();
+        f.deadline = std::chrono::steady_clock::now() + config_.timeout;
+        // The receive goes first, straight into the file's buffer; then the request.
+        MPI_Irecv(f.buf->data(), static_cast<int>(f.buf->size()), MPI_BYTE, f.owner, f.tag, comm, &f.recv);
+        MPI_Isend(f.header, 3, MPI_UINT64_T, f.owner, kRequest, comm, &f.send);
+        ++per_peer[static_cast<size_t>(f.owner)];
+        counters_.requests++;
+        active.push_back(std::move(*it));
+        it = queued_.erase(it);
+        busy = true;
+      }
+    }
+    for (auto& f : refused) f->done(-EHOSTDOWN);
+    // Answers, and requests that waited too long.
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < active.size();) {
+      Fetch& f = *active[i];
+      if (f.send != MPI_REQUEST_NULL) {
+        int sent = 0;
+        if (MPI_Test(&f.send, &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          failed = true;
+          fail_peer(f.owner, "failed");
+        }
+      }
+      int got = 0;
+      MPI_Status rs;
+      const int rc = MPI_Test(&f.recv, &got, &rs);
+      if (rc != MPI_SUCCESS) {
+        failed = true;
+        fail_peer(f.owner, "failed");
+        finish(i, -EHOSTDOWN);
+        busy = true;
+        continue;
+      }
+      if (got) {
+        int count = 0;
+        MPI_Get_count(&rs, MPI_BYTE, &count);
+        if (f.send != MPI_REQUEST_NULL) MPI_Wait(&f.send, MPI_STATUS_IGNORE);  // the answer implies it arrived
+        finish(i, static_cast<uint64_t>(count) == f.buf->size() ? static_cast<int64_t>(count) : -ENOENT);
+        busy = true;
+        continue;
+      }
+      if (now >= f.deadline || gone_[static_cast<size_t>(f.owner)]) {
+        // Give up on it. The peer is asked nothing more, so no late answer can meet a later receive.
+        const bool timed_out = now >= f.deadline;
+        fail_peer(f.owner, timed_out ? "did not answer in time" : "left");
+        MPI_Cancel(&f.recv);
+        int cancelled = 0;
+        MPI_Test(&f.recv, &cancelled, MPI_STATUS_IGNORE);
+        if (!cancelled) {
+          // Data may be arriving into the buffer: it must outlive the receive, so it is left behind.
+          failed = true;
+          auto keep = new std::shared_ptr<std::vector<char>>(std::move(f.buf));
+          (void)keep;
+          f.buf = std::make_shared<std::vector<char>>();
+        }
+        finish(i, timed_out ? -ETIMEDOUT : -EHOSTDOWN);
+        busy = true;
+        continue;
+      }
+      ++i;
+    }
+    // Our answers to peers.
+    for (size_t i = 0; i < sends.size();) {
+      int done = 0;
+      if (MPI_Test(&sends[i].request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1, failed = true;
+      if (done) {
+        sends[i] = std::move(sends.back());
+        sends.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (!busy) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, kIdleNap, [&] { return stop_ || (!queued_.empty() && active.size() < config_.max_in_flight); });
+    }
+  }
+
+  // Leaving: say goodbye, end what is outstanding, for a bounded time.
+  std::vector<MPI_Request> byes;
+  uint64_t bye = 1;
+  for (int peer = 0; peer < nodes_; ++peer)
+    if (peer != node_ && !gone_[static_cast<size_t>(peer)]) {
+      byes.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(&bye, 1, MPI_UINT64_T, peer, kGoodbye, comm, &byes.back());
+    }
+  for (auto& f : active) {
+    MPI_Cancel(&f->recv);
+    int cancelled = 0;
+    MPI_Test(&f->recv, &cancelled, MPI_STATUS_IGNORE);
+    if (!cancelled) failed = true;
+    f->done(-ECANCELED);
+  }
+  active.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& f : queued_) f->done(-ECANCELED);
+    queued_.clear();
+  }
+  const auto until = std::chrono::steady_clock::now() + kStopGrace;
+  for (;;) {
+    bool all = true;
+    for (auto& r : byes) {
+      int done = 0;
+      if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) all = false;
+    }
+    for (auto& s : sends) {
+      int done = 0;
+      if (s.request != MPI_REQUEST_NULL && MPI_Test(&s.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done)
+        all = false;
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() >= until) {
+      failed = true;  // someone is not taking our messages: do not wait on them in MPI_Finalize
+      break;
+    }
+    std::this_thread::sleep_for(kIdleNap);
+  }
+  for (MPI_Request* r : {&request_recv, &goodbye_recv}) {
+    MPI_Cancel(r);
+    int done = 0;
+    MPI_Test(r, &done, MPI_STATUS_IGNORE);
+  }
+  if (failed) world_.mark_unclean();
+}
+
+}  // namespace clairfs

@@ -1,0 +1,193 @@
+"""Many nodes on one machine: `mpiexec` starts 4 clairfs daemons (MPMD: own mount point, RAM budget and
+NVMe directory each; one hydra proxy per "host", as on real nodes) through scripts/clairfs-job-mount,
+over a slow SOURCE (bench/slowfs, standing in for the parallel file system); one reader per node plays
+its training rank for 3 epochs, the ranks in step as DDP keeps them. Every byte equals SOURCE; nodes
+fetch from each other; SOURCE is read about once over the run although each node's cache holds only
+45% of the data set; clairfs-job-umount stops them all. Then again with one daemon killed after the
+first epoch: the others finish with correct bytes, and nothing hangs."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+h.require_fuse()
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+NODES = 4
+EPOCHS = 3
+if subprocess.run(["which", "mpiexec"], capture_output=True).returncode != 0:
+    print("SKIP: no mpiexec")
+    sys.exit(77)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def stats(mnt):
+    with open(mnt + "/.clairfs/stats") as f:
+        return json.load(f)
+
+
+SLOWFS = os.path.join(os.environ.get("CLAIRFS_BUILD", os.path.join(ROOT, "build")), "bench", "slowfs")
+
+
+class SlowSource:
+    """SOURCE behind bench/slowfs: 1 ms per open, 200 MB/s; counts what it served."""
+
+    def __init__(self, data, where):
+        self.mnt, self.stats_file = where, where + ".json"
+        os.makedirs(where, exist_ok=True)
+        self.proc = subprocess.Popen([SLOWFS, data, where, "--open-latency-ms", "1", "--bandwidth-mbps", "200",
+                                      "--max-inflight", "16", "--stats", self.stats_file],
+                                     stdout=subprocess.PIPE, text=True)
+        self.proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while not h.is_mounted(where) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+        self.proc.wait(timeout=20)
+        with open(self.stats_file) as f:
+            return json.load(f)
+
+
+def launch(tmp, src, total, extra=""):
+    mnts = ["%s/mnt%d" % (tmp, n) for n in range(NODES)]
+    # One proxy per "host" (the fork launcher, a host name each), as on real nodes: hydra's proxy kills
+    # every process it runs when one of them is killed, whatever -disable-auto-cleanup says.
+    cmd = ["mpiexec", "-disable-auto-cleanup", "-launcher", "fork", "-ppn", "1",
+           "-hosts", ",".join("127.0.0.%d" % (n + 1) for n in range(NODES))]
+    for n in range(NODES):
+        os.makedirs(mnts[n], exist_ok=True)
+        nvme = "%s/nvme%d" % (tmp, n)
+        os.makedirs(nvme, exist_ok=True)
+        opts = ("seed=7,batch_size=8,world_size=%d,ranks=%d,epochs=%d,ram=%d,nvme=%s,nvme_size=%d%s" %
+                (NODES, n, EPOCHS, int(total * 0.15), nvme, int(total * 0.3), extra))
+        if n:
+            cmd.append(":")
+        cmd += ["-n", "1", h.CLAIRFS, src, mnts[n], "-o", opts]
+    state = tmp + "/job.state"
+    t0 = time.monotonic()
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "120", "--state", state] + cmd,
+                       capture_output=True, text=True, timeout=180)
+    return mnts, state, r, time.monotonic() - t0
+
+
+def umount(state):
+    t0 = time.monotonic()
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-umount", "--timeout", "30", "--state", state],
+                       capture_output=True, text=True, timeout=120)
+    return r, time.monotonic() - t0
+
+
+def read_job(mnts, want, epochs, kill_at=None, victim=None):
+    """One reader per node reads its rank's order for `epochs`, all ranks in step (a barrier per epoch)."""
+    barrier = threading.Barrier(NODES if victim is None else NODES - 1)
+    wrong, opened, errors = [0] * NODES, [0] * NODES, []
+
+    def reader(n):
+        try:
+            for e in range(epochs):
+                if e == kill_at and n == victim:
+                    return
+                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
+                    rels = f.read().splitlines()
+                for rel in rels:
+                    time.sleep(0.0005)  # a little compute
+                    wrong[n] += digest(os.path.join(mnts[n], rel)) != want[rel]
+                    opened[n] += 1
+                if victim is None or n != victim:
+                    barrier.wait(timeout=120)
+        except Exception as ex:  # noqa: BLE001
+            errors.append("node %d: %r" % (n, ex))
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(NODES)]
+    for t in threads:
+        t.start()
+    return threads, wrong, opened, errors
+
+
+with h.tempdir() as tmp:
+    data = tmp + "/data"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "make_dataset.py"), data, "--files", "800",
+                    "--classes", "8", "--mean-kb", "16", "--seed", "6"], check=True, stdout=subprocess.DEVNULL)
+    want = {}
+    for d, _, files in os.walk(data):
+        for f in files:
+            want[os.path.relpath(os.path.join(d, f), data)] = digest(os.path.join(d, f))
+    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+    slow = SlowSource(data, tmp + "/slow")
+    src = slow.mnt
+
+    # 1. Four nodes, 3 epochs; each node's RAM holds 15% of the data set, its NVMe 30%.
+    mnts, state, r, took = launch(tmp, src, total)
+    h.check(r.returncode == 0 and "all 4 nodes mounted" in r.stdout,
+            "clairfs-job-mount started 4 daemons under mpiexec in %.1f s: %s %s" % (took, r.stdout.strip(), r.stderr.strip()[-500:]))
+    if r.returncode == 0:
+        threads, wrong, opened, errors = read_job(mnts, want, EPOCHS)
+        for t in threads:
+            t.join(timeout=300)
+        s = [stats(m) for m in mnts]
+        h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
+                "4 ranks × %d epochs: every byte equals SOURCE (%d files, %s)" % (EPOCHS, sum(opened), errors[:2]))
+        staged = sum(x["peers"]["staged_files"] for x in s)
+        demand = sum(x["peers"]["demand_files"] for x in s)
+        served = sum(x["peers"]["served_files"] for x in s)
+        h.check(staged + demand > len(want) and served == staged + demand,
+                "nodes fetched %d files from each other, %d staged ahead and %d on demand (served %d)" % (
+                    staged + demand, staged, demand, served))
+        traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
+        h.check(traffic <= 1.05, "SOURCE read %.3f× the data set over the run, with 45%% of it per node" % traffic)
+        h.check(all(x["ram"]["used"] <= x["ram"]["budget"] for x in s), "every node within its RAM budget")
+        h.check(all(x["peers"]["timeouts"] == 0 and x["peers"]["usable"] == NODES - 1 for x in s),
+                "no peer timed out: %s" % [x["peers"]["timeouts"] for x in s])
+        pids = [p for m in mnts for p in h.daemon_pids(m)]
+        r2, took = umount(state)
+        h.check(r2.returncode == 0 and took < 20, "clairfs-job-umount stopped them all in %.1f s: %s" % (took, r2.stderr.strip()))
+        h.check(not any(h.is_mounted(m) for m in mnts) and not any(os.path.exists("/proc/%d" % p) for p in pids),
+                "no mount and no daemon left")
+        h.check(all(not os.listdir("%s/nvme%d" % (tmp, n)) for n in range(NODES)), "each NVMe directory left empty")
+
+    # 2. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
+    mnts, state, r, took = launch(tmp, src, total, ",peer_timeout=1")
+    h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
+    if r.returncode == 0:
+        victim = 3
+        vpids = h.daemon_pids(mnts[victim])
+        threads, wrong, opened, errors = read_job(mnts, want, 1)
+        for t in threads:
+            t.join(timeout=300)
+        for p in vpids:
+            os.kill(p, signal.SIGKILL)
+        t0 = time.monotonic()
+        threads, wrong, opened, errors = read_job(mnts, want, EPOCHS, kill_at=0, victim=victim)
+        for t in threads:
+            t.join(timeout=300)
+        took = time.monotonic() - t0
+        h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want) * (NODES - 1) // NODES,
+                "node 3 killed: the 3 others read %d epochs with every byte right, in %.1f s (%s)" % (EPOCHS, took, errors[:2]))
+        s = [stats(mnts[n]) for n in range(NODES) if n != victim]
+        h.check(any(x["peers"]["timeouts"] + x["peers"]["failures"] > 0 for x in s) and
+                all(x["peers"]["usable"] < NODES - 1 for x in s if x["peers"]["requests"] > 0),
+                "the dead node was noticed and left alone: %s" % [(x["peers"]["timeouts"], x["peers"]["failures"]) for x in s])
+        pids = [p for n, m in enumerate(mnts) if n != victim for p in h.daemon_pids(m)]
+        r2, took = umount(state)
+        h.check(took < 45 and not any(os.path.exists("/proc/%d" % p) for p in pids),
+                "clairfs-job-umount ends the rest in %.1f s (exit %d)" % (took, r2.returncode))
+        h.check(not any(h.is_mounted(m) for m in mnts), "no mount left")
+    for m in ["%s/mnt%d" % (tmp, n) for n in range(NODES)]:
+        subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
+    seen = slow.close()
+    h.check(seen["opens"] > 0, "the slow SOURCE served %d opens, %.2f× the data set in all" % (seen["opens"], seen["bytes"] / total))
+
+h.finish()
