@@ -31,6 +31,8 @@ constexpr uint64_t kReadAheadKey = kNever - 1;
 // Key of a file this node keeps for the others but will not read itself within the plan: kept, and the
 // first of those to go.
 constexpr uint64_t kKeptForPeers = kNever - 2;
+// Completed fetches each way before the model may send the stager to SOURCE rather than to a peer.
+constexpr uint64_t kWarmUp = 16;
 // Fetches from peers that count as "busy" in the choice between a peer and SOURCE.
 constexpr double kPeerParallel = 8;
 // A file opened on demand (not staged) is read whole from SOURCE at its first read, up to this size,
@@ -277,17 +279,19 @@ PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {
   };
 }
 
-bool ClairvoyantEngine::prefer_peer(EntryId id, unsigned source_in_flight) {
+bool ClairvoyantEngine::prefer_peer(EntryId id, uint64_t key, unsigned source_in_flight) {
   if (!config_.peers || config_.owner.empty()) return false;
   const int keeper = config_.owner[id];
   if (keeper == node_ || !config_.peers->usable(keeper)) return false;
-  // The model: seconds per file each way as measured (submission to completion, so queueing included),
-  // scaled by how busy each way is now. Unmeasured peers are tried; ties go to the peer, which spares
-  // the shared file system.
+  // Latency matters only for a file the readers will want soon; one further ahead goes to its keeper
+  // however slow, which spares the shared file system.
+  if (key >= planner_.cursor() + std::max<uint64_t>(1, evict_window_ / 2)) return true;
+  // The model, for files needed soon: seconds per file each way as measured (submission to completion,
+  // so queueing included), scaled by how busy each way is now.
   // SOURCE is chosen only when a peer is clearly slower (4×): peers spare the shared file system. Every
   // 32nd choice goes to the peer anyway, so its estimate follows the present.
   const double peer = secs_peer_.load(), source = secs_source_.load();
-  if (peer == 0 || source == 0 || ++peer_choices_ % 32 == 0) return true;
+  if (peer_samples_ < kWarmUp || source_samples_ < kWarmUp || ++peer_choices_ % 32 == 0) return true;
   const double wait_peer = peer * (1.0 + static_cast<double>(peer_in_flight_) / kPeerParallel);
   const double wait_source = source * (1.0 + static_cast<double>(source_in_flight) / config_.depth);
   return wait_peer <= 4 * wait_source;
@@ -296,8 +300,12 @@ bool ClairvoyantEngine::prefer_peer(EntryId id, unsigned source_in_flight) {
 void ClairvoyantEngine::note_duration(bool peer, Clock::time_point started) {
   const double d = std::chrono::duration<double>(Clock::now() - started).count();
   std::atomic<double>& ewma = peer ? secs_peer_ : secs_source_;
+  uint64_t& samples = peer ? peer_samples_ : source_samples_;
+  // The first answers from a peer include setting up the connection: they count only as a mean, and
+  // the model decides nothing until kWarmUp of each are in.
   const double old = ewma.load();
-  ewma = old == 0 ? d : 0.9 * old + 0.1 * d;
+  ++samples;
+  ewma = samples <= kWarmUp ? old + (d - old) / static_cast<double>(samples) : 0.8 * old + 0.2 * d;
 }
 
 int ClairvoyantEngine::load_from_peer(Handle& h) {
@@ -625,7 +633,8 @@ void ClairvoyantEngine::stage_loop() {
     uint64_t after = kNever;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const bool keep_for_peers = !p.readahead && owned(p.id);
+      // Kept in RAM for the other nodes only while NVMe does not keep it for them.
+      const bool keep_for_peers = !p.readahead && owned(p.id) && !(nvme_ && nvme_->find(p.id));
       uint64_t key = p.readahead ? kReadAheadKey : planner_.next_use(p.id, planner_.cursor());
       if (key == kNever && keep_for_peers) key = kKeptForPeers;
       if (key == kNever) {  // the readers passed it (or left the plan) while it was read
@@ -661,7 +670,12 @@ void ClairvoyantEngine::stage_loop() {
       nvme_->commit(p.id, size, p.checksum);
       nvme_writes_++;
       std::lock_guard<std::mutex> lock(mutex_);
-      nvme_keys_.set(p.id, planner_.next_use(p.id, std::min(p.key, planner_.cursor())), owned(p.id));
+      uint64_t key = planner_.next_use(p.id, std::min(p.key, planner_.cursor()));
+      if (key == kNever && owned(p.id)) key = kKeptForPeers;
+      nvme_keys_.set(p.id, key, owned(p.id));
+      // Kept for the other nodes on NVMe now: its RAM copy no longer needs to stay for them.
+      if (owned(p.id))
+        if (auto k = ram_keys_.key(p.id)) ram_keys_.set(p.id, *k == kKeptForPeers ? kNever : *k, false);
       return;
     }
     nvme_write_failures_++;
@@ -765,7 +779,7 @@ void ClairvoyantEngine::stage_loop() {
         p.id = id;
         p.key = key;
         p.from_nvme = nvme_ && nvme_->find(id).has_value();
-        p.from_peer = !p.from_nvme && prefer_peer(id, ring.in_flight() + static_cast<unsigned>(picks.size()));
+        p.from_peer = !p.from_nvme && prefer_peer(id, key, ring.in_flight() + static_cast<unsigned>(picks.size()));
         picks.push_back(tag);
         in_flight_.insert(id);
         ++stage_key_;

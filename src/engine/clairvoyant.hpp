@@ -97,7 +97,7 @@ class ClairvoyantEngine final : public Engine {
   // This node keeps the file for the others (it owns it in the global plan).
   bool owned(EntryId id) const { return !config_.owner.empty() && config_.owner[id] == node_; }
   // Whether to ask the file's keeper rather than SOURCE (stager only).
-  bool prefer_peer(EntryId id, unsigned source_in_flight);
+  bool prefer_peer(EntryId id, uint64_t key, unsigned source_in_flight);  // REQUIRES: mutex_ held
   void note_duration(bool peer, Clock::time_point started);
   void finish_staging(EntryId id);  // REQUIRES: mutex_ not held
   // Demand paths (a handle's first read).
@@ -170,6 +170,7 @@ class ClairvoyantEngine final : public Engine {
   std::atomic<double> secs_peer_{0}, secs_source_{0};  // seconds per staged file, each way (EWMA)
   unsigned peer_in_flight_ = 0;  // stager only: fetches asked of peers, not answered yet
   uint64_t peer_choices_ = 0;    // stager only
+  uint64_t peer_samples_ = 0, source_samples_ = 0;  // stager only: durations noted each way
   std::atomic<uint64_t> demand_peer_files_{0};
   int node_ = 0;
 
