@@ -163,28 +163,39 @@ std::vector<uint16_t> plan_owners(const Manifest& manifest, const Oracle& oracle
 }
 
 int run_mount(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse_mount_command(argc, argv);
-  } catch (const HelpRequested& h) {
-    std::fputs(h.what(), stdout);
-    return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "clairfs: %s\n", e.what());
-    return kExitUsage;
-  }
-  raise_fd_limit();
-
   // Under a launcher (mpiexec, srun): one daemon per node, in the foreground (no fork once MPI runs).
+  // MPI starts before the options are checked, so a node with a bad option stops every node at once
+  // rather than leaving them waiting for it.
   std::optional<MpiWorld> world;
   if (launched_by_mpi()) {
-    o.foreground = true;
     try {
       world.emplace();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "clairfs: %s\n", e.what());
       return kExitFailure;
     }
+  }
+  Options o;
+  std::string bad;
+  try {
+    o = parse_mount_command(argc, argv);
+  } catch (const HelpRequested& h) {
+    std::fputs(h.what(), stdout);
+    if (!world) return 0;
+    bad = "help";
+  } catch (const UsageError& e) {
+    bad = e.what();
+    std::fprintf(stderr, "clairfs: %s\n", bad.c_str());
+  }
+  if (world && !world->all(bad.empty())) {
+    if (bad.empty()) std::fprintf(stderr, "clairfs: node %d: another node's options are wrong (see its message)\n", world->rank());
+    return bad == "help" ? 0 : kExitUsage;
+  }
+  if (!bad.empty()) return kExitUsage;
+  raise_fd_limit();
+
+  if (world) {
+    o.foreground = true;
     if (o.ranks_per_node > 0 && !o.ranks_given) {  // the ranks of this node, not of node 0
       o.ranks.clear();
       for (uint64_t r = world->rank() * o.ranks_per_node; r < (world->rank() + 1) * o.ranks_per_node; ++r)

@@ -151,14 +151,26 @@ with h.tempdir() as tmp:
         h.check(all(x["ram"]["used"] <= x["ram"]["budget"] for x in s), "every node within its RAM budget")
         h.check(all(x["peers"]["timeouts"] == 0 and x["peers"]["usable"] == NODES - 1 for x in s),
                 "no peer timed out: %s" % [x["peers"]["timeouts"] for x in s])
+        # One node unmounted while the others run: they stop asking it and keep serving right bytes.
         pids = [p for m in mnts for p in h.daemon_pids(m)]
+        subprocess.run(["fusermount3", "-u", mnts[2]], check=True, timeout=30)
+        time.sleep(0.5)
+        rels = open("%s/.clairfs/order/epoch-0/rank-1" % mnts[1]).read().splitlines()
+        h.check(not h.is_mounted(mnts[2]) and all(digest(os.path.join(mnts[1], p)) == want[p] for p in rels)
+                and stats(mnts[1])["peers"]["usable"] == NODES - 2,
+                "node 2 unmounted alone: the others read on with right bytes and ask it nothing more")
         r2, took = umount(state)
         h.check(r2.returncode == 0 and took < 20, "clairfs-job-umount stopped them all in %.1f s: %s" % (took, r2.stderr.strip()))
         h.check(not any(h.is_mounted(m) for m in mnts) and not any(os.path.exists("/proc/%d" % p) for p in pids),
                 "no mount and no daemon left")
         h.check(all(not os.listdir("%s/nvme%d" % (tmp, n)) for n in range(NODES)), "each NVMe directory left empty")
 
-    # 2. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
+    # 2. A node whose options are wrong stops them all at once, with its message; nothing stays mounted.
+    mnts, state, r, took = launch(tmp, src, total, ",bogus_option=1")
+    h.check(r.returncode != 0 and "bogus_option" in r.stderr and took < 30 and not any(h.is_mounted(m) for m in mnts),
+            "a bad option: clairfs-job-mount fails in %.1f s with the daemons' message: %s" % (took, r.stderr.strip()[-200:]))
+
+    # 3. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
     mnts, state, r, took = launch(tmp, src, total, ",peer_timeout=1")
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
     if r.returncode == 0:
