@@ -220,5 +220,26 @@ TEST_F(ManifestTest, MemoryStaysUnderOneHundredBytesPerFilePlusNames) {
   EXPECT_LE(m.memory_bytes(), 2011 * 100 + name_bytes + 10 * 6);
 }
 
+TEST_F(ManifestTest, SerializedBytesComeBackTheSameAndDamageIsRefused) {
+  // What node 0 broadcasts to the other nodes.
+  file("b/2.jpg", "22");
+  file("a/1.png", "1");
+  link("../a/1.png", "b/l.jpg");
+  const Manifest m = scan();
+  const std::string bytes = m.serialize();
+  const Manifest back = Manifest::deserialize(bytes, default_extensions(), root_);
+  EXPECT_EQ(sample_paths(back), sample_paths(m));
+  ASSERT_EQ(back.size(), m.size());
+  for (EntryId id = 0; id < m.size(); ++id) {
+    EXPECT_EQ(back.path(id), m.path(id));
+    EXPECT_EQ(back.entry(id).size, m.entry(id).size);
+  }
+  std::string damaged = bytes;
+  damaged[damaged.size() / 2] ^= 0x5a;
+  EXPECT_THROW(Manifest::deserialize(damaged, default_extensions(), root_), std::runtime_error);
+  EXPECT_THROW(Manifest::deserialize(bytes.substr(0, bytes.size() - 1), default_extensions(), root_), std::runtime_error);
+  EXPECT_THROW(Manifest::deserialize("", default_extensions(), root_), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace clairfs

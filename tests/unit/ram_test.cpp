@@ -2,6 +2,7 @@
 // and a file still held by a reader outlives its eviction.
 #include <gtest/gtest.h>
 
+#include "tiers/next_use.hpp"
 #include "tiers/ram.hpp"
 
 namespace clairfs {
@@ -45,6 +46,26 @@ TEST(RamTierTest, EmptyFilesCostNothing) {
   ram.insert(3, bytes(0));
   EXPECT_TRUE(ram.contains(3));
   EXPECT_EQ(ram.used(), 0u);
+}
+
+TEST(TierIndexTest, EvictsTheFarthestAndKeepsOwnedFilesForOwnedOnly) {
+  TierIndex t;
+  t.set(1, 100, false);
+  t.set(2, 500, false);
+  t.set(3, 900, true);  // kept for the other nodes
+  // A file needed at 50: the farthest of the rest goes first, never an owned one for an unowned file.
+  EXPECT_EQ(t.victim(50, false), std::optional<EntryId>(2));
+  t.erase(2);
+  EXPECT_EQ(t.victim(50, false), std::optional<EntryId>(1));
+  t.erase(1);
+  EXPECT_EQ(t.victim(50, false), std::nullopt);
+  EXPECT_EQ(t.victim(50, true), std::optional<EntryId>(3));  // an owned file may displace another
+  EXPECT_EQ(t.victim(950, true), std::nullopt);               // not one needed sooner than itself
+  // The use at 900 passed: re-keyed to its next one.
+  t.passed(3, 900, 2000);
+  EXPECT_EQ(t.key(3), std::optional<uint64_t>(2000));
+  t.passed(3, 900, 3000);  // not waiting for 900 any more: unchanged
+  EXPECT_EQ(t.key(3), std::optional<uint64_t>(2000));
 }
 
 }  // namespace
