@@ -303,6 +303,7 @@ int run_mount(int argc, char** argv) {
         c.ranks = o.ranks;
         c.start_epoch = o.start_epoch;
         c.epochs = o.epochs;
+        c.depth = static_cast<unsigned>(o.io_depth);
         // An open may stray from its rank's place by the batches a DataLoader keeps in flight
         // (prefetch_factor × workers); twice that, counting at least 8 workers (not every job says how
         // many it runs), and a margin.

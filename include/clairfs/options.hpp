@@ -72,6 +72,7 @@ struct Options {
   uint64_t pagecache = 0;  // bytes of staged files pushed into the kernel ahead of readers
   bool pagecache_given = false;
   double peer_timeout = 5.0;  // seconds
+  uint64_t io_depth = 32;     // the stager's requests in flight
   std::string nvme;
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
   std::string manifest;

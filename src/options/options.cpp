@@ -48,6 +48,7 @@ enum Key : int {
   kNvmeSize,
   kPageCache,
   kPeerTimeout,
+  kIoDepth,
   kManifest,
   kTorchVersion,
   kSharedGenerator,
@@ -105,6 +106,7 @@ const fuse_opt kTemplates[] = {
     CLAIRFS_OPT("nvme=", kNvme),
     CLAIRFS_OPT("pagecache=", kPageCache),
     CLAIRFS_OPT("peer_timeout=", kPeerTimeout),
+    CLAIRFS_OPT("io_depth=", kIoDepth),
     CLAIRFS_OPT("nvme_size=", kNvmeSize),
     CLAIRFS_OPT("manifest=", kManifest),
     CLAIRFS_OPT("torch_version=", kTorchVersion),
@@ -219,6 +221,10 @@ void handle(ParseState& st, int key, const char* arg) {
     case kRam:
       o.ram = parse_size(k, v);
       o.ram_given = true;
+      break;
+    case kIoDepth:
+      o.io_depth = parse_u64(k, v);
+      if (o.io_depth < 1 || o.io_depth > 4096) bad_value(k, v, "use 1 to 4096");
       break;
     case kPeerTimeout:
       o.peer_timeout = parse_seconds(k, v);
@@ -489,6 +495,7 @@ Caches:
                        default 1/4 of ram=, up to 1G; 0: no pushes
   nvme=DIR             local directory for the NVMe tier (clairfs makes and removes its own folder in it)
   nvme_size=SIZE       NVMe tier budget; default 90% of the free space in DIR; needs nvme=
+  io_depth=N           opens, reads and writes the stager keeps in flight; default 32
   peer_timeout=SECS    under mpiexec/srun: a peer that has not answered in this long is not asked again
                        (its files come from SOURCE); default 5
   manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE
