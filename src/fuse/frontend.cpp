@@ -269,9 +269,11 @@ struct Handlers {
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     Frontend& fe = self(req);
     if (ControlTree::owns(ino)) {
-      const std::string& text = **reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
-      const size_t start = std::min(text.size(), static_cast<size_t>(off));
-      return (void)fuse_reply_buf(req, text.data() + start, std::min(size, text.size() - start));
+      // Our own reference for the reply: once the kernel has the reply it may send the RELEASE, which
+      // another thread handles while this one is still returning from writev.
+      const std::shared_ptr<const std::string> text = *reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
+      const size_t start = std::min(text->size(), static_cast<size_t>(off));
+      return (void)fuse_reply_buf(req, text->data() + start, std::min(size, text->size() - start));
     }
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);

@@ -86,8 +86,11 @@ with h.tempdir() as tmp:
                 if line.startswith("VmHWM:"):
                     hwm = int(line.split()[1]) * 1024
         bound = budget + (64 << 20) + 100 * len(want)
-        h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
-            hwm / 2**20, bound / 2**20))
+        if os.environ.get("CLAIRFS_SANITIZED"):
+            h.check(hwm > 0, "daemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (hwm / 2**20))
+        else:
+            h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
+                hwm / 2**20, bound / 2**20))
         r = h.run_clairfs(["status", mnt])
         h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
                 and "lead" in r.stdout,
