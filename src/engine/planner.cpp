@@ -176,6 +176,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
         r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
                                       [&](uint64_t k) { return epoch_end_key(k) == epoch_end; }),
                        r.resync.end());
+      if (r.resync.size() >= 4 * kResync) r.resync.erase(r.resync.begin(), r.resync.begin() + 2 * kResync);
       r.resync.push_back(key);
       std::vector<uint64_t> run;
       for (uint64_t k : r.resync)
