@@ -56,7 +56,8 @@ class StartupReport {
   ~StartupReport() { close(); }
   bool detached() const { return fd_ >= 0; }
 
-  int fail(int code, const std::string& message) {
+  int fail(int code, const std::string& raw) {
+    const std::string message = one_line(raw);  // a path in it may hold a newline
     if (fd_ < 0) {
       std::fprintf(stderr, "clairfs: %s\n", message.c_str());
     } else {
@@ -292,7 +293,7 @@ int run_mount(int argc, char** argv) {
       owner = plan_owners(*manifest, *oracle, o, world->allgather(o.ranks), nodes);
       MpiPeersConfig pc;
       pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
-      peers.emplace(*world, pc);
+      peers.emplace(*world, *manifest, pc);
       log_info("node " + std::to_string(node) + " of " + std::to_string(nodes) + ", serving " +
                std::to_string(o.ranks.size()) + " training rank(s)");
     }

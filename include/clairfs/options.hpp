@@ -16,10 +16,14 @@
 
 namespace clairfs {
 
-// A bad command line, option or path given by the user. what() is one line naming the culprit.
+// `text` on one line: control characters (a newline in a path or an option value) written as \n, \xHH.
+std::string one_line(const std::string& text);
+
+// A bad command line, option or path given by the user. what() is one line naming the culprit, even
+// when the culprit itself holds a newline.
 class UsageError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& what) : std::runtime_error(one_line(what)) {}
 };
 
 // --help or --version: what() is the text to print on stdout; exit 0.

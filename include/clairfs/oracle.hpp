@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <istream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,5 +138,8 @@ std::vector<uint32_t> clairfs_permutation(uint64_t n, SeedInt seed, uint64_t epo
 // root) to a sample index, or returns -1. Throws UsageError naming the file, line and problem.
 OrderList parse_order_file(const std::string& file, uint64_t num_samples, uint64_t world_size,
                            const std::function<int64_t(const std::string&)>& resolve);
+// The same, from a stream; `file` names it in messages.
+OrderList parse_order_stream(std::istream& in, const std::string& file, uint64_t num_samples, uint64_t world_size,
+                             const std::function<int64_t(const std::string&)>& resolve);
 
 }  // namespace clairfs

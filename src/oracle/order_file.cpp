@@ -19,6 +19,11 @@ OrderList parse_order_file(const std::string& file, uint64_t num_samples, uint64
                            const std::function<int64_t(const std::string&)>& resolve) {
   std::ifstream in(file);
   if (!in) throw UsageError("order_file '" + file + "' cannot be read");
+  return parse_order_stream(in, file, num_samples, world_size, resolve);
+}
+
+OrderList parse_order_stream(std::istream& in, const std::string& file, uint64_t num_samples, uint64_t world_size,
+                             const std::function<int64_t(const std::string&)>& resolve) {
   OrderList list;
   auto where = [&](size_t line_no) { return "order_file '" + file + "' line " + std::to_string(line_no) + ": "; };
   int64_t rank = -1;  // current @rank, or -1 for the global sequence

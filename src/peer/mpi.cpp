@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "peer/message.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -17,7 +18,6 @@ namespace {
 
 constexpr int kRequest = 1;
 constexpr int kGoodbye = 2;
-constexpr int kFirstReplyTag = 16;
 // A file larger than this is never asked of a peer (MPI counts are ints): it is read from SOURCE.
 constexpr uint64_t kMaxPeerFile = 1u << 30;
 // How long stop() keeps trying to deliver goodbyes and finish sends to peers that may be gone.
@@ -120,8 +120,8 @@ struct MpiPeers::Send {
   PeerBytes bytes;  // alive until the send completes
 };
 
-MpiPeers::MpiPeers(MpiWorld& world, MpiPeersConfig config)
-    : world_(world), config_(config), node_(world.rank()), nodes_(world.size()), comm_(std::make_unique<Comm>()),
+MpiPeers::MpiPeers(MpiWorld& world, const Manifest& manifest, MpiPeersConfig config)
+    : world_(world), manifest_(manifest), config_(config), node_(world.rank()), nodes_(world.size()), comm_(std::make_unique<Comm>()),
       gone_(static_cast<size_t>(world.size())) {
   check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_->comm), "cannot set up the peer communicator");
   MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
@@ -233,16 +233,25 @@ void MpiPeers::loop() {
     } else if (flag) {
       busy = true;
       const int from = st.MPI_SOURCE;
-      const auto id = static_cast<EntryId>(request_in[0]);
-      const int tag = static_cast<int>(request_in[1]);
-      const uint64_t size = request_in[2];
-      if (from < 0 || from >= nodes_ || gone_[static_cast<size_t>(from)]) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      const auto request = decode_peer_request(request_in, static_cast<size_t>(count), manifest_, comm_->tag_ub);
+      const uint64_t asked_tag = request_in[1];
+      if (from < 0 || from >= nodes_ || gone_[static_cast<size_t>(from)] || (!request && (asked_tag < kPeerFirstReplyTag ||
+          asked_tag > static_cast<uint64_t>(comm_->tag_ub)))) {
+        // It left (nobody waits for an answer), or the request is too broken to answer at all.
+        if (!request) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          counters_.refused_to_peers++;
+        }
         MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
-        continue;  // it left: nobody is waiting for an answer
+        continue;
       }
-      PeerBytes bytes = lookup_(id);
+      const int tag = static_cast<int>(asked_tag);
+      PeerBytes bytes = request ? lookup_(request->id) : nullptr;
       Send s;
-      if (bytes && bytes->size() == size) {
+      if (bytes && bytes->size() == request->size) {
+        const uint64_t size = request->size;
         s.bytes = bytes;
         MPI_Isend(bytes->data(), static_cast<int>(size), MPI_BYTE, from, tag, comm, &s.request);
         std::lock_guard<std::mutex> lock(mutex_);
@@ -282,10 +291,8 @@ void MpiPeers::loop() {
           ++it;
           continue;
         }
-        f.tag = kFirstReplyTag + static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kFirstReplyTag));
-        f.header[0] = f.id;
-        f.header[1] = static_cast<uint64_t>(f.tag);
-        f.header[2] = f.buf->size();
+        f.tag = kPeerFirstReplyTag + static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kPeerFirstReplyTag));
+        encode_peer_request(PeerRequest{f.id, f.tag, f.buf->size()}, f.header);
         f.deadline = std::chrono::steady_clock::now() + config_.timeout;
         // The receive goes first, straight into the file's buffer; then the request.
         MPI_Irecv(f.buf->data(), static_cast<int>(f.buf->size()), MPI_BYTE, f.owner, f.tag, comm, &f.recv);

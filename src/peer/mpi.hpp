@@ -68,7 +68,8 @@ struct MpiPeersConfig {
 
 class MpiPeers final : public PeerTransport {
  public:
-  MpiPeers(MpiWorld& world, MpiPeersConfig config);
+  // REQUIRES: manifest outlives the transport (requests are checked against it).
+  MpiPeers(MpiWorld& world, const Manifest& manifest, MpiPeersConfig config);
   ~MpiPeers() override;
 
   int node() const override { return node_; }
@@ -85,6 +86,7 @@ class MpiPeers final : public PeerTransport {
   void loop();
 
   MpiWorld& world_;
+  const Manifest& manifest_;
   const MpiPeersConfig config_;
   int node_;
   int nodes_;
