@@ -359,6 +359,7 @@ int ClairvoyantEngine::load_from_source(Handle& h) {
                 " bytes from SOURCE: changed since the scan");
     return -EIO;
   }
+  if (source_.verify(h.id, fd) < 0) return -EIO;  // changed while we read: maybe a mix, never served
   source_files_++;
   source_bytes_ += size;
   h.data = buf;
@@ -620,6 +621,9 @@ void ClairvoyantEngine::stage_loop() {
       log_warning("staging '" + manifest_.path(p.id) + "' read " + std::to_string(result) + " of " +
                   std::to_string(size) + " bytes; left to SOURCE");
       give_up(p.id);
+      return false;
+    } else if (!p.from_peer && p.fd && source_.verify(p.id, p.fd.get()) < 0) {
+      give_up(p.id);  // changed while it was read: the bytes may mix old and new
       return false;
     }
     p.fd = UniqueFd();
@@ -906,6 +910,8 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"source_bytes", staged_source_bytes_.load()}};
   // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
   j["source_traffic"] = {{"bytes", staged_source_bytes_.load() + source_bytes_.load()}};
+  // Files refused because SOURCE no longer matched the scan (before or after a read): never served.
+  j["source_changed"] = source_.counters().changed.load();
   j["ram"] = {{"budget", ram_.budget()}, {"used", ram_.used()}, {"files", ram_.files()}, {"evictions", ram_evictions_.load()}};
   if (nvme_)
     j["nvme"] = {{"dir", nvme_->path()},          {"capacity", nvme_->capacity()},     {"used", nvme_->used()},

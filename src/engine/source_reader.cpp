@@ -100,6 +100,8 @@ ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset
     }
     done += static_cast<size_t>(n);
   }
+  // Changed while we read? Then these bytes may be part old, part new: refused, never served.
+  if (verify(file->id, file->fd.get()) < 0) return -EIO;
   counters_.bytes += done;
   return static_cast<ssize_t>(done);
 }
