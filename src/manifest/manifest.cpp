@@ -248,7 +248,7 @@ Manifest Manifest::deserialize(std::string data, const std::vector<std::string>&
   if (hash_bytes(p + elen + h.names_size, h.root_len, hash_bytes(p + elen, h.names_size, hash_bytes(p, elen))) != h.hash)
     corrupt("checksum mismatch (damaged file)");
   std::vector<Entry> entries(h.entry_count);
-  std::memcpy(entries.data(), p, elen);
+  if (elen > 0) std::memcpy(entries.data(), p, elen);
   std::string names(p + elen, h.names_size);
   std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
   data.clear();

@@ -130,7 +130,10 @@ std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string
     }
     if (hi - lo >= kMaxRanks || ranks.size() + (hi - lo) >= kMaxRanks)
       bad_value(what, text, "too many ranks");
-    for (uint64_t r = lo; r <= hi; ++r) ranks.insert(r);
+    for (uint64_t r = lo;; ++r) {  // not `r <= hi`: hi may be the largest uint64_t
+      ranks.insert(r);
+      if (r == hi) break;
+    }
     start = stop + 1;
   }
   return {ranks.begin(), ranks.end()};

@@ -163,6 +163,7 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"nvme=/nonexistent/dir", "nvme"},
       {"nvme_size=1G", "nvme_size"},
       {"io_depth=0", "io_depth"},
+      {"world_size=8,ranks=18446744073709551615", "rank"},  // found by fuzzing: looped forever
       {"io_depth=5000", "io_depth"},
       {"peer_timeout=0", "peer_timeout"},
       {"pagecache=1G,ram=0", "pagecache"},
