@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Soak: clairfs under random readers for a long time. One mount lives for the whole run (RAM a third of
+the data set, NVMe half of it, epochs unbounded) while rounds of 1-8 concurrent readers read it in the
+predicted order of a random epoch, in another seed's order, or in sample order; every few rounds a fresh
+mount with random options (budget from 1 KiB to twice the data set, NVMe or not, a random seed) is read
+and checked too. Every byte read is compared with SOURCE. Reports rounds, files, wrong bytes, and the
+long-lived daemon's resident memory over time (to see that it is stable).
+
+    bench/soak.py BUILD [--minutes 30] [--files 2000]
+"""
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from benchlib import unmount  # noqa: E402
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def rss(mnt):
+    r = subprocess.run(["pgrep", "-f", "clairfs .* " + mnt], capture_output=True, text=True)
+    for pid in r.stdout.split():
+        try:
+            for line in open("/proc/%s/status" % pid):
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return 0
+
+
+def read_round(mnt, want, rnd, readers):
+    """1-8 concurrent readers, each in a random mode; returns (files, wrong)."""
+    paths = sorted(want)
+    counts = []
+
+    def reader(seed):
+        r = random.Random(seed)
+        mode = r.choice(["predicted", "wrong seed", "sequential"])
+        if mode == "predicted":
+            with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, r.randrange(0, 6))) as f:
+                rels = f.read().splitlines()
+        elif mode == "wrong seed":
+            rels = r.sample(paths, len(paths))
+        else:
+            rels = paths
+        start = r.randrange(0, len(rels))
+        n = r.randrange(50, 400)
+        rels = (rels[start:] + rels[:start])[:n]
+        wrong = sum(digest(os.path.join(mnt, p)) != want[p] for p in rels)
+        counts.append((len(rels), wrong))
+
+    threads = [threading.Thread(target=reader, args=(rnd.randrange(1 << 30),)) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(c for c, _ in counts), sum(w for _, w in counts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    rnd = random.Random(args.seed)
+    work = tempfile.mkdtemp(prefix="clairfs-soak-")
+    data = work + "/data"
+    subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(args.files), "--classes", "8",
+                    "--mean-kb", "24", "--seed", "7"], check=True, stdout=subprocess.DEVNULL)
+    want = {}
+    for d, _, files in os.walk(data):
+        for f in files:
+            want[os.path.relpath(os.path.join(d, f), data)] = digest(os.path.join(d, f))
+    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+
+    main_mnt, nvme = work + "/main", work + "/nvme"
+    os.makedirs(main_mnt)
+    os.makedirs(nvme)
+    subprocess.run([build + "/clairfs", data, main_mnt, "-o", "seed=3,batch_size=4,workers=2,ram=%d,nvme=%s,"
+                    "nvme_size=%d" % (total // 3, nvme, total // 2)], check=True)
+    t0 = time.monotonic()
+    end = t0 + args.minutes * 60
+    rounds = files = wrong = fresh = 0
+    samples = []  # (minutes, rss)
+    try:
+        while time.monotonic() < end:
+            n, w = read_round(main_mnt, want, rnd, rnd.randrange(1, 9))
+            rounds += 1
+            files += n
+            wrong += w
+            samples.append(((time.monotonic() - t0) / 60, rss(main_mnt)))
+            if rounds % 5 == 0:
+                mnt = tempfile.mkdtemp(prefix="fresh-", dir=work)
+                opts = "seed=%d,batch_size=%d,ram=%d" % (rnd.randrange(-5, 1 << 40), rnd.choice([1, 4, 16]),
+                                                         rnd.choice([1024, total // 10, total // 2, total * 2]))
+                extra = None
+                if rnd.random() < 0.5:
+                    extra = tempfile.mkdtemp(prefix="nv-", dir=work)
+                    opts += ",nvme=%s,nvme_size=%d" % (extra, rnd.choice([4096, total // 4, total]))
+                subprocess.run([build + "/clairfs", data, mnt, "-o", opts], check=True)
+                try:
+                    n, w = read_round(mnt, want, rnd, rnd.randrange(1, 9))
+                    files += n
+                    wrong += w
+                    fresh += 1
+                finally:
+                    unmount(mnt, lazy=True)
+                    time.sleep(0.3)
+                    if extra:
+                        shutil.rmtree(extra, ignore_errors=True)
+            if rounds % 20 == 0:
+                print("%.1f min: %d rounds, %d files, %d wrong, RSS %.1f MiB" % (
+                    samples[-1][0], rounds, files, wrong, samples[-1][1] / 2**20), file=sys.stderr)
+    finally:
+        unmount(main_mnt, lazy=True)
+        time.sleep(0.5)
+        shutil.rmtree(work, ignore_errors=True)
+    half = [r for m, r in samples if m >= args.minutes / 2]
+    first = [r for m, r in samples if m < args.minutes / 2]
+    print("Soak, %.0f minutes, %d files (%.0f MB): %d rounds of 1-8 concurrent readers on one long-lived mount "
+          "(RAM %.0f MB, NVMe %.0f MB) and %d fresh mounts with random options; %d files read, **%d wrong**." % (
+              args.minutes, len(want), total / 1e6, rounds, total / 3e6, total / 2e6, fresh, files, wrong))
+    if first and half:
+        print("Long-lived daemon's resident memory: first half %.1f–%.1f MiB, second half %.1f–%.1f MiB." % (
+            min(first) / 2**20, max(first) / 2**20, min(half) / 2**20, max(half) / 2**20))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
