@@ -133,11 +133,15 @@ void Manifest::validate() const {
   if (n >= kNoEntry) corrupt("too many entries");
   if (!S_ISDIR(entries_[0].mode) || entries_[0].parent != 0 || entries_[0].name_len != 0)
     corrupt("entry 0 is not a root directory");
-  uint64_t children_total = 0;
+  // Every name in range first: the structure checks below compare the names of later entries.
   for (size_t i = 0; i < n; ++i) {
     const Entry& e = entries_[i];
     if (e.name_off > names_.size() || uint64_t{e.name_len} + e.link_len > names_.size() - e.name_off)
       corrupt("entry " + std::to_string(i) + " names bytes outside the name table");
+  }
+  uint64_t children_total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Entry& e = entries_[i];
     if (i != 0) {
       std::string_view nm = name(static_cast<EntryId>(i));
       if (nm.empty() || nm == "." || nm == ".." || nm.find('/') != std::string_view::npos ||
