@@ -8,12 +8,14 @@
 #include "cli.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -163,12 +165,25 @@ std::vector<uint16_t> plan_owners(const Manifest& manifest, const Oracle& oracle
   return owner;
 }
 
+// The signals that end a mount. libfuse's handler for them wakes only the thread that takes one, and its
+// loop waits in the main thread: so every thread but the main one must block them. They are blocked
+// before any thread starts (MPI's, the stager's, the peers', libfuse's inherit the mask) and the main
+// thread takes them again when it starts serving; one that came meanwhile is delivered then.
+sigset_t ending_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  return set;
+}
+
 int run_mount(int argc, char** argv) {
+  const sigset_t ending = ending_signals();
   // Under a launcher (mpiexec, srun): one daemon per node, in the foreground (no fork once MPI runs).
   // MPI starts before the options are checked, so a node with a bad option stops every node at once
   // rather than leaving them waiting for it.
   std::optional<MpiWorld> world;
   if (launched_by_mpi()) {
+    pthread_sigmask(SIG_BLOCK, &ending, nullptr);
     try {
       world.emplace();
     } catch (const std::exception& e) {
@@ -228,6 +243,7 @@ int run_mount(int argc, char** argv) {
     report_fd = fds[1];
   }
   StartupReport report(report_fd);
+  pthread_sigmask(SIG_BLOCK, &ending, nullptr);  // the daemon (or -f) from here on; see ending_signals()
 
   std::optional<Manifest> manifest;
   std::optional<SourceReader> reader;
@@ -368,6 +384,7 @@ int run_mount(int argc, char** argv) {
     if (!report.live()) return kExitFailure;  // unmounts on the way out
     detach_from_terminal();
   }
+  pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
   return session->serve() == 0 ? 0 : kExitFailure;
 }
 

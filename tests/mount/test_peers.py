@@ -154,7 +154,9 @@ with h.tempdir() as tmp:
         # One node unmounted while the others run: they stop asking it and keep serving right bytes.
         pids = [p for m in mnts for p in h.daemon_pids(m)]
         subprocess.run(["fusermount3", "-u", mnts[2]], check=True, timeout=30)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 15  # its goodbye comes once the daemon has left its FUSE loop
+        while time.monotonic() < deadline and stats(mnts[1])["peers"]["usable"] != NODES - 2:
+            time.sleep(0.1)
         rels = open("%s/.clairfs/order/epoch-0/rank-1" % mnts[1]).read().splitlines()
         h.check(not h.is_mounted(mnts[2]) and all(digest(os.path.join(mnts[1], p)) == want[p] for p in rels)
                 and stats(mnts[1])["peers"]["usable"] == NODES - 2,
