@@ -98,7 +98,10 @@ bool NvmeTier::abandon(EntryId id, uint64_t size, int error) {
   ::unlinkat(dir_.get(), name(id).c_str(), 0);
   std::lock_guard<std::mutex> lock(mutex_);
   reserved_ -= size;
-  const bool full = error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG;
+  // Full, or not writable any more (remounted read-only, permissions taken away): either way further
+  // writes would fail too.
+  const bool full = error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG || error == -EROFS ||
+                    error == -EACCES || error == -EPERM;
   const bool stopped = full && admitting_;
   if (full) admitting_ = false;
   return stopped;

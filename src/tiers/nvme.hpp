@@ -6,7 +6,8 @@
 // what DIR's file system has free at mount) is a hard limit on the bytes held plus those being written.
 // The engine writes and reads the bytes (through its io_uring); the tier keeps the index: which files
 // are held, their sizes and checksums. A write that fails for lack of space (ENOSPC, EDQUOT, a short
-// write) stops admission for the rest of the mount; everything else keeps working.
+// write) or because the directory is no longer writable (EROFS, EACCES, EPERM) stops admission for the
+// rest of the mount; everything else keeps working.
 //
 // Thread-safe: one mutex guards the index; it is never held across I/O but unlink().
 #pragma once
@@ -59,7 +60,8 @@ class NvmeTier {
   // A write finished: the reservation becomes a held file.
   void commit(EntryId id, uint64_t size, uint64_t checksum);
   // A write failed: removes the file, gives back the reservation; `error` (-errno, or 0 for a short
-  // write) stops admission when it means the disk is full. Returns true if admission stopped now.
+  // write) stops admission when it means the disk is full or no longer writable. Returns true if
+  // admission stopped now.
   bool abandon(EntryId id, uint64_t size, int error);
   // Removes a held file (evicted, or found corrupt). Returns the bytes freed.
   uint64_t erase(EntryId id);

@@ -134,12 +134,15 @@ with h.tempdir() as tmp:
                 f.write(b"NEW BYTES")
         results = [h.reads_as_or_eio(os.path.join(mnt, p), old[p]) for p in victims]
         h.check(all(results), "20 files rewritten after staging: each reads as its staged copy or EIO")
-    # Without staging there is no copy: a file rewritten after the scan (same size, new mtime) is EIO.
+    # Without staging there is no copy: a file rewritten (same size, new mtime), truncated or deleted
+    # after the scan is EIO.
     with h.mounted(src, mnt, "ram=0"):
         for p in victims[:3]:
             with open(os.path.join(src, p), "r+b") as f:
                 f.write(b"NEWER")
-        h.check(all(h.expect_errno(lambda p=p: open(os.path.join(mnt, p), "rb").read(), 5) for p in victims[:3]),
-                "ram=0: files rewritten after the scan read as EIO")
+        os.truncate(os.path.join(src, victims[3]), 10)
+        os.unlink(os.path.join(src, victims[4]))
+        h.check(all(h.expect_errno(lambda p=p: open(os.path.join(mnt, p), "rb").read(), 5) for p in victims[:5]),
+                "ram=0: files rewritten, truncated or deleted after the scan read as EIO")
 
 h.finish()

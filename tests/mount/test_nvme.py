@@ -146,7 +146,27 @@ with h.tempdir() as tmp:
         finally:
             subprocess.run(["umount", "-l", small])
 
-    # 5. A missing NVMe directory is refused at mount with one line.
+    # 5. The NVMe directory turns read-only during the run (its file system remounted ro): writes fail
+    # and are counted, nothing else changes.
+    ro = tmp + "/ro"
+    os.makedirs(ro)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", ro], capture_output=True, text=True)
+    if r.returncode != 0:
+        h.check(True, "skipped the read-only case: cannot mount a tmpfs (%s)" % r.stderr.strip())
+    else:
+        try:
+            with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, ro)):
+                subprocess.run(["mount", "-o", "remount,ro", ro], check=True)
+                wrong, opened = read_epochs(range(3))
+                s = stats(mnt)
+                h.check(wrong == 0 and s["nvme"]["write_failures"] > 0 and not s["nvme"]["admitting"],
+                        "NVMe directory made read-only mid-run: every byte right, admission stopped after %d failed writes"
+                        % s["nvme"]["write_failures"])
+                subprocess.run(["mount", "-o", "remount,rw", ro], check=True)
+        finally:
+            subprocess.run(["umount", "-l", ro])
+
+    # 6. A missing NVMe directory is refused at mount with one line.
     r = h.run_clairfs([src, mnt, "-o", "nvme=%s/missing" % tmp])
     h.check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "missing" in r.stderr,
             "nvme=DIR that does not exist: exit 2, one line: %s" % r.stderr.strip())
