@@ -243,14 +243,7 @@ FileBytes ClairvoyantEngine::read_nvme(EntryId id) {
   UniqueFd fd(::openat(nvme_->dir_fd(), NvmeTier::name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return nullptr;
   auto buf = std::make_shared<std::vector<char>>(held->size);
-  size_t done = 0;
-  while (done < buf->size()) {
-    const ssize_t n = ::pread(fd.get(), buf->data() + done, buf->size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  if (done != buf->size() || NvmeTier::checksum(buf->data(), buf->size()) != held->checksum) {
+  if (pread_full(fd.get(), buf->data(), buf->size(), 0) != static_cast<ssize_t>(buf->size()) || NvmeTier::checksum(buf->data(), buf->size()) != held->checksum) {
     checksum_failures_++;
     log_warning("NVMe copy of '" + manifest_.path(id) + "' is damaged; not served, SOURCE is read instead");
     std::lock_guard<std::mutex> lock(mutex_);
@@ -347,14 +340,8 @@ int ClairvoyantEngine::load_from_source(Handle& h) {
   if (fd < 0) return fd;
   UniqueFd file(fd);
   auto buf = std::make_shared<std::vector<char>>(size);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, buf->data() + done, size - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  if (done != size) {
+  const ssize_t done = pread_full(fd, buf->data(), size, 0);
+  if (done != static_cast<ssize_t>(size)) {
     log_warning("'" + manifest_.path(h.id) + "' read " + std::to_string(done) + " of " + std::to_string(size) +
                 " bytes from SOURCE: changed since the scan");
     return -EIO;

@@ -64,4 +64,16 @@ int open_beneath(int root_fd, const std::vector<std::string_view>& components, i
   return openat2_beneath(at, last.c_str(), flags);
 }
 
+ssize_t pread_full(int fd, char* buf, size_t size, off_t offset) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, buf + done, size - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(done);
+}
+
 }  // namespace clairfs

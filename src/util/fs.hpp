@@ -1,6 +1,8 @@
 // File-system helpers shared by the scanner and the source reader.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,5 +35,9 @@ class UniqueFd {
 // without leaving root_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), one component at a time when
 // the joined path would exceed PATH_MAX. Returns the fd, or -errno.
 int open_beneath(int root_fd, const std::vector<std::string_view>& components, int flags);
+
+// Reads up to `size` bytes at `offset`, going on after short reads and EINTR: the bytes read (fewer
+// only at end of file), or -errno.
+ssize_t pread_full(int fd, char* buf, size_t size, off_t offset);
 
 }  // namespace clairfs
