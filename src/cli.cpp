@@ -333,6 +333,7 @@ int run_mount(int argc, char** argv) {
         c.nvme_size = o.nvme_size;
         c.pagecache = o.pagecache;
         c.page_cache = &page_cache;
+        c.no_open = !o.progress_from_opens;
         if (peers) {
           c.peers = &*peers;
           c.owner = std::move(owner);
@@ -362,7 +363,8 @@ int run_mount(int argc, char** argv) {
   const Entry& root = manifest->entry(0);
   auto stats = [&]() { return staged ? staged->stats_json() : reader->stats_json(); };
   ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
-  Frontend frontend(*manifest, *serving, control, reader->root_fd(), FrontendConfig{o.entry_timeout, o.attr_timeout});
+  Frontend frontend(*manifest, *serving, control, reader->root_fd(),
+                    FrontendConfig{o.entry_timeout, o.attr_timeout, staged && !o.progress_from_opens});
   std::optional<MountedSession> session;
   std::string failure;
   try {

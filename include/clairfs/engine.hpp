@@ -1,7 +1,8 @@
 // The seam between the FUSE front-end and whatever serves file bytes.
 //
 // The front-end translates each kernel request into one call here and replies with the result; it holds
-// no policy. Today the only implementation reads SOURCE directly (SourceReader); the clairvoyant engine
+// no policy. Files are read either through handles (open, read, release) or, in FUSE no-open mode, by
+// id (read_unopened). Today the only implementation reads SOURCE directly (SourceReader); the clairvoyant engine
 // (staging, tiers, peers) implements the same interface, so the front-end does not change.
 //
 // Every call is on the data path: it returns -errno, never throws, and never returns bytes it has not
@@ -31,6 +32,11 @@ class Engine {
 
   // Ends a handle from open(). Never fails.
   virtual void release(uint64_t handle) = 0;
+
+  // A read of regular file `id` that the kernel opened without asking (FUSE no-open mode: open was
+  // answered ENOSYS once, and from then on the kernel opens every file itself and never releases).
+  // The read at offset 0 counts as the file's open. Returns like read().
+  virtual ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) = 0;
 };
 
 }  // namespace clairfs

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "util/text.hpp"
@@ -25,6 +26,12 @@ constexpr uint64_t kListedEpochs = 100;
 constexpr uint64_t kListedRanks = 4096;
 // Rank files kept: a few epochs of the ranks one node serves.
 constexpr size_t kCachedFiles = 16;
+// Every scalar in stats takes this many characters: the longest a double prints as (-1.2345678901234567e-308).
+constexpr size_t kStatsWidth = 24;
+// stats are made afresh at most this often: the attribute requests of one reader's read calls (each
+// read asks for them) mostly share one rendering, and a reader polling in a loop costs the engine's lock
+// little; fresh enough for anyone watching.
+constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
 
 uint64_t kind_of(uint64_t ino) { return (ino >> kKindShift) & 0xf; }
 uint64_t epoch_dir_ino(uint64_t epoch) { return kBase | (kEpochDir << kKindShift) | epoch; }
@@ -85,7 +92,7 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
   if (dir == kRootIno) {
     if (name == "order") return dir_attr(kOrderIno);
     if (name == "README") return file_attr(kReadmeIno);
-    if (name == "stats") return ControlAttr{kStatsIno, S_IFREG | 0444, 0};
+    if (name == "stats") return getattr(kStatsIno);
     return std::nullopt;
   }
   if (dir == kOrderIno) {
@@ -102,7 +109,10 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
 
 std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
   if (ino == kRootIno || ino == kOrderIno) return dir_attr(ino);
-  if (ino == kStatsIno) return ControlAttr{kStatsIno, S_IFREG | 0444, 0};
+  if (ino == kStatsIno) {
+    const Live l = live(true);
+    return ControlAttr{kStatsIno, S_IFREG | 0444, l.text->size(), l.made_ns};
+  }
   if (!owns(ino)) return std::nullopt;
   if (kind_of(ino) == kEpochDir) return dir_attr(ino);
   return file_attr(ino);
@@ -131,12 +141,29 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
 
 std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
   if (ino == kReadmeIno) return std::make_shared<const std::string>(readme_);
-  if (ino == kStatsIno) return std::make_shared<const std::string>(config_.stats ? config_.stats() : "{}\n");
+  if (ino == kStatsIno) return live(true).text;
   if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
   const uint64_t rank = ino & kMaxRank;
   const uint64_t epoch = (ino >> 24) & kMaxEpoch;
   if (rank >= oracle_.schedule().world_size) return nullptr;
   return rank_file(epoch, rank);
+}
+
+std::shared_ptr<const std::string> ControlTree::current(uint64_t ino) const {
+  return ino == kStatsIno ? live(false).text : content(ino);
+}
+
+ControlTree::Live ControlTree::live(bool refresh) const {
+  std::lock_guard<std::mutex> lock(live_mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  if (live_.text && (!refresh || now - live_at_ < kLiveRefresh)) return live_;
+  const std::string json = config_.stats ? config_.stats() : "{}\n";
+  live_.text = std::make_shared<const std::string>(fixed_width_scalars(json, kStatsWidth));
+  const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+  live_.made_ns = std::max(wall, live_.made_ns + 1);
+  live_at_ = now;
+  return live_;
 }
 
 std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {

@@ -1,7 +1,7 @@
 // The .clairfs control tree: virtual files that let any loader see what clairfs predicts.
 //
 //   MOUNTPOINT/.clairfs/README                   what these files are
-//   MOUNTPOINT/.clairfs/stats                    the engine's counters (JSON), made afresh on each open
+//   MOUNTPOINT/.clairfs/stats                    the engine's counters (JSON), made afresh when asked
 //   MOUNTPOINT/.clairfs/order/epoch-E/rank-R     rank R's samples in epoch E, in the order its DataLoader
 //                                                loads them: one path relative to the mount root a line
 //
@@ -9,10 +9,17 @@
 // name. Its inode numbers live far above the manifest's (bit 62 set), so the two never meet. A rank
 // file's contents are computed from the oracle when first needed and kept in a small cache, since the
 // kernel asks for the size (getattr) before it reads.
+//
+// stats keeps one length: every number in it is printed right-aligned in a field of kStatsWidth, so its
+// size never changes. That lets it be read without opens (FUSE no-open mode), where the kernel caches its
+// pages like any file's: its attributes are never cached, each read asks for them, a new modification
+// time makes the kernel drop its pages, and a reader reading past the end finds it where the size it was
+// told put it. Made afresh at most every kLiveRefresh (1 ms).
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -33,6 +40,7 @@ struct ControlAttr {
   uint64_t ino = 0;
   mode_t mode = 0;
   uint64_t size = 0;
+  int64_t mtime_ns = 0;  // 0: the root's
 };
 
 struct ControlConfig {
@@ -41,7 +49,7 @@ struct ControlConfig {
   std::vector<uint64_t> ranks;  // the ranks this mount serves (listed first)
   uid_t uid = 0;                // owner shown for the virtual files (SOURCE's root owner)
   gid_t gid = 0;
-  std::function<std::string()> stats;  // .clairfs/stats, made afresh on each open
+  std::function<std::string()> stats;  // .clairfs/stats (JSON)
 };
 
 class ControlTree {
@@ -59,10 +67,13 @@ class ControlTree {
   std::optional<ControlAttr> getattr(uint64_t ino) const;
   // A directory's entries (without "." and ".."), or nullopt if `ino` is no control directory.
   std::optional<std::vector<std::pair<std::string, ControlAttr>>> list(uint64_t dir) const;
-  // True for files whose contents change (stats): served uncached, size 0 in attributes.
+  // True for files whose contents change (stats): served uncached when opened, attributes never cached.
   static bool is_live(uint64_t ino);
-  // A file's contents; nullptr if `ino` is no control file.
+  // A file's contents; nullptr if `ino` is no control file. A live file's are made afresh (if older than
+  // kLiveRefresh).
   std::shared_ptr<const std::string> content(uint64_t ino) const;
+  // The contents the last getattr or content() described, for reads without a handle.
+  std::shared_ptr<const std::string> current(uint64_t ino) const;
 
   const ControlConfig& config() const { return config_; }
 
@@ -78,6 +89,16 @@ class ControlTree {
   // Recently built rank files. Guards cache_; never held while the oracle computes.
   mutable std::mutex mutex_;
   mutable std::list<std::pair<uint64_t, std::shared_ptr<const std::string>>> cache_;  // most recent first
+
+  // The latest rendering of stats. live_mutex_ guards live_ and live_at_, and is held while stats render.
+  struct Live {
+    std::shared_ptr<const std::string> text;
+    int64_t made_ns = 0;  // wall clock, strictly increasing: the file's mtime
+  };
+  Live live(bool refresh) const;
+  mutable std::mutex live_mutex_;
+  mutable Live live_;
+  mutable std::chrono::steady_clock::time_point live_at_{};
 };
 
 }  // namespace clairfs

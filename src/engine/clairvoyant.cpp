@@ -40,8 +40,23 @@ constexpr double kPeerParallel = 8;
 constexpr uint64_t kWholeFileRead = 64 << 20;
 // Demand-read files waiting for the stager to keep them: beyond this many, the rest are not kept.
 constexpr size_t kMaxAdopted = 4096;
+// Reads without a handle: files read whole on demand are held this long (in files and bytes) for the
+// kernel's later pieces of them — a few readers' current files, well inside the 64 MiB of overhead the
+// daemon allows itself; files larger than kRecentFileMax are read from SOURCE piece by piece instead,
+// through one of kSourceHandles kept descriptors.
+constexpr size_t kRecentFiles = 64;
+constexpr uint64_t kRecentBytes = 32 << 20;
+constexpr uint64_t kRecentFileMax = 8 << 20;
+constexpr size_t kSourceHandles = 16;
+// Beacons: one use in every beacon_every_ steps of a rank is left unpushed, a quarter of the steps the
+// page-cache budget covers, so the readers' news comes several times per window; at least every 256
+// steps (a read through the daemon in 256 costs little), at most every 4.
+constexpr uint64_t kBeaconsPerWindow = 4;
+constexpr uint64_t kBeaconMin = 4, kBeaconMax = 256;
 // When pushes the kernel refused (an inode it has not looked up yet) are tried again.
 constexpr auto kPushRetry = std::chrono::milliseconds(50);
+// Readers whose last file the engine remembers (no-open mode); beyond, it forgets them all.
+constexpr size_t kMaxReaders = 4096;
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
 constexpr uint64_t kRateWindow = 64;
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
@@ -76,6 +91,8 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.end_epoch = c.epochs ? c.start_epoch + *c.epochs : UINT64_MAX;
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
+  // Without opens, an empty file's use never reaches us: the kernel has nothing to read.
+  if (c.no_open) p.unseen = [&manifest](EntryId id) { return manifest.entry(id).size == 0; };
   return p;
 }
 
@@ -117,7 +134,8 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
                                      EngineConfig config)
     : manifest_(manifest), oracle_(oracle), source_(source), config_(std::move(config)),
       streams_(node_streams(manifest_, oracle_, config_.ranks.empty() ? std::vector<uint64_t>{0} : config_.ranks)),
-      ram_(config_.ram), planner_(planner_config(manifest_, config_), streams_) {
+      ram_(config_.ram), planner_(planner_config(manifest_, config_), streams_),
+      recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {
   if (!config_.nvme.empty()) nvme_ = std::make_unique<NvmeTier>(config_.nvme, config_.nvme_size);
   in_kernel_.assign(manifest_.size(), 0);
   origin_.assign(manifest_.size(), 0);
@@ -130,6 +148,11 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
   const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
   evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, config_.loader_window * rates_.size() + config_.depth);
+  if (config_.no_open) {
+    // Half the budget at most: the other half is for pushing ahead.
+    drop_delay_ = std::min((config_.tolerance / 2 + 1) * rates_.size(), std::max<uint64_t>(1, config_.pagecache / mean / 2));
+    beacon_every_ = std::clamp<uint64_t>(config_.pagecache / mean / rates_.size() / kBeaconsPerWindow, kBeaconMin, kBeaconMax);
+  }
   stage_key_ = push_key_ = planner_.cursor();
   ring_ = std::make_unique<Ring>(config_.depth);
   stager_ = std::thread([this] { stage_loop(); });
@@ -148,9 +171,9 @@ ClairvoyantEngine::~ClairvoyantEngine() {
 // ---- progress --------------------------------------------------------------------------------------
 
 void ClairvoyantEngine::drop_pages(EntryId id) {
-  if (!in_kernel_[id]) return;
-  if (in_kernel_[id] == 2) kernel_bytes_ -= manifest_.entry(id).size;
-  in_kernel_[id] = 0;
+  if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) return;
+  if (in_kernel_[id] == kPushed) kernel_bytes_ -= manifest_.entry(id).size;
+  in_kernel_[id] = kDropping;
   if (open_count_.count(id)) drop_on_release_.insert(id);
   else drops_.push_back(id);
 }
@@ -159,7 +182,10 @@ void ClairvoyantEngine::evict_ram(EntryId id) {
   ram_.erase(id);
   ram_keys_.erase(id);
   ram_evictions_++;
-  drop_pages(id);
+  // Without opens, the file may be being read right now (it was just passed, say): its pages go once
+  // the readers have moved on. With opens, drop_pages waits for its last release.
+  if (drop_delay_ > 0 && (in_kernel_[id] == kRead || in_kernel_[id] == kPushed)) late_drops_.emplace_back(planner_.cursor(), id);
+  else drop_pages(id);
 }
 
 void ClairvoyantEngine::after_progress() {
@@ -167,53 +193,103 @@ void ClairvoyantEngine::after_progress() {
     const uint64_t next = planner_.next_use(id, key + 1);
     ram_keys_.passed(id, key, next);
     nvme_keys_.passed(id, key, next);
-    // The readers are past it: its pages go (once nobody has it open), whether pushed or read through
-    // the mount, so the kernel holds only what is about to be read.
-    drop_pages(id);
+    // The readers are past it: its pages go (once nobody has it open, or, without opens, once the
+    // readers are well past it), whether pushed or read through the mount, so the kernel holds only
+    // what is about to be read — unless they were pushed for a later use already.
+    if (in_kernel_[id] == kPushed && next < push_key_) continue;
+    if (drop_delay_ == 0) drop_pages(id);
+    else late_drops_.emplace_back(key, id);
   }
   const uint64_t cursor = planner_.cursor();
+  while (!late_drops_.empty() && late_drops_.front().first + drop_delay_ <= cursor) {
+    const EntryId id = late_drops_.front().second;
+    late_drops_.pop_front();
+    // Needed again soon (within the stretch the stager keeps staged): the pages stay, and that use is
+    // presumed read from them. Dropping them instead could race with that read: a reader quicker than
+    // the drop reads them without a word, where the stager expects it to ask.
+    const uint64_t next = planner_.next_use(id, cursor);
+    if (next < std::max(push_key_, cursor + evict_window_)) {
+      if (in_kernel_[id] != kNone && in_kernel_[id] != kDropping) planner_.presume(next);
+      continue;
+    }
+    drop_pages(id);
+  }
   if (stage_key_ < cursor) stage_key_ = cursor;
   if (push_key_ < cursor) push_key_ = cursor;
+}
+
+FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, bool* from_peer, bool* again) {
+  FileBytes data;
+  *again = false;
+  bool wake = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // A file being staged right now arrives sooner from that read than from a second one.
+    staged_.wait_for(lock, kWaitForStaging, [&] { return stop_ || !in_flight_.count(id); });
+    data = ram_.get(id);
+    *from_peer = data && origin_[id] == 1;
+    if (handle) open_count_[id]++;
+    // Without opens, the same reader reading the file from its start again is the same use: the kernel
+    // reads a page again when its cached copy went while it was being read.
+    if (!handle) {
+      if (last_read_.size() > kMaxReaders) last_read_.clear();
+      auto [it, fresh] = last_read_.try_emplace(pid, id);
+      if (!fresh && it->second == id) {
+        *again = true;
+        return data;
+      }
+      it->second = id;
+    }
+    std::vector<bool> live_before(rates_.size());
+    for (uint64_t r = 0; r < rates_.size(); ++r) live_before[r] = planner_.live(r);
+    const Planner::Open o = planner_.on_open(id, pid);
+    bool returned = false;
+    for (uint64_t r = 0; r < rates_.size(); ++r) {
+      if (planner_.live(r) && !live_before[r]) returned = true;
+      if (planner_.live(r) || !live_before[r]) continue;
+      // Lost: the pages pushed ahead for it will not be read.
+      for (uint64_t key = planner_.cursor() + (r + rates_.size() - planner_.cursor() % rates_.size()) % rates_.size();
+           key < push_key_; key += rates_.size())
+        if (const auto item = planner_.item(key); item && in_kernel_[*item] == kPushed) drop_pages(*item);
+    }
+    if (returned) stage_key_ = push_key_ = planner_.cursor();  // a rank came back: stage for it again
+    if (o.expected) {
+      cached_files_ += o.presumed;
+      RankRate& rate = rates_[o.rank];
+      const auto now = Clock::now();
+      if (rate.opens == 0) rate.since = now;
+      rate.opens += 1 + o.presumed;
+      if (rate.opens - rate.opens_since >= kRateWindow) {
+        const double s = std::chrono::duration<double>(now - rate.since).count();
+        const double r = s > 0 ? static_cast<double>(rate.opens - rate.opens_since) / s : 0;
+        rate.per_second = rate.per_second == 0 ? r : 0.7 * rate.per_second + 0.3 * r;
+        rate.since = now;
+        rate.opens_since = rate.opens;
+      }
+    }
+    after_progress();
+    if (!o.expected) read_ahead(id, pid);
+    if (data && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever, false);  // read: first to go
+    if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) in_kernel_[id] = kRead;
+    // Its pages are in the kernel now: a later use the stager has walked past already (not presumed
+    // then, with no pages to read) may be read from them.
+    if (config_.no_open) {
+      const uint64_t later = planner_.next_use(id, o.expected ? o.key + 1 : planner_.cursor());
+      if (later < push_key_) planner_.presume(later);
+    }
+    wake = stager_waiting_ && (planner_.cursor() >= wake_at_cursor_ || !readahead_.empty() || returned);
+  }
+  if (wake) progress_.notify_all();
+  return data;
 }
 
 int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   auto* h = new Handle;
   h->id = id;
   h->pid = pid;
-  bool wake = false;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    // A file being staged right now arrives sooner from that read than from a second one.
-    staged_.wait_for(lock, kWaitForStaging, [&] { return stop_ || !in_flight_.count(id); });
-    h->data = ram_.get(id);
-    h->from_ram = h->data != nullptr;
-    h->from_peer = h->from_ram && origin_[id] == 1;
-    open_count_[id]++;
-    uint64_t live_before = 0, live_after = 0;
-    for (uint64_t r = 0; r < rates_.size(); ++r) live_before += planner_.live(r);
-    const Planner::Open o = planner_.on_open(id, pid);
-    for (uint64_t r = 0; r < rates_.size(); ++r) live_after += planner_.live(r);
-    if (live_after > live_before) stage_key_ = planner_.cursor();  // a rank came back: stage for it again
-    if (o.expected) {
-      RankRate& rate = rates_[o.rank];
-      const auto now = Clock::now();
-      if (rate.opens++ % kRateWindow == 0) {
-        if (rate.opens > 1) {
-          const double s = std::chrono::duration<double>(now - rate.since).count();
-          const double r = s > 0 ? static_cast<double>(kRateWindow) / s : 0;
-          rate.per_second = rate.per_second == 0 ? r : 0.7 * rate.per_second + 0.3 * r;
-        }
-        rate.since = now;
-      }
-    }
-    after_progress();
-    if (!o.expected) read_ahead(id, pid);
-    if (h->from_ram && ram_keys_.key(id) == kReadAheadKey) ram_keys_.set(id, kNever, false);  // read: first to go
-    if (!in_kernel_[id]) in_kernel_[id] = 1;
-    wake = stager_waiting_ &&
-           (planner_.cursor() >= wake_at_cursor_ || !readahead_.empty() || live_after > live_before);
-  }
-  if (wake) progress_.notify_all();
+  bool again = false;
+  h->data = note_open(id, pid, true, &h->from_peer, &again);
+  h->from_ram = h->data != nullptr;
   *handle = reinterpret_cast<uint64_t>(h);
   return 0;
 }
@@ -252,14 +328,6 @@ FileBytes ClairvoyantEngine::read_nvme(EntryId id) {
     return nullptr;
   }
   return buf;
-}
-
-int ClairvoyantEngine::load_from_nvme(Handle& h) {
-  FileBytes bytes = read_nvme(h.id);
-  if (!bytes) return -ENOENT;
-  nvme_files_++;
-  h.data = std::move(bytes);
-  return 0;
 }
 
 PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {
@@ -301,10 +369,10 @@ void ClairvoyantEngine::note_duration(bool peer, Clock::time_point started) {
   ewma = samples <= kWarmUp ? old + (d - old) / static_cast<double>(samples) : 0.8 * old + 0.2 * d;
 }
 
-int ClairvoyantEngine::load_from_peer(Handle& h) {
+int ClairvoyantEngine::load_from_peer(EntryId id, FileBytes* bytes) {
   if (!config_.peers || config_.owner.empty()) return -ENOENT;
-  const int keeper = config_.owner[h.id];
-  const uint64_t size = manifest_.entry(h.id).size;
+  const int keeper = config_.owner[id];
+  const uint64_t size = manifest_.entry(id).size;
   if (keeper == node_ || size == 0 || !config_.peers->usable(keeper)) return -ENOENT;
   struct Answer {
     std::mutex mutex;
@@ -314,7 +382,7 @@ int ClairvoyantEngine::load_from_peer(Handle& h) {
   };
   auto answer = std::make_shared<Answer>();  // outlives a wait given up on
   auto buf = std::make_shared<std::vector<char>>(size);
-  config_.peers->fetch(keeper, h.id, buf, [answer](int64_t result) {
+  config_.peers->fetch(keeper, id, buf, [answer](int64_t result) {
     std::lock_guard<std::mutex> lock(answer->mutex);
     answer->result = result;
     answer->done = true;
@@ -328,31 +396,50 @@ int ClairvoyantEngine::load_from_peer(Handle& h) {
   }
   peer_files_++;
   demand_peer_files_++;
-  h.data = buf;
+  *bytes = buf;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(h.id, std::move(buf));
+  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(id, std::move(buf));
   return 0;
 }
 
-int ClairvoyantEngine::load_from_source(Handle& h) {
-  const uint64_t size = manifest_.entry(h.id).size;
-  const int fd = source_.open_verified(h.id);
+int ClairvoyantEngine::load_from_source(EntryId id, FileBytes* bytes) {
+  const uint64_t size = manifest_.entry(id).size;
+  const int fd = source_.open_verified(id);
   if (fd < 0) return fd;
   UniqueFd file(fd);
   auto buf = std::make_shared<std::vector<char>>(size);
   const ssize_t done = pread_full(fd, buf->data(), size, 0);
   if (done != static_cast<ssize_t>(size)) {
-    log_warning("'" + manifest_.path(h.id) + "' read " + std::to_string(done) + " of " + std::to_string(size) +
+    log_warning("'" + manifest_.path(id) + "' read " + std::to_string(done) + " of " + std::to_string(size) +
                 " bytes from SOURCE: changed since the scan");
     return -EIO;
   }
-  if (source_.verify(h.id, fd) < 0) return -EIO;  // changed while we read: maybe a mix, never served
+  if (source_.verify(id, fd) < 0) return -EIO;  // changed while we read: maybe a mix, never served
   source_files_++;
   source_bytes_ += size;
-  h.data = buf;
+  *bytes = buf;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(h.id, std::move(buf));
+  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(id, std::move(buf));
   return 0;
+}
+
+int ClairvoyantEngine::load_whole(EntryId id, FileBytes* bytes, From* from) {
+  if (nvme_) {
+    if ((*bytes = read_nvme(id))) {
+      nvme_files_++;
+      *from = From::kNvme;
+      return 0;
+    }
+  }
+  const auto t0 = Clock::now();
+  int rc = load_from_peer(id, bytes);
+  *from = From::kPeer;
+  if (rc < 0) {
+    *from = From::kSource;
+    rc = manifest_.entry(id).size <= kWholeFileRead ? load_from_source(id, bytes) : -EFBIG;
+  }
+  if (rc != -EFBIG) stall_ns_ += ns_since(t0);
+  return rc;
 }
 
 ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
@@ -364,19 +451,15 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
     if (!h->tried) {
       h->tried = true;
       h->read_any = true;
-      if (!nvme_ || load_from_nvme(*h) < 0) {
-        if (load_from_peer(*h) == 0) {
-          h->from_peer = true;
-        } else if (manifest_.entry(h->id).size <= kWholeFileRead) {
-          h->source_error = load_from_source(*h);
-        } else {
-          h->source_error = source_.open(h->id, h->pid, &h->source_handle);
-          h->source_open = h->source_error == 0;
-          if (h->source_open) source_files_++;
-        }
+      From from = From::kSource;
+      h->source_error = load_whole(h->id, &h->data, &from);
+      h->from_nvme = from == From::kNvme;
+      h->from_peer = from == From::kPeer;
+      if (h->source_error == -EFBIG) {
+        h->source_error = source_.open(h->id, h->pid, &h->source_handle);
+        h->source_open = h->source_error == 0;
+        if (h->source_open) source_files_++;
         stall_ns_ += ns_since(t0);
-      } else {
-        h->from_nvme = true;
       }
     }
   }
@@ -393,6 +476,62 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
   if (!h->source_open) return h->source_error;
   const ssize_t n = source_.read(h->source_handle, buf, size, offset);
   stall_ns_ += ns_since(t0);
+  if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
+  return n;
+}
+
+ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
+  const auto t0 = Clock::now();
+  bool first = offset == 0;  // the kernel reads a file from its start: this is its open
+  bool from_peer = false;
+  FileBytes data;
+  if (first) {
+    bool again = false;
+    data = note_open(id, pid, false, &from_peer, &again);
+    first = !again;  // counted once
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    data = ram_.get(id);
+    from_peer = data && origin_[id] == 1;
+  }
+  auto copy = [&](const std::vector<char>& bytes) -> ssize_t {
+    if (static_cast<uint64_t>(offset) >= bytes.size()) return 0;
+    const size_t n = std::min(size, bytes.size() - static_cast<size_t>(offset));
+    std::memcpy(buf, bytes.data() + offset, n);
+    return static_cast<ssize_t>(n);
+  };
+  if (data) {
+    if (first) (from_peer ? peer_files_ : ram_files_)++;
+    // More pieces to come: they must not find the file gone if RAM evicts it now that it is passed.
+    if (offset == 0 && data->size() > size && data->size() <= kRecentFileMax)
+      recent_.put(id, data, static_cast<int>(from_peer ? From::kPeer : From::kRam));
+    const ssize_t n = copy(*data);
+    (from_peer ? peer_bytes_ : ram_bytes_) += static_cast<uint64_t>(n);
+    return n;
+  }
+  if (manifest_.entry(id).size <= kRecentFileMax) {
+    int tag = 0;
+    const int rc = recent_.get(
+        id,
+        [&](FileBytes* bytes, int* from) {
+          From f = From::kSource;
+          const int r = load_whole(id, bytes, &f);
+          *from = static_cast<int>(f);
+          return r;
+        },
+        &data, &tag);
+    if (rc < 0) return rc;
+    const ssize_t n = copy(*data);
+    const auto from = static_cast<From>(tag);
+    if (from == From::kRam) ram_bytes_ += static_cast<uint64_t>(n);
+    else if (from == From::kNvme) nvme_bytes_ += static_cast<uint64_t>(n);
+    else if (from == From::kPeer) peer_bytes_ += static_cast<uint64_t>(n);  // SOURCE's: counted whole by the load
+    return n;
+  }
+  bool opened = false;
+  const ssize_t n = source_handles_.read(id, pid, buf, size, offset, &opened);
+  stall_ns_ += ns_since(t0);
+  if (opened && first) source_files_++;
   if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
   return n;
 }
@@ -454,13 +593,18 @@ void ClairvoyantEngine::run_drops() {
     std::lock_guard<std::mutex> lock(mutex_);
     drops.swap(drops_);
   }
-  if (!config_.page_cache) return;
+  if (config_.page_cache)
+    for (EntryId id : drops)
+      if (config_.page_cache->drop(id) == 0) drops_done_++;
+  if (drops.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
   for (EntryId id : drops)
-    if (config_.page_cache->drop(id) == 0) drops_done_++;
+    if (in_kernel_[id] == kDropping) in_kernel_[id] = kNone;
 }
 
 void ClairvoyantEngine::push_ahead() {
-  if (!config_.page_cache || config_.pagecache == 0) return;
+  // Without opens the walk runs even with nothing to push: it presumes the uses of files in the kernel.
+  if (!config_.page_cache || (config_.pagecache == 0 && !config_.no_open)) return;
   if (push_retry_at_ && Clock::now() >= *push_retry_at_) {
     push_retry_at_.reset();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -468,25 +612,44 @@ void ClairvoyantEngine::push_ahead() {
   }
   for (int i = 0; i < kPushesPerRound; ++i) {
     EntryId id = 0;
+    uint64_t key = 0;
     FileBytes data;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const uint64_t end = planner_.planned_end();
       while (push_key_ < end) {
         const auto item = planner_.item(push_key_);
-        if (!item || !planner_.live(planner_.rank_of(push_key_)) || in_kernel_[*item] == 2) {
+        if (!item || !planner_.live(planner_.rank_of(push_key_)) || manifest_.entry(*item).size == 0) {
+          ++push_key_;
+          continue;
+        }
+        if (config_.no_open && beacon(push_key_)) {
+          // Left for its reader to ask the daemon; pages still there from an earlier use go (and if
+          // the reader is quicker than that, it read them: presumed).
+          if (in_kernel_[*item] != kNone) {
+            drop_pages(*item);
+            planner_.presume(push_key_);
+          }
+          ++push_key_;
+          continue;
+        }
+        if (in_kernel_[*item] != kNone) {
+          // Pushed for an earlier use, or read through the mount: this use is likely read from those
+          // pages (if they went meanwhile, the read reaches us and counts as usual).
+          if (config_.no_open) planner_.presume(push_key_);
           ++push_key_;
           continue;
         }
         break;
       }
       if (push_key_ >= end) return;
-      id = *planner_.item(push_key_);
+      key = push_key_;
+      id = *planner_.item(key);
       const uint64_t size = manifest_.entry(id).size;
       if (kernel_bytes_ + size > config_.pagecache) return;  // the window is full: wait for the readers
       data = ram_.get(id);
       if (!data) return;  // not staged yet
-      in_kernel_[id] = 2;
+      in_kernel_[id] = kPushed;
       kernel_bytes_ += size;
       ++push_key_;
     }
@@ -497,15 +660,24 @@ void ClairvoyantEngine::push_ahead() {
       // introduced the inode by then.
       push_failures_++;
       std::lock_guard<std::mutex> lock(mutex_);
-      if (in_kernel_[id] == 2) {
+      if (in_kernel_[id] == kPushed) {
         kernel_bytes_ -= data->size();
-        in_kernel_[id] = 0;
+        in_kernel_[id] = kNone;
       }
       if (!push_retry_at_) push_retry_at_ = Clock::now() + kPushRetry;
     } else {
       pushes_++;
+      if (config_.no_open) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (in_kernel_[id] == kPushed) planner_.presume(key);
+      }
     }
   }
+}
+
+bool ClairvoyantEngine::beacon(uint64_t key) const {
+  // The last use of each epoch too, so that by an epoch's end every silent read in it is counted.
+  return (key / rates_.size()) % beacon_every_ == beacon_every_ - 1 || planner_.last_in_epoch(key);
 }
 
 void ClairvoyantEngine::stage_loop() {
@@ -878,7 +1050,7 @@ uint64_t ClairvoyantEngine::lead_files(uint64_t rank) const {
   for (uint64_t n = 0; n < kLeadScanSteps && key < planner_.planned_end(); ++n, key += ranks) {
     const auto item = planner_.item(key);
     if (!item) continue;
-    if (!ram_keys_.contains(*item) && in_kernel_[*item] != 2) break;
+    if (!ram_keys_.contains(*item) && in_kernel_[*item] != kPushed) break;
     ++lead;
   }
   return lead;
@@ -886,7 +1058,9 @@ uint64_t ClairvoyantEngine::lead_files(uint64_t rank) const {
 
 std::string ClairvoyantEngine::stats_json() const {
   nlohmann::json j;
+  // Without opens, files read from pushed pages are presumed read once their reader reads past them.
   j["tiers"]["pagecache"] = {{"files", cached_files_.load()}};
+  j["progress"] = {{"from", config_.no_open ? "reads" : "opens"}, {"beacon_every", config_.no_open ? beacon_every_ : 0}};
   j["tiers"]["ram"] = {{"files", ram_files_.load()}, {"bytes", ram_bytes_.load()}};
   j["tiers"]["nvme"] = {{"files", nvme_files_.load()}, {"bytes", nvme_bytes_.load()}};
   j["tiers"]["peer"] = {{"files", peer_files_.load()}, {"bytes", peer_bytes_.load()}};

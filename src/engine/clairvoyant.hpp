@@ -12,6 +12,13 @@
 // from SOURCE and counted. Up to `pagecache` bytes of staged files just ahead of the readers are pushed
 // into the kernel's page cache, so their reads never reach the daemon; passed files' pages are dropped.
 //
+// Progress comes from opens, or — with `no_open`, where the kernel opens files without asking (FUSE
+// no-open mode) so pushed files are read at page-cache speed — from reads: the first read of a file that
+// reaches the daemon is its open. Pushed files are presumed read once their reader reads something past
+// them, and one use in every `beacon_every` steps of each rank (and its last in each epoch) is left
+// unpushed, so that reading it tells the engine where the reader is. Pages are dropped only half a
+// tolerance behind the readers then, since no release says when a reader is done with a file.
+//
 // Opens of staged files are served from RAM (or the kernel's pages); anything else is read on demand
 // from NVMe or SOURCE (opened there only when the first read arrives; time spent on SOURCE is counted as
 // a stall). Opens no rank expects are counted as mispredictions; a rank that keeps missing is dropped
@@ -21,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,6 +44,7 @@
 #include "clairfs/peer.hpp"
 #include "engine/planner.hpp"
 #include "engine/source_reader.hpp"
+#include "engine/unopened.hpp"
 #include "io/uring.hpp"
 #include "tiers/next_use.hpp"
 #include "tiers/nvme.hpp"
@@ -57,6 +66,7 @@ struct EngineConfig {
   uint64_t nvme_size = 0;          // 0: 90% of what is free there
   uint64_t pagecache = 0;          // bytes pushed ahead into the kernel at most; 0: no pushes
   PageCache* page_cache = nullptr; // where pushes go; nullptr: no pushes
+  bool no_open = false;            // the kernel opens files without asking: progress comes from reads
   PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
   std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
   std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
@@ -72,6 +82,7 @@ class ClairvoyantEngine final : public Engine {
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
 
   // The counters as JSON (.clairfs/stats).
   std::string stats_json() const;
@@ -84,6 +95,19 @@ class ClairvoyantEngine final : public Engine {
   struct Pending;
   using Clock = std::chrono::steady_clock;
 
+  // Where a reader is, from its open of `id` (or its first read in no-open mode): places it in the plan,
+  // re-keys and drops what the readers passed, wakes the stager. Returns the file's RAM copy, if any
+  // (after waiting for a staging read of it in flight); *from_peer if that copy came from a peer.
+  // `handle`: a handle will be released later (its pages are not dropped before). *again: a reader
+  // without a handle read the file it read last again (the same use: nothing placed).
+  FileBytes note_open(EntryId id, pid_t pid, bool handle, bool* from_peer, bool* again);
+  // Where the bytes of a file not in RAM came from.
+  enum class From { kNvme, kPeer, kSource, kRam };
+  // Reads a file not in RAM whole: from NVMe (checked), its keeper, or SOURCE, and offers it to the
+  // tiers. -EFBIG if it is too large to read whole (read it piecemeal from SOURCE).
+  int load_whole(EntryId id, FileBytes* bytes, From* from);
+  // A use the stager leaves unpushed in no-open mode, so that its read tells where the reader is.
+  bool beacon(uint64_t key) const;  // REQUIRES: mutex_ held
   void stage_loop();
   void plan_ahead();
   void push_ahead();
@@ -102,9 +126,8 @@ class ClairvoyantEngine final : public Engine {
   void finish_staging(EntryId id);  // REQUIRES: mutex_ not held
   // Demand paths (a handle's first read).
   FileBytes read_nvme(EntryId id);  // whole and checked, or nullptr (a bad copy is removed and counted)
-  int load_from_nvme(Handle& h);
-  int load_from_source(Handle& h);  // reads the file whole and offers it to the tiers
-  int load_from_peer(Handle& h);    // asks the file's keeper, and waits; offers it to the tiers
+  int load_from_source(EntryId id, FileBytes* bytes);  // reads the file whole and offers it to the tiers
+  int load_from_peer(EntryId id, FileBytes* bytes);    // asks the file's keeper, and waits; offers it too
   uint64_t lead_files(uint64_t rank) const;  // REQUIRES: mutex_ held
 
   const Manifest& manifest_;
@@ -130,8 +153,10 @@ class ClairvoyantEngine final : public Engine {
   uint64_t stage_key_ = 0;                  // next key the stager considers
   uint64_t push_key_ = 0;                   // next key whose file may be pushed into the kernel
   std::optional<Clock::time_point> push_retry_at_;  // stager only: when refused pushes are tried again
-  // Per entry: 0 the kernel holds none of its pages (as far as we know), 1 read through the mount,
-  // 2 pushed (its size counted in kernel_bytes_).
+  // Per entry, what the kernel may hold of it: kNone (none of its pages, as far as we know), kRead (read
+  // through the mount), kPushed (its size counted in kernel_bytes_), kDropping (a drop queued, not yet
+  // done: the pages may still be read).
+  enum InKernel : uint8_t { kNone = 0, kRead = 1, kPushed = 2, kDropping = 3 };
   std::vector<uint8_t> in_kernel_;
   std::vector<uint8_t> origin_;             // per entry: 1 if its RAM copy came from a peer
   std::vector<std::pair<uint64_t, int64_t>> peer_done_;  // answered fetches (tag, result), for the stager
@@ -139,16 +164,23 @@ class ClairvoyantEngine final : public Engine {
   std::vector<EntryId> drops_;              // pages to drop, by the stager (never from a request handler)
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
+  // No-open mode: passed files whose pages go once the cursor is drop_delay_ keys past them (a reader
+  // of the rank may still be on one: workers read out of order within the tolerance).
+  uint64_t drop_delay_ = 0;
+  std::deque<std::pair<uint64_t, EntryId>> late_drops_;
+  uint64_t beacon_every_ = 1;  // steps of a rank between beacons
   // Sequential read-ahead for readers off the plan: an unexpected open of the sample right after the
   // previous unexpected open of the same process queues the next kReadAhead samples, staged into free
   // RAM only (and evicted first).
   void read_ahead(EntryId id, pid_t pid);  // REQUIRES: mutex_ held
   std::vector<uint32_t> sample_of_;        // per entry: its sample index, or UINT32_MAX; built on first use
   std::unordered_map<pid_t, uint32_t> last_unexpected_;
+  std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
   std::vector<EntryId> readahead_;         // queued by read_ahead, taken by the stager
   std::vector<std::pair<EntryId, FileBytes>> adopted_;  // read whole on demand, for the stager to keep
   struct RankRate {
-    uint64_t opens = 0;
+    uint64_t opens = 0;        // files read (opened, or presumed read from pushed pages)
+    uint64_t opens_since = 0;  // opens when `since` was taken
     Clock::time_point since{};
     double per_second = 0;
   };
@@ -173,6 +205,11 @@ class ClairvoyantEngine final : public Engine {
   uint64_t peer_samples_ = 0, source_samples_ = 0;  // stager only: durations noted each way
   std::atomic<uint64_t> demand_peer_files_{0};
   int node_ = 0;
+
+  // Reads without a handle (no-open mode): files read whole on demand, for the kernel's next pieces of
+  // them, and SOURCE descriptors of files too large for that.
+  RecentLoads recent_;
+  SourceHandles source_handles_;
 
   std::unique_ptr<Ring> ring_;  // made here so a missing io_uring fails the constructor; used by stager_ only
   std::thread stager_;

@@ -131,22 +131,52 @@ uint64_t Planner::epoch_end_key(uint64_t key) const {
   return e ? (base + e->steps) * config_.ranks : kNever;
 }
 
-void Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
-  if (key < r.next) return;  // opened again (a retry, a second reader): no progress
+bool Planner::is_silent(const Rank& r, uint64_t key) const {
+  if (r.silent.count(key)) return true;
+  if (!config_.unseen) return false;
+  const auto id = item(key);
+  return id && config_.unseen(*id);
+}
+
+uint64_t Planner::past_silent(const Rank& r, uint64_t rank, uint64_t key) const {
+  while (key < planned_end() && is_silent(r, key)) key = following(rank, key);
+  return key;
+}
+
+uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
+  if (key < r.next) return 0;  // opened again (a retry, a second reader): no progress
+  r.silent.erase(key);         // presumed silent, but read through us after all (its pages went)
+  r.reached = std::max(r.reached, key);
   if (key == r.next) r.next = following(rank, r.next);
   else r.ahead.insert(key);
   const uint64_t R = config_.ranks;
-  while (!r.ahead.empty()) {
-    const uint64_t first = *r.ahead.begin();
-    if (first <= r.next) {
-      if (first == r.next) r.next = following(rank, r.next);
+  uint64_t presumed = 0;
+  for (;;) {
+    while (!r.ahead.empty() && *r.ahead.begin() < r.next) r.ahead.erase(r.ahead.begin());
+    if (!r.ahead.empty() && *r.ahead.begin() == r.next) {
       r.ahead.erase(r.ahead.begin());
-    } else if ((*r.ahead.rbegin() / R - r.next / R) * 2 > config_.tolerance) {
-      r.next = following(rank, r.next);  // a hole the readers went past: never opened, step over it
+    } else if (r.next < r.reached && is_silent(r, r.next)) {
+      r.silent.erase(r.next);  // its reader went past it: read from the kernel's pages
+      ++presumed;
+    } else if (r.next < r.reached && (r.reached / R - r.next / R) * 2 > config_.tolerance) {
+      // A hole the readers went past: never opened, step over it.
     } else {
       break;
     }
+    r.next = following(rank, r.next);
   }
+  while (!r.silent.empty() && *r.silent.begin() < r.next) r.silent.erase(r.silent.begin());
+  presumed_ += presumed;
+  return presumed;
+}
+
+void Planner::presume(uint64_t key) {
+  Rank& r = ranks_[key % config_.ranks];
+  if (r.live && !opened(key)) r.silent.insert(key);
+}
+
+bool Planner::last_in_epoch(uint64_t key) const {
+  return following(key % config_.ranks, key) >= epoch_end_key(key);
 }
 
 Planner::Open Planner::on_open(EntryId id, pid_t pid) {
@@ -160,7 +190,10 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
     const uint64_t rank = off % R;
     const uint64_t key = (base_[i] + off / R) * R + rank;
     Rank& r = ranks_[rank];
-    const int64_t d = static_cast<int64_t>(key / R) - static_cast<int64_t>(r.next / R);
+    // Its place: past the silent uses at its next key (an open among those is one read through us after
+    // all, in place too).
+    const uint64_t place = past_silent(r, rank, r.next);
+    const int64_t d = key >= r.next && key < place ? 0 : static_cast<int64_t>(key / R) - static_cast<int64_t>(place / R);
     if (r.live && d >= -tol && d <= tol) {
       // Where it was expected.
     } else if (!r.live && d >= -tol) {
@@ -185,29 +218,39 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
       r.live = true;
       r.next = at_or_after(rank, std::max(*std::min_element(run.begin(), run.end()), cursor_));
       r.ahead.clear();
+      r.reached = 0;
       for (uint64_t k : run)
         if (k != key) consume(r, rank, k);
       r.resync.clear();
     } else {
       continue;
     }
+    rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
+    const uint64_t presumed = consume(r, rank, key);
     ++r.expected_in_block;
-    rank_of_pid_[pid] = rank;
-    consume(r, rank, key);
-    result = {true, key, rank};
+    r.presumed_in_block += presumed;
+    result = {true, key, rank, presumed};
   }
   if (!result.expected) {
     ++mispredicted_;
-    if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) ++ranks_[it->second].mispredicted;
+    if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) {
+      ++ranks_[it->second].mispredicted;
+      ++ranks_[it->second].mispredicted_in_block;
+    }
   }
   if (opens_ % stale_after_ == 0) {
     const uint64_t enough = stale_after_ / config_.ranks / 4;
     for (Rank& r : ranks_) {
-      if (r.live && r.expected_in_block < enough) {
+      // Few expected opens. Unless its reads went silently the way the plan said (presumed, well
+      // beyond a quarter share) while its own readers rarely strayed: a rank read mostly from pushed
+      // pages opens little, and another rank's stray opens can fill a block.
+      const bool silent_progress = r.presumed_in_block >= enough && r.mispredicted_in_block < r.expected_in_block;
+      if (r.live && r.expected_in_block < enough && !silent_progress) {
         r.live = false;
         r.resync.clear();
+        r.silent.clear();  // the engine drops the pages it pushed for it
       }
-      r.expected_in_block = 0;
+      r.expected_in_block = r.presumed_in_block = r.mispredicted_in_block = 0;
     }
   }
   update_cursor();

@@ -15,10 +15,18 @@
 // run tolerance/2 steps past it. The cursor is the smallest next key over the live ranks; items the
 // cursor passes are reported (take_passed) so the tiers can re-key them by their next use.
 //
+// Silent uses (FUSE no-open mode): the kernel reads files whose pages it holds without a word to us. The
+// engine presumes those uses (presume: it pushed the pages) and, for empty files, `unseen` says so; a
+// silent use counts as read once its rank opens something past it, and the distance of an open from
+// its rank's place is measured from the first use there that is not silent. Reads of files the engine
+// deliberately did not push (beacons) are then the opens that carry progress.
+//
 // Misprediction: an open no live rank expects is counted. The node's opens are taken in blocks of
 // `stale_after`; a rank with fewer than a quarter of its share of them expected in a block is lost (wrong
 // seed, another sampler, finished, or idle — a random reader still lands inside the tolerance now and
-// then, at a rate of about 2·tolerance / its epoch's length): it no longer holds the cursor back and
+// then, at a rate of about 2·tolerance / its epoch's length) — unless its opens in the block counted a
+// quarter share of silent uses as read while its own processes' opens were mostly expected (a rank read
+// from pushed pages opens little): it no longer holds the cursor back and
 // nothing is staged for it. It is live again on an open near its next key, or after kResync of its
 // opens in a row lie within the tolerance of each other anywhere ahead in its stream (resync) — a
 // random reader does that with a chance of about (2·tolerance / length)^(kResync-1).
@@ -70,6 +78,8 @@ struct PlannerConfig {
   // Epochs planned after the readers' one. A node serving R of W ranks sees a file again about every
   // W/R epochs, so next use must look that far for eviction by next use to know it.
   uint64_t horizon = 2;
+  // No-open mode: entries whose uses never reach the engine (empty files: the kernel reads nothing).
+  std::function<bool(EntryId)> unseen;
 };
 
 class Planner {
@@ -90,8 +100,17 @@ class Planner {
     bool expected = false;
     uint64_t key = kNever;  // where it was placed (kNever when unexpected)
     uint64_t rank = 0;      // index among the served ranks
+    uint64_t presumed = 0;  // silent uses of that rank this open counted as read
   };
   Open on_open(EntryId id, pid_t pid);
+
+  // The kernel holds the pages of the use at `key` (the engine pushed them), so its reader reads it
+  // without asking: a silent use. Ignored for a lost rank or a use already opened.
+  void presume(uint64_t key);
+  // Whether `key` is the last use of its rank in its epoch.
+  bool last_in_epoch(uint64_t key) const;
+  // Silent uses counted as read, in all.
+  uint64_t presumed() const { return presumed_; }
 
   // Keys the cursor passed since the last call, with their entries, in key order.
   std::vector<std::pair<uint64_t, EntryId>> take_passed();
@@ -129,7 +148,11 @@ class Planner {
   struct Rank {
     uint64_t next = 0;            // key of its first item not yet opened
     std::set<uint64_t> ahead;     // keys opened past next
+    std::set<uint64_t> silent;    // presumed keys not yet passed
+    uint64_t reached = 0;         // the largest key opened (0: none since it was last placed)
     uint64_t expected_in_block = 0;
+    uint64_t presumed_in_block = 0;      // silent uses its opens counted as read
+    uint64_t mispredicted_in_block = 0;  // unexpected opens by processes known to read for it
     bool live = true;
     std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
     uint64_t mispredicted = 0;
@@ -141,7 +164,11 @@ class Planner {
   uint64_t following(uint64_t rank, uint64_t key) const;
   // The key of a rank's first item at or after `key`.
   uint64_t at_or_after(uint64_t rank, uint64_t key) const;
-  void consume(Rank& r, uint64_t rank, uint64_t key);
+  bool is_silent(const Rank& r, uint64_t key) const;
+  // The first key at or after `key` whose use is not silent.
+  uint64_t past_silent(const Rank& r, uint64_t rank, uint64_t key) const;
+  // Places an open at `key`; returns how many silent uses it counted as read.
+  uint64_t consume(Rank& r, uint64_t rank, uint64_t key);
   void update_cursor();
 
   const PlannerConfig config_;
@@ -154,6 +181,7 @@ class Planner {
   std::vector<std::pair<uint64_t, EntryId>> passed_;
   uint64_t opens_ = 0;
   uint64_t mispredicted_ = 0;
+  uint64_t presumed_ = 0;
 };
 
 }  // namespace clairfs

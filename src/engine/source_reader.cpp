@@ -81,12 +81,24 @@ int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
 
 ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset) {
   auto* file = reinterpret_cast<OpenFile*>(handle);
-  const uint64_t file_size = manifest_.entry(file->id).size;
+  return read_at(file->id, file->fd.get(), buf, size, offset);
+}
+
+ssize_t SourceReader::read_unopened(EntryId id, pid_t /*pid*/, char* buf, size_t size, off_t offset) {
+  const int fd = open_verified(id);
+  if (fd < 0) return fd;
+  UniqueFd file(fd);
+  if (offset == 0) counters_.opens++;
+  return read_at(id, fd, buf, size, offset);
+}
+
+ssize_t SourceReader::read_at(EntryId id, int fd, char* buf, size_t size, off_t offset) {
+  const uint64_t file_size = manifest_.entry(id).size;
   if (static_cast<uint64_t>(offset) >= file_size) return 0;
   size = static_cast<size_t>(std::min<uint64_t>(size, file_size - static_cast<uint64_t>(offset)));
   size_t done = 0;
   while (done < size) {
-    ssize_t n = ::pread(file->fd.get(), buf + done, size - done, offset + static_cast<off_t>(done));
+    ssize_t n = ::pread(fd, buf + done, size - done, offset + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       counters_.errors++;
@@ -95,13 +107,13 @@ ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset
     if (n == 0) {
       // Shorter than the manifest says: the file was truncated under us. Never pad with zeros.
       counters_.changed++;
-      log_warning("'" + manifest_.path(file->id) + "' shrank in SOURCE during the run; read refused (EIO)");
+      log_warning("'" + manifest_.path(id) + "' shrank in SOURCE during the run; read refused (EIO)");
       return -EIO;
     }
     done += static_cast<size_t>(n);
   }
   // Changed while we read? Then these bytes may be part old, part new: refused, never served.
-  if (verify(file->id, file->fd.get()) < 0) return -EIO;
+  if (verify(id, fd) < 0) return -EIO;
   counters_.bytes += done;
   return static_cast<ssize_t>(done);
 }

@@ -29,6 +29,8 @@ class SourceReader final : public Engine {
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
+  // Opens, reads and closes: a plain mount has no reason to run without opens, but it can.
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
 
   // Opens `id` in SOURCE and checks it still matches the manifest. Returns the descriptor or -errno
   // (counted and logged like open()'s failures).
@@ -47,6 +49,8 @@ class SourceReader final : public Engine {
   std::string spot_check(size_t samples) const;
 
  private:
+  ssize_t read_at(EntryId id, int fd, char* buf, size_t size, off_t offset);
+
   const Manifest& manifest_;
   UniqueFd root_;
   SourceCounters counters_;

@@ -20,6 +20,10 @@ class TraceEngine final : public Engine {
     return inner_.read(handle, buf, size, offset);
   }
   void release(uint64_t handle) override { inner_.release(handle); }
+  // Not traced: a trace needs every open, so trace= keeps the kernel sending them (progress=opens).
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override {
+    return inner_.read_unopened(id, pid, buf, size, offset);
+  }
 
  private:
   Engine& inner_;

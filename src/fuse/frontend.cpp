@@ -77,13 +77,24 @@ struct Handlers {
     st->st_nlink = S_ISDIR(a.mode) ? 2 : 1;
     st->st_size = static_cast<off_t>(a.size);
     st->st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+    if (a.mtime_ns != 0) {
+      st->st_mtim.tv_sec = a.mtime_ns / 1000000000;
+      st->st_mtim.tv_nsec = a.mtime_ns % 1000000000;
+      st->st_ctim = st->st_mtim;
+    }
+  }
+
+  // A live file's attributes are asked for on every read: that is how its new contents reach readers
+  // who never open it through us.
+  static double control_attr_timeout(const Frontend& fe, uint64_t ino) {
+    return ControlTree::is_live(ino) ? 0.0 : fe.config_.attr_timeout;
   }
 
   static void fill_control_entry(const Frontend& fe, const ControlAttr& a, fuse_entry_param* ep) {
     std::memset(ep, 0, sizeof(*ep));
     ep->ino = a.ino;
     ep->generation = 1;
-    ep->attr_timeout = fe.config_.attr_timeout;
+    ep->attr_timeout = control_attr_timeout(fe, a.ino);
     ep->entry_timeout = fe.config_.entry_timeout;
     fill_control_stat(fe, a, &ep->attr);
   }
@@ -100,13 +111,20 @@ struct Handlers {
     fuse_reply_entry(req, &ep);
   }
 
-  static void init(void* /*userdata*/, fuse_conn_info* conn) {
+  static void init(void* userdata, fuse_conn_info* conn) {
+    Frontend& fe = *static_cast<Frontend*>(userdata);
     // The data set is immutable while mounted: let the kernel cache symlink targets and directory
     // listings, and look up names in one directory in parallel.
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
-    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // mtimes never change: no need to drop pages on getattr
+    // A new mtime in fresh attributes drops a file's cached pages: only stats' ever changes (and its
+    // attributes are never cached), which is how readers without opens see it anew.
+    if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+    if (fe.config_.no_open) {
+      if (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) fe.no_open_ = true;
+      else log_warning("this kernel cannot open FUSE files without asking the daemon (no-open support); opens are sent as with progress=opens");
+    }
   }
 
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -139,7 +157,7 @@ struct Handlers {
       auto a = fe.control_.getattr(ino);
       if (!a) return reply_error(req, ESTALE);
       fill_control_stat(fe, *a, &st);
-      return (void)fuse_reply_attr(req, &st, fe.config_.attr_timeout);
+      return (void)fuse_reply_attr(req, &st, control_attr_timeout(fe, ino));
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     fill_stat(fe, id_of(ino), &st);
@@ -253,6 +271,9 @@ struct Handlers {
   static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Frontend& fe = self(req);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return reply_error(req, EROFS);
+    // The kernel takes ENOSYS as "open files yourself" and asks no more (the mount is read-only, so it
+    // refuses writers itself). Files are read by inode from then on.
+    if (fe.no_open_) return reply_error(req, ENOSYS);
     if (ControlTree::owns(ino)) return open_control(req, ino, fi);
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     const Entry& e = fe.manifest_.entry(id_of(ino));
@@ -268,6 +289,7 @@ struct Handlers {
 
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     Frontend& fe = self(req);
+    if (fi->fh == 0) return read_unopened(req, ino, size, off);
     if (ControlTree::owns(ino)) {
       // Our own reference for the reply: once the kernel has the reply it may send the RELEASE, which
       // another thread handles while this one is still returning from writev.
@@ -282,13 +304,33 @@ struct Handlers {
     fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
   }
 
+  // A read of a file the kernel opened itself (no-open mode): no handle, so by inode.
+  static void read_unopened(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
+    Frontend& fe = self(req);
+    if (ControlTree::owns(ino)) {
+      const std::shared_ptr<const std::string> text = fe.control_.current(ino);
+      if (!text) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
+      const size_t start = std::min(text->size(), static_cast<size_t>(off));
+      return (void)fuse_reply_buf(req, text->data() + start, std::min(size, text->size() - start));
+    }
+    if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (!S_ISREG(fe.manifest_.entry(id_of(ino)).mode)) return reply_error(req, EISDIR);
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
+    const ssize_t n = fe.engine_.read_unopened(id_of(ino), fuse_req_ctx(req)->pid, buf.data(), size, off);
+    if (n < 0) return reply_error(req, static_cast<int>(-n));
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+  }
+
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (ControlTree::owns(ino)) delete reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
     else self(req).engine_.release(fi->fh);
     fuse_reply_err(req, 0);
   }
 
-  static void flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+  // Nothing to flush. Files opened through us say so (noflush); for those the kernel opened itself,
+  // ENOSYS makes it stop sending a flush on every close.
+  static void flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { reply_error(req, ENOSYS); }
   static void fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
 
   static void statfs(fuse_req_t req, fuse_ino_t) {

@@ -17,6 +17,10 @@ namespace clairfs {
 struct FrontendConfig {
   double entry_timeout = 86400.0;
   double attr_timeout = 86400.0;
+  // Answer opens ENOSYS, so that the kernel opens files itself from then on (FUSE no-open mode): a file
+  // whose pages it holds is read with no request at all. Reads come without handles
+  // (Engine::read_unopened). Ignored, with a warning, by a kernel without no-open support.
+  bool no_open = false;
 };
 
 class Frontend {
@@ -32,6 +36,8 @@ class Frontend {
 
   // Requests answered with an error, by cause; for tests and stats.
   uint64_t erofs_replies() const { return erofs_.load(); }
+  // Whether the kernel runs without opens (known once the session is initialised).
+  bool no_open() const { return no_open_.load(); }
 
  private:
   friend struct Handlers;
@@ -42,6 +48,7 @@ class Frontend {
   FrontendConfig config_;
   std::atomic<uint64_t> erofs_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<bool> no_open_{false};
 };
 
 }  // namespace clairfs

@@ -71,6 +71,7 @@ enum Key : int {
   kPageCache,
   kPeerTimeout,
   kIoDepth,
+  kProgress,
   kManifest,
   kTorchVersion,
   kSharedGenerator,
@@ -129,6 +130,7 @@ const fuse_opt kTemplates[] = {
     CLAIRFS_OPT("pagecache=", kPageCache),
     CLAIRFS_OPT("peer_timeout=", kPeerTimeout),
     CLAIRFS_OPT("io_depth=", kIoDepth),
+    CLAIRFS_OPT("progress=", kProgress),
     CLAIRFS_OPT("nvme_size=", kNvmeSize),
     CLAIRFS_OPT("manifest=", kManifest),
     CLAIRFS_OPT("torch_version=", kTorchVersion),
@@ -247,6 +249,11 @@ void handle(ParseState& st, int key, const char* arg) {
     case kIoDepth:
       o.io_depth = parse_u64(k, v);
       if (o.io_depth < 1 || o.io_depth > 4096) bad_value(k, v, "use 1 to 4096");
+      break;
+    case kProgress:
+      if (v != "reads" && v != "opens") bad_value(k, v, "use reads or opens");
+      o.progress_from_opens = v == "opens";
+      o.progress_given = true;
       break;
     case kPeerTimeout:
       o.peer_timeout = parse_seconds(k, v);
@@ -399,6 +406,11 @@ void check_combinations(ParseState& st) {
   if (o.pagecache_given && o.pagecache > 0 && o.ram == 0) throw UsageError("pagecache= needs staging on (ram= above 0)");
   if (!o.pagecache_given) o.pagecache = std::min<uint64_t>(o.ram / 4, uint64_t{1} << 30);
   if (o.pagecache > o.ram) throw UsageError("pagecache= cannot exceed ram= (it holds copies of staged files)");
+  if (o.progress_given && !o.progress_from_opens && o.ram == 0)
+    throw UsageError("progress=reads needs staging on (ram= above 0)");
+  if (o.progress_given && !o.progress_from_opens && !o.trace.empty())
+    throw UsageError("progress=reads cannot go with trace= (the kernel would not send the opens it records)");
+  if (!o.progress_given) o.progress_from_opens = o.ram == 0 || !o.trace.empty();
   if (o.extensions.empty()) o.extensions = default_extensions();
   if (o.fsname.empty()) o.fsname = o.source_abs.empty() ? o.source : o.source_abs;
 }
@@ -518,6 +530,8 @@ Caches:
   nvme=DIR             local directory for the NVMe tier (clairfs makes and removes its own folder in it)
   nvme_size=SIZE       NVMe tier budget; default 90% of the free space in DIR; needs nvme=
   io_depth=N           opens, reads and writes the stager keeps in flight; default 32
+  progress=reads|opens how the engine follows the readers: reads (the kernel opens files without asking,
+                       so pushed files cost no request; default) or opens (every open goes to the daemon)
   peer_timeout=SECS    under mpiexec/srun: a peer that has not answered in this long is not asked again
                        (its files come from SOURCE); default 5
   manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE

@@ -1,4 +1,5 @@
-// Line-oriented text helpers shared by the published order files, the trace and the order-file reader.
+// Text helpers: line-oriented ones shared by the published order files, the trace and the order-file
+// reader, and the fixed layout of .clairfs/stats.
 #pragma once
 
 #include <string>
@@ -25,6 +26,45 @@ inline std::string unescape_line(std::string_view line) {
     } else {
       out += line[i];
     }
+  }
+  return out;
+}
+
+// Rewrites JSON text so that every scalar outside a string (number, true, false, null) fills `width`
+// characters, right-aligned with spaces before it — still JSON, and as long as before whatever the values,
+// as long as each fits. A scalar longer than `width` is left as it is.
+inline std::string fixed_width_scalars(std::string_view json, size_t width) {
+  std::string out;
+  out.reserve(json.size() * 2);
+  bool in_string = false;
+  for (size_t i = 0; i < json.size();) {
+    const char c = json[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < json.size()) out += json[++i];
+      else if (c == '"') in_string = false;
+      ++i;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      out += c;
+      ++i;
+      continue;
+    }
+    const bool scalar = c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n';
+    if (!scalar) {
+      out += c;
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < json.size() && json[end] != ',' && json[end] != '}' && json[end] != ']' && json[end] != ' ' &&
+           json[end] != '\n' && json[end] != '\t' && json[end] != '\r')
+      ++end;
+    if (end - i < width) out.append(width - (end - i), ' ');
+    out.append(json.substr(i, end - i));
+    i = end;
   }
   return out;
 }

@@ -44,57 +44,74 @@ with h.tempdir() as tmp:
         with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
             return f.read().splitlines()
 
-    # 1. The predicted order with a budget of a quarter of the data set.
+    # 1. The predicted order with a budget of a quarter of the data set: the kernel opening files itself
+    # (progress=reads, the default: pushed files are read with no request) or sending every open.
     budget = total // 4
-    with h.mounted(src, mnt, "seed=9,batch_size=8,workers=2,epochs=3,ram=%d" % budget):
-        peak = [0]
-        done = threading.Event()
+    for progress in ("reads", "opens"):
+        with h.mounted(src, mnt, "seed=9,batch_size=8,workers=2,epochs=3,ram=%d,progress=%s" % (budget, progress)):
+            peak = [0]
+            done = threading.Event()
 
-        def watch():
-            while not done.is_set():
-                peak[0] = max(peak[0], stats(mnt)["ram"]["used"])
-                time.sleep(0.005)
+            def watch():
+                while not done.is_set():
+                    peak[0] = max(peak[0], stats(mnt)["ram"]["used"])
+                    time.sleep(0.005)
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        wrong = opened = 0
-        for epoch in range(2):
-            for rel in order(epoch):
-                time.sleep(0.001)  # a little compute, so the stager can run ahead
-                wrong += digest(os.path.join(mnt, rel)) != want[rel]
-                opened += 1
-        done.set()
-        watcher.join()
-        time.sleep(0.3)  # the kernel sends releases after close, asynchronously
-        s = stats(mnt)
-        h.check(wrong == 0, "predicted order, 2 epochs: every byte equals SOURCE (%d files)" % opened)
-        h.check(peak[0] <= budget, "RAM use peaked at %d bytes, within the %d budget" % (peak[0], budget))
-        ram, nvme, source, cached = (s["tiers"][t]["files"] for t in ("ram", "nvme", "source", "pagecache"))
-        h.check(ram + nvme + source + cached == opened,
-                "stats add up: RAM %d + NVMe %d + SOURCE %d + page cache %d opens = %d" % (ram, nvme, source, cached, opened))
-        h.check(ram + cached >= opened * 0.9, "the predicted opens were staged (RAM or pushed pages): %s" % s["tiers"])
-        h.check(cached > 0 and s["pagecache"]["pushes"] > 0,
-                "some files were pushed into the kernel and read with no read reaching the daemon: %s" % s["pagecache"])
-        h.check(s["pagecache"]["used"] <= s["pagecache"]["budget"], "pushed pages within their budget: %s" % s["pagecache"])
-        # A quarter of the data set held by next use: epoch 2 reads SOURCE again for most, not all, of it.
-        from_source = s["source_traffic"]["bytes"]
-        h.check(total <= from_source < 2 * total, "SOURCE read %.2f× the data set over 2 epochs" % (from_source / total))
-        h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
-        hwm = 0
-        for pid in h.daemon_pids(mnt):
-            for line in open("/proc/%d/status" % pid):
-                if line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024
-        bound = budget + (64 << 20) + 100 * len(want)
-        if os.environ.get("CLAIRFS_SANITIZED"):
-            h.check(hwm > 0, "daemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (hwm / 2**20))
-        else:
-            h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
-                hwm / 2**20, bound / 2**20))
-        r = h.run_clairfs(["status", mnt])
-        h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
-                and "lead" in r.stdout,
-                "clairfs status shows the epoch, RAM and tiers:\n" + r.stdout)
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            wrong = opened = 0
+            for epoch in range(2):
+                for rel in order(epoch):
+                    time.sleep(0.001)  # a little compute, so the stager can run ahead
+                    wrong += digest(os.path.join(mnt, rel)) != want[rel]
+                    opened += 1
+            done.set()
+            watcher.join()
+            time.sleep(0.3)  # the kernel sends releases after close, asynchronously
+            s = stats(mnt)
+            h.check(wrong == 0 and s["progress"]["from"] == progress,
+                    "progress=%s, predicted order, 2 epochs: every byte equals SOURCE (%d files)" % (progress, opened))
+            h.check(peak[0] <= budget, "RAM use peaked at %d bytes, within the %d budget" % (peak[0], budget))
+            ram, nvme, source, cached = (s["tiers"][t]["files"] for t in ("ram", "nvme", "source", "pagecache"))
+            h.check(ram + nvme + source + cached == opened,
+                    "stats add up: RAM %d + NVMe %d + SOURCE %d + page cache %d opens = %d" % (ram, nvme, source, cached, opened))
+            h.check(ram + cached >= opened * 0.9, "the predicted opens were staged (RAM or pushed pages): %s" % s["tiers"])
+            h.check(cached > 0 and s["pagecache"]["pushes"] > 0,
+                    "some files were pushed into the kernel and read with no read reaching the daemon: %s" % s["pagecache"])
+            h.check(s["pagecache"]["used"] <= s["pagecache"]["budget"], "pushed pages within their budget: %s" % s["pagecache"])
+            # A quarter of the data set held by next use: epoch 2 reads SOURCE again for most, not all, of it.
+            from_source = s["source_traffic"]["bytes"]
+            h.check(total <= from_source < 2 * total, "SOURCE read %.2f× the data set over 2 epochs" % (from_source / total))
+            h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
+            # stats keeps one length (read without opens, the kernel caches it like any file and trusts
+            # the size it was told), and is made afresh for each reader.
+            path = mnt + "/.clairfs/stats"
+            texts = [open(path).read() for _ in range(3)]
+            with open(path) as f:
+                before = sum(v["files"] for t, v in json.load(f)["tiers"].items() if t != "pagecache")
+            fd = os.open(os.path.join(mnt, order(0)[7]), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # its pages go: this read reaches the daemon
+            os.read(fd, 1 << 20)
+            os.close(fd)
+            after = sum(v["files"] for t, v in stats(mnt)["tiers"].items() if t != "pagecache")
+            h.check(len(set(map(len, texts))) == 1 and os.stat(path).st_size == len(texts[0]) and after == before + 1,
+                    "stats: one length (%d bytes), and fresh: a read through the daemon is counted at once (%d, %d)" % (
+                        len(texts[0]), before, after))
+            hwm = 0
+            for pid in h.daemon_pids(mnt):
+                for line in open("/proc/%d/status" % pid):
+                    if line.startswith("VmHWM:"):
+                        hwm = int(line.split()[1]) * 1024
+            bound = budget + (64 << 20) + 100 * len(want)
+            if os.environ.get("CLAIRFS_SANITIZED"):
+                h.check(hwm > 0, "daemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (hwm / 2**20))
+            else:
+                h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
+                    hwm / 2**20, bound / 2**20))
+            r = h.run_clairfs(["status", mnt])
+            h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
+                    and "lead" in r.stdout,
+                    "clairfs status shows the epoch, RAM and tiers:\n" + r.stdout)
     r = h.run_clairfs(["status", tmp])
     h.check(r.returncode == 1 and "not a clairfs mount" in r.stderr, "clairfs status on a plain directory: " + r.stderr.strip())
 

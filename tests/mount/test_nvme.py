@@ -156,7 +156,13 @@ with h.tempdir() as tmp:
     else:
         try:
             with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, ro)):
-                subprocess.run(["mount", "-o", "remount,ro", ro], check=True)
+                # Refused (EBUSY) while the stager has a file open for writing there: try until it is not.
+                for _ in range(200):
+                    if subprocess.run(["mount", "-o", "remount,ro", ro], capture_output=True).returncode == 0:
+                        break
+                    time.sleep(0.02)
+                else:
+                    h.check(False, "the NVMe directory's tmpfs could not be made read-only in 4 s")
                 wrong, opened = read_epochs(range(3))
                 s = stats(mnt)
                 h.check(wrong == 0 and s["nvme"]["write_failures"] > 0 and not s["nvme"]["admitting"],

@@ -169,6 +169,8 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"pagecache=1G,ram=0", "pagecache"},
       {"ram=1M,pagecache=2M", "pagecache"},
       {"ram=0,nvme=/tmp", "nvme"},
+      {"progress=sometimes", "progress"},
+      {"ram=0,progress=reads", "progress"},
       {"manifest=/nonexistent/manifest", "manifest"},
       {"attr_timeout=-1", "attr_timeout"},
       {"entry_timeout=soon", "entry_timeout"},
@@ -179,6 +181,14 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
     const std::string m = error_of({"-o", opt});
     EXPECT_NE(m.find(culprit), std::string::npos) << opt << " -> " << m;
   }
+}
+
+TEST_F(OptionsTest, ProgressComesFromReadsWhenStagingUnlessOpensAreNeeded) {
+  EXPECT_FALSE(parse_o("ram=1G").progress_from_opens);
+  EXPECT_TRUE(parse_o("ram=1G,progress=opens").progress_from_opens);
+  EXPECT_TRUE(parse_o("ram=0").progress_from_opens);  // a plain mount serves opens with descriptors
+  EXPECT_TRUE(parse_o("ram=1G,trace=" + dir_ + "/trace").progress_from_opens);  // a trace records opens
+  EXPECT_NE(error_of({"-o", "ram=1G,progress=reads,trace=" + dir_ + "/trace"}).find("trace"), std::string::npos);
 }
 
 TEST_F(OptionsTest, PathsAreChecked) {

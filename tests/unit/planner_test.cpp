@@ -1,4 +1,5 @@
-// The planner: keys, next use, progress with out-of-order opens, holes, epochs, lost ranks and resync.
+// The planner: keys, next use, progress with out-of-order opens, holes, epochs, lost ranks and resync,
+// and silent uses (reads the kernel serves from pushed pages, in no-open mode).
 #include "engine/planner.hpp"
 
 #include <gtest/gtest.h>
@@ -190,6 +191,80 @@ TEST(Planner, RaggedRanksLeaveHolesTheKeysSkip) {
   EXPECT_FALSE(p.item(3).has_value());
   for (EntryId id : {0, 4, 1, 2, 3}) EXPECT_TRUE(p.on_open(id, 7).expected);
   EXPECT_EQ(p.cursor(), 8u);  // rank 1's next item is in the next epoch, not planned yet
+}
+
+TEST(Planner, SilentUsesCountAsReadOnceTheReaderOpensPastThem) {
+  const auto src = shuffled(100, 1);
+  Planner p(config(100, 1, 8), src);
+  const auto seq = src(0)[0];
+  // Uses 0..29 pushed (silent), 30 left as a beacon: the reader reads 0..29 from the kernel's pages.
+  for (uint64_t k = 0; k < 30; ++k) p.presume(k);
+  EXPECT_EQ(p.cursor(), 0u);  // nothing is passed before the reader is seen
+  const Planner::Open o = p.on_open(seq[30], 1);
+  EXPECT_TRUE(o.expected);  // 30 steps from the rank's next key, but the 30 before are silent
+  EXPECT_EQ(o.presumed, 30u);
+  EXPECT_EQ(p.cursor(), 31u);
+  EXPECT_EQ(p.presumed(), 30u);
+  // A silent use read through the daemon after all (its pages went) counts as an open, not presumed.
+  for (uint64_t k = 31; k < 40; ++k) p.presume(k);
+  EXPECT_EQ(p.on_open(seq[33], 1).presumed, 2u);  // 31 and 32
+  EXPECT_EQ(p.on_open(seq[40], 1).presumed, 6u);  // 34..39
+  EXPECT_EQ(p.presumed(), 38u);
+  EXPECT_EQ(p.cursor(), 41u);
+}
+
+TEST(Planner, SilentUsesAheadOfTheReaderAreNotPassed) {
+  const auto src = shuffled(100, 1);
+  Planner p(config(100, 1, 8), src);
+  const auto seq = src(0)[0];
+  for (uint64_t k = 0; k < 20; ++k) p.presume(k);
+  // Workers out of order: an open at 5 says nothing about 6..19 yet.
+  EXPECT_EQ(p.on_open(seq[5], 1).presumed, 5u);
+  EXPECT_EQ(p.cursor(), 6u);
+  EXPECT_TRUE(p.opened(5));
+  EXPECT_FALSE(p.opened(6));
+}
+
+TEST(Planner, UnseenEntriesAreSilentWithoutBeingPresumed) {
+  const auto src = shuffled(50, 1);
+  auto c = config(50, 1, 8);
+  const auto seq = src(0)[0];
+  const EntryId empty = seq[3];
+  c.unseen = [empty](EntryId id) { return id == empty; };
+  Planner p(c, src);
+  for (uint64_t k = 0; k < 3; ++k) p.on_open(seq[k], 1);
+  EXPECT_EQ(p.cursor(), 3u);  // the reader may not have read the empty file yet
+  EXPECT_EQ(p.on_open(seq[4], 1).presumed, 1u);
+  EXPECT_EQ(p.cursor(), 5u);
+}
+
+TEST(Planner, ARankReadFromPushedPagesIsNotLostToAnotherRanksStrayOpens) {
+  const auto src = shuffled(4000, 2);
+  auto c = config(4000, 2, 8);
+  c.stale_after = 40;
+  Planner p(c, src);
+  const auto seq = src(0);
+  const auto wrong = shuffled(4000, 2)(99);
+  // Rank 0 reads 10 files from pushed pages per beacon; rank 1's process reads another order.
+  p.on_open(seq[1][0], 2);  // rank 1's reader starts in the order, so its process is known
+  uint64_t k = 0;
+  for (uint64_t round = 0; round < 30; ++round) {
+    for (uint64_t i = 0; i < 10; ++i, ++k) p.presume(k * 2);
+    p.on_open(seq[0][k], 1);
+    ++k;
+    for (uint64_t i = 0; i < 10; ++i) p.on_open(wrong[1][round * 10 + i], 2);
+  }
+  EXPECT_TRUE(p.live(0));
+  EXPECT_FALSE(p.live(1));
+  EXPECT_GE(p.presumed(), 250u);
+}
+
+TEST(Planner, LastInEpoch) {
+  StreamSource src = [](uint64_t) { return std::vector<std::vector<EntryId>>{{0, 1, 2}, {3}}; };
+  Planner p(config(4, 2), src);
+  EXPECT_FALSE(p.last_in_epoch(0));
+  EXPECT_TRUE(p.last_in_epoch(1));  // rank 1's only item
+  EXPECT_TRUE(p.last_in_epoch(4));
 }
 
 }  // namespace

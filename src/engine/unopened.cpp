@@ -1,0 +1,90 @@
+#include "engine/unopened.hpp"
+
+#include <algorithm>
+
+namespace clairfs {
+
+int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, int* tag) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      auto it = slots_.find(id);
+      if (it == slots_.end()) break;
+      if (!it->second.loading) {
+        *bytes = it->second.bytes;
+        *tag = it->second.tag;
+        return 0;
+      }
+      loaded_.wait(lock);  // another reader's load: it ends with a held slot, or none (then we try)
+    }
+    slots_[id];  // loading
+  }
+  FileBytes got;
+  int got_tag = 0;
+  const int rc = load(&got, &got_tag);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slots_.erase(id);
+    if (rc == 0 && got) hold(id, got, got_tag);
+  }
+  loaded_.notify_all();
+  if (rc < 0) return rc;
+  *bytes = std::move(got);
+  *tag = got_tag;
+  return 0;
+}
+
+void RecentLoads::put(EntryId id, FileBytes bytes, int tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (slots_.count(id)) return;  // held already, or being loaded
+  hold(id, std::move(bytes), tag);
+}
+
+void RecentLoads::hold(EntryId id, FileBytes bytes, int tag) {
+  if (bytes->size() > max_bytes_) return;
+  held_bytes_ += bytes->size();
+  Slot& s = slots_[id];
+  s.bytes = std::move(bytes);
+  s.tag = tag;
+  s.loading = false;
+  order_.push_back(id);
+  while (order_.size() > max_files_ || held_bytes_ > max_bytes_) {
+    auto old = slots_.find(order_.front());
+    held_bytes_ -= old->second.bytes->size();
+    slots_.erase(old);
+    order_.pop_front();
+  }
+}
+
+struct SourceHandles::Open {
+  Open(SourceReader& s, uint64_t h) : source(s), handle(h) {}
+  ~Open() { source.release(handle); }
+  SourceReader& source;
+  const uint64_t handle;
+};
+
+ssize_t SourceHandles::read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened) {
+  *opened = false;
+  std::shared_ptr<Open> file;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = open_.find(id); it != open_.end()) file = it->second;
+  }
+  if (!file) {
+    uint64_t handle = 0;
+    if (const int rc = source_.open(id, pid, &handle); rc < 0) return rc;
+    *opened = true;
+    file = std::make_shared<Open>(source_, handle);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_.emplace(id, file).second) {
+      order_.push_back(id);
+      while (order_.size() > max_open_) {  // a reader still using one keeps it open until it is done
+        open_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
+  }
+  return source_.read(file->handle, buf, size, offset);
+}
+
+}  // namespace clairfs

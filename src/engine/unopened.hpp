@@ -1,0 +1,75 @@
+// What a handle keeps between the reads of one open file, for reads that come without a handle (FUSE
+// no-open mode): the kernel asks for a file larger than one request in pieces, and each piece must not
+// read the file again.
+//
+// RecentLoads holds files read whole on demand (from NVMe, a peer or SOURCE) until the stager has
+// taken them into RAM, and makes concurrent first reads of one file wait for a single load.
+// SourceHandles keeps SOURCE descriptors of files too large to read whole, for their later pieces.
+// Both are small and bounded; the oldest entry goes first.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "clairfs/manifest.hpp"
+#include "engine/source_reader.hpp"
+#include "tiers/ram.hpp"
+
+namespace clairfs {
+
+class RecentLoads {
+ public:
+  // A load's result: 0 and the bytes, or -errno. `tag` is the caller's note on where they came from.
+  using Load = std::function<int(FileBytes* bytes, int* tag)>;
+
+  RecentLoads(size_t max_files, uint64_t max_bytes) : max_files_(max_files), max_bytes_(max_bytes) {}
+
+  // The bytes of `id`: held, or being loaded by another caller (waited for), or loaded now with `load`.
+  // Returns 0 or the load's -errno (not kept: the next read tries again).
+  int get(EntryId id, const Load& load, FileBytes* bytes, int* tag);
+  // Holds `bytes` for the file's later pieces (its RAM copy, which RAM may evict meanwhile).
+  void put(EntryId id, FileBytes bytes, int tag);
+
+ private:
+  struct Slot {
+    FileBytes bytes;
+    int tag = 0;
+    bool loading = true;
+  };
+  const size_t max_files_;
+  const uint64_t max_bytes_;
+  std::mutex mutex_;  // guards slots_, order_, held_bytes_
+  std::condition_variable loaded_;
+  void hold(EntryId id, FileBytes bytes, int tag);  // REQUIRES: mutex_ held
+
+  std::unordered_map<EntryId, Slot> slots_;
+  std::deque<EntryId> order_;  // held slots, oldest first
+  uint64_t held_bytes_ = 0;
+};
+
+class SourceHandles {
+ public:
+  // REQUIRES: source outlives this.
+  SourceHandles(SourceReader& source, size_t max_open) : source_(source), max_open_(max_open) {}
+
+  // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceReader::read;
+  // *opened says whether SOURCE was opened for it.
+  ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened);
+
+ private:
+  struct Open;  // releases its SourceReader handle when the last reader lets go
+  SourceReader& source_;
+  const size_t max_open_;
+  std::mutex mutex_;  // guards open_, order_
+  std::unordered_map<EntryId, std::shared_ptr<Open>> open_;
+  std::deque<EntryId> order_;  // oldest first
+};
+
+}  // namespace clairfs
