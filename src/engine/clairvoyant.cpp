@@ -55,6 +55,9 @@ constexpr uint64_t kBeaconsPerWindow = 4;
 constexpr uint64_t kBeaconMin = 4, kBeaconMax = 256;
 // When pushes the kernel refused (an inode it has not looked up yet) are tried again.
 constexpr auto kPushRetry = std::chrono::milliseconds(50);
+// Drops waiting for the cursor (no-open mode) at most: beyond, the oldest go at once (readers off the
+// plan evict files from RAM while the cursor stands still).
+constexpr size_t kMaxLateDrops = 1 << 16;
 // Readers whose last file the engine remembers (no-open mode); beyond, it forgets them all.
 constexpr size_t kMaxReaders = 4096;
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
@@ -201,9 +204,13 @@ void ClairvoyantEngine::after_progress() {
     else late_drops_.emplace_back(key, id);
   }
   const uint64_t cursor = planner_.cursor();
-  while (!late_drops_.empty() && late_drops_.front().first + drop_delay_ <= cursor) {
+  while (!late_drops_.empty() && (late_drops_.front().first + drop_delay_ <= cursor || late_drops_.size() > kMaxLateDrops)) {
     const EntryId id = late_drops_.front().second;
     late_drops_.pop_front();
+    if (late_drops_.size() >= kMaxLateDrops) {  // readers off the plan, the cursor still: no waiting
+      drop_pages(id);
+      continue;
+    }
     // Needed again soon (within the stretch the stager keeps staged): the pages stay, and that use is
     // presumed read from them. Dropping them instead could race with that read: a reader quicker than
     // the drop reads them without a word, where the stager expects it to ask.
@@ -633,9 +640,9 @@ void ClairvoyantEngine::push_ahead() {
           ++push_key_;
           continue;
         }
-        if (in_kernel_[*item] != kNone) {
-          // Pushed for an earlier use, or read through the mount: this use is likely read from those
-          // pages (if they went meanwhile, the read reaches us and counts as usual).
+        if (config_.no_open ? in_kernel_[*item] != kNone : in_kernel_[*item] == kPushed) {
+          // Pushed for an earlier use, or (without opens) read through the mount: this use is likely
+          // read from those pages (if they went meanwhile, the read reaches us and counts as usual).
           if (config_.no_open) planner_.presume(push_key_);
           ++push_key_;
           continue;
