@@ -2,9 +2,10 @@
 """Soak: clairfs under random readers for a long time. One mount lives for the whole run (RAM a third of
 the data set, NVMe half of it, epochs unbounded) while rounds of 1-8 concurrent readers read it in the
 predicted order of a random epoch, in another seed's order, or in sample order; every few rounds a fresh
-mount with random options (budget from 1 KiB to twice the data set, NVMe or not, a random seed) is read
-and checked too. Every byte read is compared with SOURCE. Reports rounds, files, wrong bytes, and the
-long-lived daemon's resident memory over time (to see that it is stable).
+mount with random options (budget from 1 KiB to twice the data set, NVMe or not, a random seed,
+progress from reads or opens) is read and checked too. Every byte read is compared with SOURCE. Reports
+rounds, files, wrong bytes, and the long-lived daemon's resident memory over time (to see that it is
+stable).
 
     bench/soak.py BUILD [--minutes 30] [--files 2000]
 """
@@ -109,6 +110,7 @@ def main():
                 mnt = tempfile.mkdtemp(prefix="fresh-", dir=work)
                 opts = "seed=%d,batch_size=%d,ram=%d" % (rnd.randrange(-5, 1 << 40), rnd.choice([1, 4, 16]),
                                                          rnd.choice([1024, total // 10, total // 2, total * 2]))
+                opts += ",progress=%s" % rnd.choice(["reads", "opens"])
                 extra = None
                 if rnd.random() < 0.5:
                     extra = tempfile.mkdtemp(prefix="nv-", dir=work)
