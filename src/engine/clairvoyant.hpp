@@ -2,22 +2,23 @@
 // is needed again by next use.
 //
 // The planner (planner.hpp) turns the oracle's orders into keys — when each file will be opened, epoch
-// after epoch — and follows the readers: every open is a progress signal. A stager thread walks the keys
-// ahead of the readers and brings each upcoming file into the RAM tier through io_uring (many opens and
-// reads in flight): from the NVMe tier when it holds the file (checksum verified), else from SOURCE.
-// Budgets are hard: when RAM is full, the resident needed farthest in the future is evicted to make
-// room, unless everything held is needed sooner than the file in question (Belady's MIN), and the
+// after epoch — and follows the readers: every open (or read, below) is a progress signal. A stager thread
+// walks the keys ahead of the readers and brings each upcoming file into the RAM tier through io_uring
+// (many opens and reads in flight): from the NVMe tier when it holds the file (checksum verified), else
+// from SOURCE. Budgets are hard: when RAM is full, the resident needed farthest in the future is evicted to
+// make room, unless everything held is needed sooner than the file in question (Belady's MIN), and the
 // stager waits for the readers. Files read from SOURCE are written to the NVMe tier when its own MIN
-// admission keeps them; a full disk stops admission and nothing else; a checksum mismatch is re-read
-// from SOURCE and counted. Up to `pagecache` bytes of staged files just ahead of the readers are pushed
-// into the kernel's page cache, so their reads never reach the daemon; passed files' pages are dropped.
+// admission keeps them; a full disk stops admission and nothing else; a checksum mismatch is re-read from
+// SOURCE and counted. Up to `pagecache` bytes of staged files just ahead of the readers are pushed into the
+// kernel's page cache, so their reads never reach the daemon; passed files' pages are dropped.
 //
 // Progress comes from opens, or — with `no_open`, where the kernel opens files without asking (FUSE
 // no-open mode) so pushed files are read at page-cache speed — from reads: the first read of a file that
 // reaches the daemon is its open. Pushed files are presumed read once their reader reads something past
 // them, and one use in every `beacon_every` steps of each rank (and its last in each epoch) is left
 // unpushed, so that reading it tells the engine where the reader is. Pages are dropped only half a
-// tolerance behind the readers then, since no release says when a reader is done with a file.
+// tolerance behind the readers then (and kept if needed again soon), since no release says when a reader
+// is done with a file.
 //
 // Opens of staged files are served from RAM (or the kernel's pages); anything else is read on demand
 // from NVMe or SOURCE (opened there only when the first read arrives; time spent on SOURCE is counted as
