@@ -36,8 +36,6 @@ class Frontend {
 
   // Requests answered with an error, by cause; for tests and stats.
   uint64_t erofs_replies() const { return erofs_.load(); }
-  // Whether the kernel runs without opens (known once the session is initialised).
-  bool no_open() const { return no_open_.load(); }
 
  private:
   friend struct Handlers;
@@ -48,7 +46,7 @@ class Frontend {
   FrontendConfig config_;
   std::atomic<uint64_t> erofs_{0};
   std::atomic<uint64_t> errors_{0};
-  std::atomic<bool> no_open_{false};
+  std::atomic<bool> no_open_{false};  // opens are answered ENOSYS (set once the session is initialised)
 };
 
 }  // namespace clairfs
