@@ -146,6 +146,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   if (!config_.owner.empty() && config_.owner.size() != manifest_.size())
     throw std::logic_error("engine: an owner per entry, please");
   rates_.resize(config_.ranks.empty() ? 1 : config_.ranks.size());
+  was_live_.assign(rates_.size(), 1);  // the planner starts with every rank live
   // 1/16 of the budget in files of mean size, or the loaders' windows and a ring's worth, if larger.
   uint64_t bytes = 0;
   for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
@@ -247,13 +248,16 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, bool*
       }
       it->second = id;
     }
-    std::vector<bool> live_before(rates_.size());
-    for (uint64_t r = 0; r < rates_.size(); ++r) live_before[r] = planner_.live(r);
     const Planner::Open o = planner_.on_open(id, pid);
     bool returned = false;
     for (uint64_t r = 0; r < rates_.size(); ++r) {
-      if (planner_.live(r) && !live_before[r]) returned = true;
-      if (planner_.live(r) || !live_before[r]) continue;
+      const bool live = planner_.live(r), was = was_live_[r];
+      was_live_[r] = live;
+      if (live == was) continue;
+      if (live) {
+        returned = true;
+        continue;
+      }
       // Lost: the pages pushed ahead for it will not be read.
       for (uint64_t key = planner_.cursor() + (r + rates_.size() - planner_.cursor() % rates_.size()) % rates_.size();
            key < push_key_; key += rates_.size())

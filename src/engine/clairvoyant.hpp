@@ -186,6 +186,7 @@ class ClairvoyantEngine final : public Engine {
     double per_second = 0;
   };
   std::vector<RankRate> rates_;
+  std::vector<uint8_t> was_live_;  // per rank, as of the last open: who got lost or came back
   bool stop_ = false;
   bool stager_waiting_ = false;             // the stager sleeps until the cursor reaches wake_at_cursor_
   uint64_t wake_at_cursor_ = 0;
