@@ -6,6 +6,8 @@ killing the daemon if it does not go. Tests exit 77 (meson's "skipped") only whe
 """
 import contextlib
 import errno
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +16,7 @@ import tempfile
 import time
 
 CLAIRFS = os.environ.get("CLAIRFS_BIN", "clairfs")
+MAKE_DATASET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "make_dataset.py")
 FAILURES = []
 
 
@@ -130,3 +133,27 @@ def reads_as_or_eio(path, expected):
 
 
 EROFS = errno.EROFS
+
+
+def digest(path):
+    """SHA-256 of a file's bytes, hex."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def digests(root):
+    """{path relative to root: digest} for every file below root."""
+    return {os.path.relpath(os.path.join(d, f), root): digest(os.path.join(d, f))
+            for d, _, files in os.walk(root) for f in files}
+
+
+def stats(mnt):
+    """A mount's .clairfs/stats, parsed."""
+    with open(mnt + "/.clairfs/stats") as f:
+        return json.load(f)
+
+
+def make_dataset(path, files, classes, mean_kb, seed):
+    """An ImageFolder tree of random files with lognormal sizes (bench/make_dataset.py)."""
+    subprocess.run([sys.executable, MAKE_DATASET, path, "--files", str(files), "--classes", str(classes),
+                    "--mean-kb", str(mean_kb), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)

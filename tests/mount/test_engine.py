@@ -1,11 +1,9 @@
 """The staging engine (ram=) on a real mount: every byte equals SOURCE whatever the order — predicted,
 wrong seed, concurrent readers — under budgets from generous to smaller than one file; the RAM budget is
 never exceeded; files read in the predicted order come from RAM; the stats add up to what was read."""
-import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -14,30 +12,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 h.require_fuse()
-HERE = os.path.dirname(os.path.abspath(__file__))
 rnd = random.Random(11)
-
-
-def stats(mnt):
-    with open(mnt + "/.clairfs/stats") as f:
-        return json.load(f)
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 with h.tempdir() as tmp:
     src, mnt = tmp + "/src", tmp + "/mnt"
     os.makedirs(mnt)
-    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), src, "--files", "400",
-                    "--classes", "7", "--mean-kb", "40", "--seed", "3"], check=True, stdout=subprocess.DEVNULL)
+    h.make_dataset(src, 400, 7, 40, 3)
     open(os.path.join(src, "c0000", "empty.jpg"), "wb").close()
-    want = {}
-    for d, _, files in os.walk(src):
-        for f in files:
-            want[os.path.relpath(os.path.join(d, f), src)] = digest(os.path.join(d, f))
+    want = h.digests(src)
     total = sum(os.path.getsize(os.path.join(src, p)) for p in want)
 
     def order(epoch, rank=0):
@@ -54,7 +37,7 @@ with h.tempdir() as tmp:
 
             def watch():
                 while not done.is_set():
-                    peak[0] = max(peak[0], stats(mnt)["ram"]["used"])
+                    peak[0] = max(peak[0], h.stats(mnt)["ram"]["used"])
                     time.sleep(0.005)
 
             watcher = threading.Thread(target=watch)
@@ -63,12 +46,12 @@ with h.tempdir() as tmp:
             for epoch in range(2):
                 for rel in order(epoch):
                     time.sleep(0.001)  # a little compute, so the stager can run ahead
-                    wrong += digest(os.path.join(mnt, rel)) != want[rel]
+                    wrong += h.digest(os.path.join(mnt, rel)) != want[rel]
                     opened += 1
             done.set()
             watcher.join()
             time.sleep(0.3)  # the kernel sends releases after close, asynchronously
-            s = stats(mnt)
+            s = h.stats(mnt)
             h.check(wrong == 0 and s["progress"]["from"] == progress,
                     "progress=%s, predicted order, 2 epochs: every byte equals SOURCE (%d files)" % (progress, opened))
             h.check(peak[0] <= budget, "RAM use peaked at %d bytes, within the %d budget" % (peak[0], budget))
@@ -93,7 +76,7 @@ with h.tempdir() as tmp:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # its pages go: this read reaches the daemon
             os.read(fd, 1 << 20)
             os.close(fd)
-            after = sum(v["files"] for t, v in stats(mnt)["tiers"].items() if t != "pagecache")
+            after = sum(v["files"] for t, v in h.stats(mnt)["tiers"].items() if t != "pagecache")
             h.check(len(set(map(len, texts))) == 1 and os.stat(path).st_size == len(texts[0]) and after == before + 1,
                     "stats: one length (%d bytes), and fresh: a read through the daemon is counted at once (%d, %d)" % (
                         len(texts[0]), before, after))
@@ -119,9 +102,9 @@ with h.tempdir() as tmp:
     with h.mounted(src, mnt, "seed=1,batch_size=8,ram=%d" % (total // 3)):
         paths = list(want)
         rnd.shuffle(paths)
-        h.check(all(digest(os.path.join(mnt, p)) == want[p] for p in paths),
+        h.check(all(h.digest(os.path.join(mnt, p)) == want[p] for p in paths),
                 "a reader in another order: every byte equals SOURCE")
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(s["mispredicted_opens"] == 0 or s["tiers"]["source"]["files"] > 0,
                 "it is served anyway (%d mispredicted, %d from SOURCE)" % (s["mispredicted_opens"],
                                                                        s["tiers"]["source"]["files"]))
@@ -130,7 +113,7 @@ with h.tempdir() as tmp:
         def reader(seed):
             r = random.Random(seed)
             for p in r.sample(paths, len(paths)):
-                if digest(os.path.join(mnt, p)) != want[p]:
+                if h.digest(os.path.join(mnt, p)) != want[p]:
                     errors.append(p)
 
         threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
@@ -139,27 +122,23 @@ with h.tempdir() as tmp:
         for t in threads:
             t.join()
         h.check(not errors, "8 concurrent readers in random orders: every byte equals SOURCE %s" % errors[:3])
-        h.check(stats(mnt)["ram"]["used"] <= total // 3, "RAM use within budget after concurrent readers")
+        h.check(h.stats(mnt)["ram"]["used"] <= total // 3, "RAM use within budget after concurrent readers")
 
     # 3. A reader off the plan is noticed within a bounded number of opens, and resyncs when it returns;
     # a reader in sample order gets read-ahead. batch_size=1: tolerance 96 steps, so opens are judged in
     # blocks of 256; 3,000 files, so a random reader lands inside the tolerance only now and then.
     many = tmp + "/many"
-    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), many, "--files", "3000",
-                    "--classes", "4", "--mean-kb", "1", "--seed", "4"], check=True, stdout=subprocess.DEVNULL)
-    many_want = {}
-    for d, _, files in os.walk(many):
-        for f in files:
-            many_want[os.path.relpath(os.path.join(d, f), many)] = digest(os.path.join(d, f))
+    h.make_dataset(many, 3000, 4, 1, 4)
+    many_want = h.digests(many)
     with h.mounted(many, mnt, "seed=9,batch_size=1,epochs=3,ram=%d" % (sum(os.path.getsize(os.path.join(many, p)) for p in many_want) // 2)):
         wrong_order = list(many_want)
         rnd.shuffle(wrong_order)
         lost_at, bad = None, 0
         for n, p in enumerate(wrong_order[:1000], 1):
-            bad += digest(os.path.join(mnt, p)) != many_want[p]
-            if lost_at is None and n % 8 == 0 and not stats(mnt)["ranks"][0]["live"]:
+            bad += h.digest(os.path.join(mnt, p)) != many_want[p]
+            if lost_at is None and n % 8 == 0 and not h.stats(mnt)["ranks"][0]["live"]:
                 lost_at = n
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(bad == 0, "another order: every byte equals SOURCE")
         h.check(lost_at is not None and lost_at <= 256 + 8,
                 "the rank was marked off the plan after %s opens (bound: one block of 256)" % lost_at)
@@ -168,25 +147,25 @@ with h.tempdir() as tmp:
         rels = order(1)
         for rel in rels:
             time.sleep(0.0005)  # a little compute: the lead is short once RAM is full of files kept for later
-            bad += digest(os.path.join(mnt, rel)) != many_want[rel]
-        s = stats(mnt)
+            bad += h.digest(os.path.join(mnt, rel)) != many_want[rel]
+        s = h.stats(mnt)
         staged = s["tiers"]["ram"]["files"] + s["tiers"]["pagecache"]["files"] - served_before
         h.check(bad == 0 and s["ranks"][0]["live"] and staged >= len(rels) * 0.7,
                 "back in the predicted order (epoch 1): live again, %d of %d opens staged" % (staged, len(rels)))
         before = s["readahead_files"]
         for p in sorted(many_want):  # ImageFolder's order: a sequential pass
             time.sleep(0.0005)  # a little compute, as any reader has (and a sanitized daemon needs)
-            bad += digest(os.path.join(mnt, p)) != many_want[p]
-        s = stats(mnt)
+            bad += h.digest(os.path.join(mnt, p)) != many_want[p]
+        s = h.stats(mnt)
         h.check(bad == 0 and s["readahead_files"] - before >= 1000,
                 "a pass in sample order: every byte right, %d of %d files read ahead" % (s["readahead_files"] - before, len(many_want)))
 
     # 4. A budget smaller than any file: nothing but empty files can be staged; reads still right.
     with h.mounted(src, mnt, "seed=9,batch_size=8,ram=1K"):
         rels = order(0)
-        h.check(all(digest(os.path.join(mnt, p)) == want[p] for p in rels),
+        h.check(all(h.digest(os.path.join(mnt, p)) == want[p] for p in rels),
                 "budget smaller than one file: every byte equals SOURCE")
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(s["staged"]["bytes"] == 0 and s["ram"]["used"] <= 1024,
                 "nothing over the budget was staged: %s %s" % (s["staged"], s["ram"]))
 

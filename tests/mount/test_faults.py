@@ -2,7 +2,6 @@
 readers run (the daemon exits within seconds, nothing hangs); SIGINT unmounts cleanly; a data set 4×
 the RAM budget read for 3 epochs with daemon memory under ram + 64 MiB + 100 B/file; a file rewritten in
 SOURCE during the run reads as its staged copy or EIO, never other bytes."""
-import hashlib
 import os
 import signal
 import subprocess
@@ -14,12 +13,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 h.require_fuse()
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def hwm(pids):
@@ -40,14 +33,10 @@ def gone(pids, seconds):
 with h.tempdir() as tmp:
     src, mnt = tmp + "/src", tmp + "/mnt"
     os.makedirs(mnt)
-    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), src, "--files", "600",
-                    "--classes", "6", "--mean-kb", "60", "--seed", "9"], check=True, stdout=subprocess.DEVNULL)
+    h.make_dataset(src, 600, 6, 60, 9)
     with open(src + "/c0000/big.jpg", "wb") as f:
         f.write(os.urandom(96 << 20))  # read piecemeal (over 64 MiB)
-    want = {}
-    for d, _, files in os.walk(src):
-        for f in files:
-            want[os.path.relpath(os.path.join(d, f), src)] = digest(os.path.join(d, f))
+    want = h.digests(src)
     total = sum(os.path.getsize(os.path.join(src, p)) for p in want if not p.endswith("big.jpg"))
 
     # 1. A reader killed mid-read; the mount serves the next reader right.
@@ -57,8 +46,8 @@ with h.tempdir() as tmp:
         time.sleep(0.3)
         reader.send_signal(signal.SIGKILL)
         reader.wait()
-        h.check(digest(mnt + "/c0000/big.jpg") == want["c0000/big.jpg"] and
-                all(digest(os.path.join(mnt, p)) == want[p] for p in list(want)[:50]),
+        h.check(h.digest(mnt + "/c0000/big.jpg") == want["c0000/big.jpg"] and
+                all(h.digest(os.path.join(mnt, p)) == want[p] for p in list(want)[:50]),
                 "a reader SIGKILLed mid-read: the next ones read every byte right")
 
     # 2. Lazy unmount while 8 readers run: the daemon exits within seconds once they stop, nobody hangs.
@@ -74,7 +63,7 @@ with h.tempdir() as tmp:
                 p = paths[i % len(paths)]
                 i += 7
                 try:
-                    ok += digest(os.path.join(mnt, p)) == want[p]
+                    ok += h.digest(os.path.join(mnt, p)) == want[p]
                 except OSError:
                     errors += 1
                     if errors > 100:
@@ -112,7 +101,7 @@ with h.tempdir() as tmp:
             with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, e)) as f:
                 rels = f.read().splitlines()
             for rel in rels:
-                wrong += digest(os.path.join(mnt, rel)) != want[rel]
+                wrong += h.digest(os.path.join(mnt, rel)) != want[rel]
         peak = hwm(pids)
         bound = budget + (64 << 20) + 100 * len(want)
         h.check(wrong == 0, "a data set 4× the RAM budget, 3 epochs: every byte equals SOURCE")

@@ -1,8 +1,7 @@
 """The NVMe tier (nvme=DIR) on real mounts: files read from SOURCE once and back from NVMe in later epochs,
 the size limit never exceeded, clairfs touching only its own folder in DIR, corrupted cache files never
 served (re-read from SOURCE and counted), and a full disk (a small tmpfs) stopping admission only."""
-import hashlib
-import json
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,17 +12,22 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 h.require_fuse()
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def stats(mnt):
-    with open(mnt + "/.clairfs/stats") as f:
-        return json.load(f)
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+@contextlib.contextmanager
+def tmpfs(path, size, case):
+    """A tmpfs of `size` mounted at `path` for the while, or None (the case skipped, and said so) where
+    none can be mounted."""
+    os.makedirs(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        h.check(True, "skipped the %s case: cannot mount a tmpfs (%s)" % (case, r.stderr.strip()))
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path])
 
 
 def dir_bytes(path):
@@ -41,12 +45,8 @@ with h.tempdir() as tmp:
     src, mnt, cache = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
     os.makedirs(mnt)
     os.makedirs(cache)
-    subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "make_dataset.py"), src, "--files", "300",
-                    "--classes", "5", "--mean-kb", "30", "--seed", "5"], check=True, stdout=subprocess.DEVNULL)
-    want = {}
-    for d, _, files in os.walk(src):
-        for f in files:
-            want[os.path.relpath(os.path.join(d, f), src)] = digest(os.path.join(d, f))
+    h.make_dataset(src, 300, 5, 30, 5)
+    want = h.digests(src)
     total = sum(os.path.getsize(os.path.join(src, p)) for p in want)
     # Someone else's files in DIR: never touched.
     with open(cache + "/not-ours.bin", "wb") as f:
@@ -64,7 +64,7 @@ with h.tempdir() as tmp:
                 between(e)
             for rel in order(e):
                 time.sleep(0.0005)
-                wrong += digest(os.path.join(mnt, rel)) != want[rel]
+                wrong += h.digest(os.path.join(mnt, rel)) != want[rel]
                 opened += 1
         return wrong, opened
 
@@ -74,7 +74,7 @@ with h.tempdir() as tmp:
         ours = [d for d in os.listdir(cache) if d.startswith("clairfs-cache.")]
         h.check(len(ours) == 1, "one cache folder of its own in DIR: %s" % ours)
         wrong, opened = read_epochs(range(3))
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(wrong == 0, "3 epochs with RAM at 1/8 and NVMe: every byte equals SOURCE (%d files)" % opened)
         traffic = s["source_traffic"]["bytes"] / total
         h.check(traffic <= 1.05, "SOURCE read %.2f× the data set over 3 epochs (every byte once)" % traffic)
@@ -100,7 +100,7 @@ with h.tempdir() as tmp:
         wrong, opened = read_epochs(range(3))
         done.set()
         w.join()
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(wrong == 0, "NVMe limited to 1/3 of the data set: every byte equals SOURCE")
         h.check(peak[0] <= limit and s["nvme"]["used"] <= limit,
                 "files in the NVMe folder peaked at %d bytes, within nvme_size=%d" % (peak[0], limit))
@@ -123,38 +123,26 @@ with h.tempdir() as tmp:
                     fh.write(bytes([(b[0] if b else 0) ^ 0xFF]))
 
         wrong, opened = read_epochs(range(3), corrupt)
-        s = stats(mnt)
+        s = h.stats(mnt)
         h.check(wrong == 0, "every NVMe copy corrupted after epoch 0: every byte still equals SOURCE (%d files)" % opened)
         h.check(s["checksum_failures"] > 0, "the bad copies were caught and counted: %d" % s["checksum_failures"])
 
     # 4. A full disk: NVMe on a 256 KiB tmpfs. Admission stops; serving goes on.
-    small = tmp + "/small"
-    os.makedirs(small)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", small], capture_output=True, text=True)
-    if r.returncode != 0:
-        h.check(True, "skipped the full-disk case: cannot mount a tmpfs (%s)" % r.stderr.strip())
-    else:
-        try:
+    with tmpfs(tmp + "/small", "256k", "full-disk") as small:
+        if small:
             # nvme_size above what the tmpfs holds, so the disk fills before the limit does.
             with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, small, total)):
                 wrong, opened = read_epochs(range(3))
-                s = stats(mnt)
+                s = h.stats(mnt)
                 h.check(wrong == 0, "NVMe directory full: every byte equals SOURCE (%d files)" % opened)
                 h.check(not s["nvme"]["admitting"] and s["nvme"]["write_failures"] > 0,
                         "the full disk stopped admission: %s" % s["nvme"])
                 h.check(s["staged"]["from_nvme"] > 0, "files written before it filled were still used: %s" % s["staged"])
-        finally:
-            subprocess.run(["umount", "-l", small])
 
     # 5. The NVMe directory turns read-only during the run (its file system remounted ro): writes fail
     # and are counted, nothing else changes.
-    ro = tmp + "/ro"
-    os.makedirs(ro)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", ro], capture_output=True, text=True)
-    if r.returncode != 0:
-        h.check(True, "skipped the read-only case: cannot mount a tmpfs (%s)" % r.stderr.strip())
-    else:
-        try:
+    with tmpfs(tmp + "/ro", "64m", "read-only") as ro:
+        if ro:
             with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, ro)):
                 # Refused (EBUSY) while the stager has a file open for writing there: try until it is not.
                 for _ in range(200):
@@ -164,13 +152,11 @@ with h.tempdir() as tmp:
                 else:
                     h.check(False, "the NVMe directory's tmpfs could not be made read-only in 4 s")
                 wrong, opened = read_epochs(range(3))
-                s = stats(mnt)
+                s = h.stats(mnt)
                 h.check(wrong == 0 and s["nvme"]["write_failures"] > 0 and not s["nvme"]["admitting"],
                         "NVMe directory made read-only mid-run: every byte right, admission stopped after %d failed writes"
                         % s["nvme"]["write_failures"])
                 subprocess.run(["mount", "-o", "remount,rw", ro], check=True)
-        finally:
-            subprocess.run(["umount", "-l", ro])
 
     # 6. A missing NVMe directory is refused at mount with one line.
     r = h.run_clairfs([src, mnt, "-o", "nvme=%s/missing" % tmp])

@@ -5,7 +5,6 @@ its training rank for 3 epochs, the ranks in step as DDP keeps them. Every byte 
 fetch from each other; SOURCE is read about once over the run although each node's cache holds only
 45% of the data set; clairfs-job-umount stops them all. Then again with one daemon killed after the
 first epoch: the others finish with correct bytes, and nothing hangs."""
-import hashlib
 import json
 import os
 import signal
@@ -25,16 +24,6 @@ EPOCHS = 3
 if subprocess.run(["which", "mpiexec"], capture_output=True).returncode != 0:
     print("SKIP: no mpiexec")
     sys.exit(77)
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def stats(mnt):
-    with open(mnt + "/.clairfs/stats") as f:
-        return json.load(f)
 
 
 SLOWFS = os.path.join(os.environ.get("CLAIRFS_BUILD", os.path.join(ROOT, "build")), "bench", "slowfs")
@@ -113,7 +102,7 @@ def read_job(mnts, want, epochs, kill_at=None, victim=None):
                     rels = f.read().splitlines()
                 for rel in rels:
                     time.sleep(0.0005)  # a little compute
-                    wrong[n] += digest(os.path.join(mnts[n], rel)) != want[rel]
+                    wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
                     opened[n] += 1
                 if victim is None or n != victim:
                     barrier.wait(timeout=120)
@@ -128,12 +117,8 @@ def read_job(mnts, want, epochs, kill_at=None, victim=None):
 
 with h.tempdir() as tmp:
     data = tmp + "/data"
-    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "make_dataset.py"), data, "--files", "800",
-                    "--classes", "8", "--mean-kb", "16", "--seed", "6"], check=True, stdout=subprocess.DEVNULL)
-    want = {}
-    for d, _, files in os.walk(data):
-        for f in files:
-            want[os.path.relpath(os.path.join(d, f), data)] = digest(os.path.join(d, f))
+    h.make_dataset(data, 800, 8, 16, 6)
+    want = h.digests(data)
     total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
     slow = SlowSource(data, tmp + "/slow")
     src = slow.mnt
@@ -146,7 +131,7 @@ with h.tempdir() as tmp:
         threads, wrong, opened, errors = read_job(mnts, want, EPOCHS)
         for t in threads:
             t.join(timeout=300)
-        s = [stats(m) for m in mnts]
+        s = [h.stats(m) for m in mnts]
         h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
                 "4 ranks × %d epochs: every byte equals SOURCE (%d files, %s)" % (EPOCHS, sum(opened), errors[:2]))
         staged = sum(x["peers"]["staged_files"] for x in s)
@@ -164,11 +149,11 @@ with h.tempdir() as tmp:
         pids = [p for m in mnts for p in h.daemon_pids(m)]
         subprocess.run(["fusermount3", "-u", mnts[2]], check=True, timeout=30)
         deadline = time.monotonic() + 15  # its goodbye comes once the daemon has left its FUSE loop
-        while time.monotonic() < deadline and stats(mnts[1])["peers"]["usable"] != NODES - 2:
+        while time.monotonic() < deadline and h.stats(mnts[1])["peers"]["usable"] != NODES - 2:
             time.sleep(0.1)
         rels = open("%s/.clairfs/order/epoch-0/rank-1" % mnts[1]).read().splitlines()
-        h.check(not h.is_mounted(mnts[2]) and all(digest(os.path.join(mnts[1], p)) == want[p] for p in rels)
-                and stats(mnts[1])["peers"]["usable"] == NODES - 2,
+        h.check(not h.is_mounted(mnts[2]) and all(h.digest(os.path.join(mnts[1], p)) == want[p] for p in rels)
+                and h.stats(mnts[1])["peers"]["usable"] == NODES - 2,
                 "node 2 unmounted alone: the others read on with right bytes and ask it nothing more")
         r2, took = umount(state)
         h.check(r2.returncode == 0 and took < 20, "clairfs-job-umount stopped them all in %.1f s: %s" % (took, r2.stderr.strip()))
@@ -207,7 +192,7 @@ with h.tempdir() as tmp:
         if errors:  # the daemons' own words, for whoever reads the failure
             with open(state[:-len(".state")] + ".log", errors="replace") as f:
                 print(f.read()[-4000:], file=sys.stderr)
-        s = [stats(mnts[n]) for n in range(NODES) if n != victim]
+        s = [h.stats(mnts[n]) for n in range(NODES) if n != victim]
         h.check(any(x["peers"]["timeouts"] + x["peers"]["failures"] > 0 for x in s) and
                 all(x["peers"]["usable"] < NODES - 1 for x in s if x["peers"]["requests"] > 0),
                 "the dead node was noticed and left alone: %s" % [(x["peers"]["timeouts"], x["peers"]["failures"]) for x in s])
