@@ -1,6 +1,23 @@
-"""Helpers shared by the benchmark scripts: waiting for a FUSE mount to appear and taking it down."""
+"""Helpers shared by the benchmark scripts: generated data sets kept between runs, waiting for a FUSE
+mount to appear and taking it down."""
+import os
+import shutil
 import subprocess
+import sys
 import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cached_dataset(path, *args):
+    """Makes the tree at `path` with bench/make_dataset.py and `args`, unless a finished one is there
+    already (a marker file is written last, so an interrupted run is made again)."""
+    if os.path.exists(path + "/.complete"):
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run([sys.executable, HERE + "/make_dataset.py", path] + [str(a) for a in args], check=True,
+                   stdout=subprocess.DEVNULL)
+    open(path + "/.complete", "w").close()
 
 
 def wait_mounted(mnt, timeout=30):

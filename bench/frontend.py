@@ -27,7 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import unmount, wait_mounted  # noqa: E402
+from benchlib import cached_dataset, unmount, wait_mounted  # noqa: E402
 
 
 def warm_guest_memory(gib):
@@ -92,10 +92,7 @@ def main():
     build = os.path.abspath(args.build)
 
     data = "%s/%d" % (args.data, args.files)
-    if not os.path.exists(data + "/.complete"):
-        shutil.rmtree(data, ignore_errors=True)
-        subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(args.files)], check=True)
-        open(data + "/.complete", "w").close()
+    cached_dataset(data, "--files", args.files)
     work = tempfile.mkdtemp(prefix="clairfs-bench-")
     listing = work + "/files"
     with open(listing, "w") as f:

@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import unmount, wait_mounted  # noqa: E402
+from benchlib import cached_dataset, unmount, wait_mounted  # noqa: E402
 
 
 class Params:
@@ -210,11 +210,8 @@ def main():
         subprocess.run([sys.executable, HERE + "/../examples/fashion_mnist_imagefolder.py", data], check=True)
         p.files = sum(len(f) for _, _, f in os.walk(data)) - 1  # less the completion marker
         p.batch = 256  # 300-byte images: a realistic batch, and epochs of 274 steps
-    elif not os.path.exists(data + "/.complete"):
-        shutil.rmtree(data, ignore_errors=True)
-        subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(p.files), "--classes",
-                        str(p.classes), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
-        open(data + "/.complete", "w").close()
+    else:
+        cached_dataset(data, "--files", p.files, "--classes", p.classes, "--seed", 1)
     total_bytes = dataset_bytes(data)
     work = tempfile.mkdtemp(prefix="clairfs-harness-")
 
@@ -326,11 +323,7 @@ def main():
 
     # Cache policies on the predicted trace.
     sim_data = "%s/sim-%d" % (args.data_dir, p.sim_files)
-    if not os.path.exists(sim_data + "/.complete"):
-        shutil.rmtree(sim_data, ignore_errors=True)
-        subprocess.run([sys.executable, HERE + "/make_dataset.py", sim_data, "--files", str(p.sim_files), "--classes",
-                        "50", "--seed", "2", "--mean-kb", "1"], check=True, stdout=subprocess.DEVNULL)
-        open(sim_data + "/.complete", "w").close()
+    cached_dataset(sim_data, "--files", p.sim_files, "--classes", 50, "--seed", 2, "--mean-kb", 1)
     sim_rows = []
     for ranks_per_node in (1, 4):
         r = subprocess.run([build + "/bench/cache_sim", "--root", sim_data, "--seed", str(p.seed), "--world-size", "8",

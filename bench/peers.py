@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import unmount, wait_mounted  # noqa: E402
+from benchlib import cached_dataset, unmount, wait_mounted  # noqa: E402
 
 NODES = 4
 
@@ -115,11 +115,7 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     data = "%s/%d" % (args.data_dir, args.files)
-    if not os.path.exists(data + "/.complete"):
-        shutil.rmtree(data, ignore_errors=True)
-        subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(args.files), "--classes", "10",
-                        "--seed", "5"], check=True, stdout=subprocess.DEVNULL)
-        open(data + "/.complete", "w").close()
+    cached_dataset(data, "--files", args.files, "--classes", 10, "--seed", 5)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data) for f in fs if f.endswith(".jpg"))
     work = tempfile.mkdtemp(prefix="clairfs-peers-")
     systems = ["peers", "no peers", "1 node"]
