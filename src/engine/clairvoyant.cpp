@@ -35,17 +35,19 @@ constexpr uint64_t kKeptForPeers = kNever - 2;
 constexpr uint64_t kWarmUp = 16;
 // Fetches from peers that count as "busy" in the choice between a peer and SOURCE.
 constexpr double kPeerParallel = 8;
-// A file opened on demand (not staged) is read whole from SOURCE at its first read, up to this size,
-// and kept like a staged one; larger ones are read piecemeal, as the kernel asks.
-constexpr uint64_t kWholeFileRead = 64 << 20;
+// A file read on demand (not staged) is read whole at its first read — from NVMe, its keeper or SOURCE —
+// and kept like a staged one, while the whole files so held outside the RAM budget stay within this
+// many bytes; beyond it (a larger file, or several readers' misses at once) files are read from SOURCE
+// piece by piece, as the kernel asks. A peer asking for an NVMe copy is refused beyond it.
+constexpr uint64_t kDemandBytes = 16 << 20;
 // Demand-read files waiting for the stager to keep them: beyond this many, the rest are not kept.
 constexpr size_t kMaxAdopted = 4096;
 // Reads without a handle: files read whole on demand are held this long (in files and bytes) for the
 // kernel's later pieces of them — a few readers' current files, well inside the 64 MiB of overhead the
-// daemon allows itself; files larger than kRecentFileMax are read from SOURCE piece by piece instead,
+// daemon allows itself (with kDemandBytes); files larger than kRecentFileMax are read from SOURCE piece by piece instead,
 // through one of kSourceHandles kept descriptors.
 constexpr size_t kRecentFiles = 64;
-constexpr uint64_t kRecentBytes = 32 << 20;
+constexpr uint64_t kRecentBytes = 16 << 20;
 constexpr uint64_t kRecentFileMax = 8 << 20;
 constexpr size_t kSourceHandles = 16;
 // Beacons: one use in every beacon_every_ steps of a rank is left unpushed, a quarter of the steps the
@@ -138,7 +140,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
     : manifest_(manifest), oracle_(oracle), source_(source), config_(std::move(config)),
       streams_(node_streams(manifest_, oracle_, config_.ranks.empty() ? std::vector<uint64_t>{0} : config_.ranks)),
       ram_(config_.ram), planner_(planner_config(manifest_, config_), streams_),
-      recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {
+      demand_(kDemandBytes), recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {
   if (!config_.nvme.empty()) nvme_ = std::make_unique<NvmeTier>(config_.nvme, config_.nvme_size);
   in_kernel_.assign(manifest_.size(), 0);
   origin_.assign(manifest_.size(), 0);
@@ -329,7 +331,8 @@ FileBytes ClairvoyantEngine::read_nvme(EntryId id) {
   if (!held) return nullptr;
   UniqueFd fd(::openat(nvme_->dir_fd(), NvmeTier::name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return nullptr;
-  auto buf = std::make_shared<std::vector<char>>(held->size);
+  auto buf = demand_.allocate(held->size);
+  if (!buf) return nullptr;
   if (pread_full(fd.get(), buf->data(), buf->size(), 0) != static_cast<ssize_t>(buf->size()) || NvmeTier::checksum(buf->data(), buf->size()) != held->checksum) {
     checksum_failures_++;
     log_warning("NVMe copy of '" + manifest_.path(id) + "' is damaged; not served, SOURCE is read instead");
@@ -391,8 +394,9 @@ int ClairvoyantEngine::load_from_peer(EntryId id, FileBytes* bytes) {
     bool done = false;
     int64_t result = 0;
   };
+  auto buf = demand_.allocate(size);
+  if (!buf) return -EFBIG;
   auto answer = std::make_shared<Answer>();  // outlives a wait given up on
-  auto buf = std::make_shared<std::vector<char>>(size);
   config_.peers->fetch(keeper, id, buf, [answer](int64_t result) {
     std::lock_guard<std::mutex> lock(answer->mutex);
     answer->result = result;
@@ -415,10 +419,11 @@ int ClairvoyantEngine::load_from_peer(EntryId id, FileBytes* bytes) {
 
 int ClairvoyantEngine::load_from_source(EntryId id, FileBytes* bytes) {
   const uint64_t size = manifest_.entry(id).size;
+  auto buf = demand_.allocate(size);
+  if (!buf) return -EFBIG;
   const int fd = source_.open_verified(id);
   if (fd < 0) return fd;
   UniqueFd file(fd);
-  auto buf = std::make_shared<std::vector<char>>(size);
   const ssize_t done = pread_full(fd, buf->data(), size, 0);
   if (done != static_cast<ssize_t>(size)) {
     log_warning("'" + manifest_.path(id) + "' read " + std::to_string(done) + " of " + std::to_string(size) +
@@ -447,7 +452,7 @@ int ClairvoyantEngine::load_whole(EntryId id, FileBytes* bytes, From* from) {
   *from = From::kPeer;
   if (rc < 0) {
     *from = From::kSource;
-    rc = manifest_.entry(id).size <= kWholeFileRead ? load_from_source(id, bytes) : -EFBIG;
+    rc = load_from_source(id, bytes);
   }
   if (rc != -EFBIG) stall_ns_ += ns_since(t0);
   return rc;
@@ -469,7 +474,7 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
       if (h->source_error == -EFBIG) {
         h->source_error = source_.open(h->id, h->pid, &h->source_handle);
         h->source_open = h->source_error == 0;
-        if (h->source_open) source_files_++;
+        if (h->source_open) source_files_++, piecewise_files_++;
         stall_ns_ += ns_since(t0);
       }
     }
@@ -520,8 +525,8 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     (from_peer ? peer_bytes_ : ram_bytes_) += static_cast<uint64_t>(n);
     return n;
   }
+  int tag = 0;
   if (manifest_.entry(id).size <= kRecentFileMax) {
-    int tag = 0;
     const int rc = recent_.get(
         id,
         [&](FileBytes* bytes, int* from) {
@@ -531,7 +536,9 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
           return r;
         },
         &data, &tag);
-    if (rc < 0) return rc;
+    if (rc < 0 && rc != -EFBIG) return rc;
+  }
+  if (data) {
     const ssize_t n = copy(*data);
     const auto from = static_cast<From>(tag);
     if (from == From::kRam) ram_bytes_ += static_cast<uint64_t>(n);
@@ -542,6 +549,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   bool opened = false;
   const ssize_t n = source_handles_.read(id, pid, buf, size, offset, &opened);
   stall_ns_ += ns_since(t0);
+  if (opened) piecewise_files_++;
   if (opened && first) source_files_++;
   if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
   return n;
@@ -879,6 +887,7 @@ void ClairvoyantEngine::stage_loop() {
         const uint64_t size = bytes->size();
         if (key < planner_.cursor() + evict_window_ ? make_ram_room(size, key, owned(id)) : ram_.reserve(size)) {
           ram_.insert(id, bytes);
+          DemandAllowance::hand_over(bytes);
           ram_keys_.set(id, key, owned(id));
         }
         if (nvme_ && to_write.size() < kMaxAdopted && !writing.count(id) && !nvme_->find(id))
@@ -1111,6 +1120,8 @@ std::string ClairvoyantEngine::stats_json() const {
     j["peers"]["usable"] = usable;
   }
   j["readahead_files"] = readahead_files_.load();
+  // Whole files held outside the RAM budget (read on demand), and files read piecewise for want of room.
+  j["demand"] = {{"limit", demand_.limit()}, {"used", demand_.used()}, {"piecewise_files", piecewise_files_.load()}};
   j["stalls"] = {{"opens", source_files_.load()}, {"seconds", static_cast<double>(stall_ns_.load()) / 1e9}};
   {
     std::lock_guard<std::mutex> lock(mutex_);

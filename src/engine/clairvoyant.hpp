@@ -105,7 +105,7 @@ class ClairvoyantEngine final : public Engine {
   // Where the bytes of a file not in RAM came from.
   enum class From { kNvme, kPeer, kSource, kRam };
   // Reads a file not in RAM whole: from NVMe (checked), its keeper, or SOURCE, and offers it to the
-  // tiers. -EFBIG if it is too large to read whole (read it piecemeal from SOURCE).
+  // tiers. -EFBIG if the demand allowance has no room for it (read it piecemeal from SOURCE).
   int load_whole(EntryId id, FileBytes* bytes, From* from);
   // A use the stager leaves unpushed in no-open mode, so that its read tells where the reader is.
   bool beacon(uint64_t key) const;  // REQUIRES: mutex_ held
@@ -206,7 +206,11 @@ class ClairvoyantEngine final : public Engine {
   uint64_t peer_choices_ = 0;    // stager only
   uint64_t peer_samples_ = 0, source_samples_ = 0;  // stager only: durations noted each way
   std::atomic<uint64_t> demand_peer_files_{0};
+  std::atomic<uint64_t> piecewise_files_{0};  // read from SOURCE piece by piece: no room to hold them whole
   int node_ = 0;
+
+  // Whole files read on demand (misses, and NVMe copies peers ask for) are held within this allowance.
+  DemandAllowance demand_;
 
   // Reads without a handle (no-open mode): files read whole on demand, for the kernel's next pieces of
   // them, and SOURCE descriptors of files too large for that.

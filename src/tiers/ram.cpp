@@ -53,4 +53,39 @@ uint64_t RamTier::files() const {
   return files_.size();
 }
 
+struct DemandAllowance::Release {
+  std::shared_ptr<std::atomic<uint64_t>> used;
+  uint64_t size;
+  bool counted;
+  void operator()(std::vector<char>* bytes) const {
+    if (counted) used->fetch_sub(size);
+    delete bytes;
+  }
+};
+
+std::shared_ptr<std::vector<char>> DemandAllowance::allocate(uint64_t size) {
+  uint64_t now = used_->load();
+  do {
+    if (size > limit_ || now > limit_ - size) return nullptr;
+  } while (!used_->compare_exchange_weak(now, now + size));
+  std::unique_ptr<std::vector<char>> bytes;
+  try {
+    bytes = std::make_unique<std::vector<char>>(size);
+  } catch (...) {
+    used_->fetch_sub(size);
+    throw;
+  }
+  // Should the control block fail to allocate, shared_ptr calls the deleter, which gives the share back.
+  return std::shared_ptr<std::vector<char>>(bytes.release(), Release{used_, size, true});
+}
+
+void DemandAllowance::hand_over(const FileBytes& bytes) {
+  // The deleter is read when the last owner lets go, which happens after this call returns (the
+  // caller owns `bytes`), so the flag needs no lock.
+  auto* release = std::get_deleter<Release>(bytes);
+  if (!release || !release->counted) return;
+  release->counted = false;
+  release->used->fetch_sub(release->size);
+}
+
 }  // namespace clairfs

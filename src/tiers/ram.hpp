@@ -3,8 +3,13 @@
 // Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them,
 // so evicting a file that a reader still holds frees its budget share at once but its bytes only when
 // the last reader lets go. The budget counts inserted files plus reservations for reads in flight.
+//
+// DemandAllowance bounds the other whole files the daemon holds: those read on demand (a miss, a
+// peer's request for an NVMe copy), which no budget reserved room for. Their buffers come from it and
+// give their share back when freed, or when the RAM tier takes them in (its budget counts them then).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -44,6 +49,26 @@ class RamTier {
   std::unordered_map<EntryId, FileBytes> files_;
   uint64_t held_ = 0;
   uint64_t reserved_ = 0;
+};
+
+class DemandAllowance {
+ public:
+  explicit DemandAllowance(uint64_t limit) : limit_(limit), used_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+
+  // A zeroed buffer of `size` bytes counted against the limit, or nullptr if it would pass the limit.
+  std::shared_ptr<std::vector<char>> allocate(uint64_t size);
+  // `bytes` are now counted elsewhere (inserted into the RAM tier): their share is given back now.
+  // No effect on buffers that did not come from allocate() or were handed over already.
+  // REQUIRES: one thread hands over a given buffer (the stager).
+  static void hand_over(const FileBytes& bytes);
+
+  uint64_t limit() const { return limit_; }
+  uint64_t used() const { return used_->load(); }
+
+ private:
+  struct Release;  // the buffers' deleter
+  const uint64_t limit_;
+  std::shared_ptr<std::atomic<uint64_t>> used_;  // shared with the deleters: buffers may outlive this
 };
 
 }  // namespace clairfs

@@ -68,5 +68,39 @@ TEST(TierIndexTest, EvictsTheFarthestAndKeepsOwnedFilesForOwnedOnly) {
   EXPECT_EQ(t.key(3), std::optional<uint64_t>(2000));
 }
 
+TEST(DemandAllowanceTest, BuffersCountUntilFreedOrHandedOver) {
+  DemandAllowance demand(100);
+  auto a = demand.allocate(60);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->size(), 60u);
+  EXPECT_EQ(demand.used(), 60u);
+  EXPECT_FALSE(demand.allocate(41));  // would pass the limit
+  EXPECT_FALSE(demand.allocate(101));
+  auto b = demand.allocate(40);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(demand.used(), 100u);
+  b.reset();  // freed: its share is back
+  EXPECT_EQ(demand.used(), 60u);
+  // Handed to the RAM tier: counted there from now on, once, even if handed over twice; freeing it later
+  // gives nothing back a second time.
+  FileBytes held = a;
+  a.reset();
+  DemandAllowance::hand_over(held);
+  DemandAllowance::hand_over(held);
+  EXPECT_EQ(demand.used(), 0u);
+  held.reset();
+  EXPECT_EQ(demand.used(), 0u);
+  // Other buffers are not its business.
+  DemandAllowance::hand_over(std::make_shared<std::vector<char>>(10));
+  EXPECT_EQ(demand.used(), 0u);
+  // A buffer may outlive the allowance.
+  FileBytes late;
+  {
+    DemandAllowance gone(10);
+    late = gone.allocate(10);
+  }
+  EXPECT_EQ(late->size(), 10u);
+}
+
 }  // namespace
 }  // namespace clairfs
