@@ -3,11 +3,13 @@
 the data set, NVMe half of it, epochs unbounded) while rounds of 1-8 concurrent readers read it in the
 predicted order of a random epoch, in another seed's order, or in sample order; every few rounds a fresh
 mount with random options (budget from 1 KiB to twice the data set, NVMe or not, a random seed,
-progress from reads or opens) is read and checked too. Every byte read is compared with SOURCE. Reports
+progress from reads or opens) is read and checked too. A few files of 2-24 MiB among the small ones
+exercise reads of files too large to hold whole (read piece by piece, or whole within the demand
+allowance). Every byte read is compared with SOURCE. Reports
 rounds, files, wrong bytes, and the long-lived daemon's resident memory over time (to see that it is
 stable).
 
-    bench/soak.py BUILD [--minutes 30] [--files 2000]
+    bench/soak.py BUILD [--minutes 30] [--files 2000] [--large 6]
 """
 import argparse
 import hashlib
@@ -76,6 +78,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--large", type=int, default=6, help="files of 2-24 MiB added to the data set")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
@@ -84,6 +87,10 @@ def main():
     data = work + "/data"
     subprocess.run([sys.executable, HERE + "/make_dataset.py", data, "--files", str(args.files), "--classes", "8",
                     "--mean-kb", "24", "--seed", "7"], check=True, stdout=subprocess.DEVNULL)
+    classes = sorted(os.listdir(data))
+    for i in range(args.large):
+        with open(os.path.join(data, classes[i % len(classes)], "large-%d.jpg" % i), "wb") as f:
+            f.write(rnd.randbytes(rnd.randrange(2 << 20, 24 << 20)))
     want = {}
     for d, _, files in os.walk(data):
         for f in files:
@@ -135,9 +142,9 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     half = [r for m, r in samples if m >= args.minutes / 2]
     first = [r for m, r in samples if m < args.minutes / 2]
-    print("Soak, %.0f minutes, %d files (%.0f MB): %d rounds of 1-8 concurrent readers on one long-lived mount "
+    print("Soak, %.0f minutes, %d files (%.0f MB, %d of them 2-24 MiB): %d rounds of 1-8 concurrent readers on one long-lived mount "
           "(RAM %.0f MB, NVMe %.0f MB) and %d fresh mounts with random options; %d files read, **%d wrong**." % (
-              args.minutes, len(want), total / 1e6, rounds, total / 3e6, total / 2e6, fresh, files, wrong))
+              args.minutes, len(want), total / 1e6, args.large, rounds, total / 3e6, total / 2e6, fresh, files, wrong))
     if first and half:
         print("Long-lived daemon's resident memory: first half %.1f–%.1f MiB, second half %.1f–%.1f MiB." % (
             min(first) / 2**20, max(first) / 2**20, min(half) / 2**20, max(half) / 2**20))

@@ -44,8 +44,8 @@ constexpr uint64_t kDemandBytes = 16 << 20;
 constexpr size_t kMaxAdopted = 4096;
 // Reads without a handle: files read whole on demand are held this long (in files and bytes) for the
 // kernel's later pieces of them — a few readers' current files, well inside the 64 MiB of overhead the
-// daemon allows itself (with kDemandBytes); files larger than kRecentFileMax are read from SOURCE piece by piece instead,
-// through one of kSourceHandles kept descriptors.
+// daemon allows itself, with kDemandBytes; files larger than kRecentFileMax (or finding no room in the
+// allowance) are read from SOURCE piece by piece instead, through one of kSourceHandles kept descriptors.
 constexpr size_t kRecentFiles = 64;
 constexpr uint64_t kRecentBytes = 16 << 20;
 constexpr uint64_t kRecentFileMax = 8 << 20;
@@ -526,7 +526,8 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     return n;
   }
   int tag = 0;
-  if (manifest_.entry(id).size <= kRecentFileMax) {
+  // A file begun piece by piece (no room to hold it whole then) goes on that way.
+  if (manifest_.entry(id).size <= kRecentFileMax && (offset == 0 || !source_handles_.holds(id))) {
     const int rc = recent_.get(
         id,
         [&](FileBytes* bytes, int* from) {

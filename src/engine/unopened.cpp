@@ -56,6 +56,11 @@ void RecentLoads::hold(EntryId id, FileBytes bytes, int tag) {
   }
 }
 
+bool SourceHandles::holds(EntryId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_.count(id) != 0;
+}
+
 struct SourceHandles::Open {
   Open(SourceReader& s, uint64_t h) : source(s), handle(h) {}
   ~Open() { source.release(handle); }

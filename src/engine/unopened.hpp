@@ -62,6 +62,8 @@ class SourceHandles {
   // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceReader::read;
   // *opened says whether SOURCE was opened for it.
   ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened);
+  // Whether a handle of `id` is kept (its reader reads it piece by piece).
+  bool holds(EntryId id);
 
  private:
   struct Open;  // releases its SourceReader handle when the last reader lets go

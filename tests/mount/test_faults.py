@@ -36,7 +36,7 @@ with h.tempdir() as tmp:
     os.makedirs(mnt)
     h.make_dataset(src, 600, 6, 60, 9)
     with open(src + "/c0000/big.jpg", "wb") as f:
-        f.write(os.urandom(96 << 20))  # read piecemeal (over 64 MiB)
+        f.write(os.urandom(96 << 20))  # read piece by piece (too large to hold whole on demand)
     want = h.digests(src)
     total = sum(os.path.getsize(os.path.join(src, p)) for p in want if not p.endswith("big.jpg"))
 
