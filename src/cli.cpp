@@ -8,7 +8,6 @@
 #include "cli.hpp"
 
 #include <fcntl.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -37,6 +36,7 @@
 #include "fuse/page_cache.hpp"
 #include "peer/mpi.hpp"
 #include "util/log.hpp"
+#include "util/memory.hpp"
 
 namespace clairfs {
 
@@ -140,12 +140,6 @@ void raise_fd_limit() {
   }
 }
 
-// File buffers (from 128 KiB) are mapped each on its own and unmapped when freed. Left to itself, glibc
-// raises that threshold to the largest buffer freed so far (up to 32 MiB) and serves the rest from its
-// per-thread arenas, which keep what is freed: with files of a few MiB the daemon's resident memory grew
-// to 2.5× its RAM budget in a soak, bytes no budget counts.
-void return_freed_buffers() { ::mallopt(M_MMAP_THRESHOLD, 128 << 10); }
-
 // The global plan's owners: each file is kept for every node by the node whose rank reads it first in
 // the first epoch (it reads it from SOURCE anyway); a file nobody reads then goes to node id mod nodes.
 std::vector<uint16_t> plan_owners(const Manifest& manifest, const Oracle& oracle, const Options& o,
@@ -184,7 +178,7 @@ sigset_t ending_signals() {
 }
 
 int run_mount(int argc, char** argv) {
-  return_freed_buffers();
+  return_large_buffers();
   const sigset_t ending = ending_signals();
   // Under a launcher (mpiexec, srun): one daemon per node, in the foreground (no fork once MPI runs).
   // MPI starts before the options are checked, so a node with a bad option stops every node at once

@@ -11,6 +11,7 @@
 
 #include "util/fs.hpp"
 #include "util/log.hpp"
+#include "util/memory.hpp"
 
 namespace clairfs {
 
@@ -39,7 +40,7 @@ constexpr double kPeerParallel = 8;
 // and kept like a staged one, while the whole files so held outside the RAM budget stay within this
 // many bytes; beyond it (a larger file, or several readers' misses at once) files are read from SOURCE
 // piece by piece, as the kernel asks. A peer asking for an NVMe copy is refused beyond it.
-constexpr uint64_t kDemandBytes = 16 << 20;
+constexpr uint64_t kDemandBytes = 8 << 20;
 // Demand-read files waiting for the stager to keep them: beyond this many, the rest are not kept.
 constexpr size_t kMaxAdopted = 4096;
 // Reads without a handle: files read whole on demand are held this long (in files and bytes) for the
@@ -60,6 +61,8 @@ constexpr auto kPushRetry = std::chrono::milliseconds(50);
 // Drops waiting for the cursor (no-open mode) at most: beyond, the oldest go at once (readers off the
 // plan evict files from RAM while the cursor stands still).
 constexpr size_t kMaxLateDrops = 1 << 16;
+// How often the allocator's free pages go back to the system (util/memory.hpp).
+constexpr auto kReturnFreePages = std::chrono::seconds(1);
 // Readers whose last file the engine remembers (no-open mode); beyond, it forgets them all.
 constexpr size_t kMaxReaders = 4096;
 // Opens between updates of a rank's rate (files/s), which turns its lead in files into seconds.
@@ -866,7 +869,9 @@ void ClairvoyantEngine::stage_loop() {
     if (nvme_->abandon(p.id, size, error)) log_full(error);
   };
 
+  FreePageReturner free_pages(kReturnFreePages);
   for (;;) {
+    free_pages.tick();
     plan_ahead();
     run_drops();
     push_ahead();

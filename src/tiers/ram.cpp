@@ -1,10 +1,13 @@
 #include "tiers/ram.hpp"
 
+#include <algorithm>
+
 namespace clairfs {
 
 bool RamTier::reserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (held_ + reserved_ + bytes > budget_) return false;
+  if (held_ + reserved_ + lingering_bytes_ + bytes > budget_) settle();
+  if (held_ + reserved_ + lingering_bytes_ + bytes > budget_) return false;
   reserved_ += bytes;
   return true;
 }
@@ -37,15 +40,29 @@ uint64_t RamTier::erase(EntryId id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = files_.find(id);
   if (it == files_.end()) return 0;
-  const uint64_t size = it->second->size();
+  const FileBytes bytes = std::move(it->second);
+  const uint64_t size = bytes->size();
   held_ -= size;
   files_.erase(it);
+  if (bytes.use_count() > 1) {  // someone else holds it: counted until freed
+    lingering_.push_back({bytes, size});
+    lingering_bytes_ += size;
+  }
   return size;
+}
+
+void RamTier::settle() {
+  auto freed = [this](const Lingering& l) {
+    if (!l.bytes.expired()) return false;
+    lingering_bytes_ -= l.size;
+    return true;
+  };
+  lingering_.erase(std::remove_if(lingering_.begin(), lingering_.end(), freed), lingering_.end());
 }
 
 uint64_t RamTier::used() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return held_ + reserved_;
+  return held_ + reserved_ + lingering_bytes_;
 }
 
 uint64_t RamTier::files() const {

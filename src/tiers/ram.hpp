@@ -1,8 +1,9 @@
 // The RAM tier: whole staged files, held under a hard byte budget.
 //
-// Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them,
-// so evicting a file that a reader still holds frees its budget share at once but its bytes only when
-// the last reader lets go. The budget counts inserted files plus reservations for reads in flight.
+// Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them.
+// The budget counts inserted files, reservations for reads in flight, and files evicted while something
+// still held them (a reader's handle, a write to NVMe, a peer's answer) until their bytes are freed: a
+// reader of a large file does not make its bytes vanish from the count while they stay in memory.
 //
 // DemandAllowance bounds the other whole files the daemon holds: those read on demand (a miss, a
 // peer's request for an NVMe copy), which no budget reserved room for. Their buffers come from it and
@@ -40,15 +41,23 @@ class RamTier {
   uint64_t erase(EntryId id);
 
   uint64_t budget() const { return budget_; }
-  uint64_t used() const;  // held + reserved
+  uint64_t used() const;  // held + reserved + evicted but not yet freed
   uint64_t files() const;
 
  private:
+  struct Lingering {
+    std::weak_ptr<const std::vector<char>> bytes;
+    uint64_t size;
+  };
+  void settle();  // REQUIRES: mutex_ held. Stops counting lingering files that have been freed.
+
   const uint64_t budget_;
   mutable std::mutex mutex_;  // guards everything below; never held across I/O
   std::unordered_map<EntryId, FileBytes> files_;
   uint64_t held_ = 0;
   uint64_t reserved_ = 0;
+  std::vector<Lingering> lingering_;  // evicted while held elsewhere
+  uint64_t lingering_bytes_ = 0;
 };
 
 class DemandAllowance {

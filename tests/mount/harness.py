@@ -91,9 +91,9 @@ def run_clairfs(args, timeout=120, env=None):
 
 
 @contextlib.contextmanager
-def mounted(source, mnt, options="", extra=()):
+def mounted(source, mnt, options="", extra=(), env=None):
     args = [source, mnt] + (["-o", options] if options else []) + list(extra)
-    r = run_clairfs(args)
+    r = run_clairfs(args, env=env)
     if r.returncode != 0:
         raise RuntimeError("clairfs %s failed (%d): %s" % (" ".join(args), r.returncode, r.stderr.strip()))
     try:

@@ -37,7 +37,21 @@ TEST(RamTierTest, EvictedFileStaysAliveForItsReader) {
   EXPECT_FALSE(ram.contains(7));
   EXPECT_EQ(ram.get(7), nullptr);
   EXPECT_EQ(held->size(), 10u);  // the reader's copy is intact
-  EXPECT_TRUE(ram.reserve(10));  // and the budget is free again
+  // Its bytes are still in memory: still counted, until the reader lets go.
+  EXPECT_EQ(ram.used(), 10u);
+  EXPECT_FALSE(ram.reserve(1));
+  held.reset();
+  EXPECT_TRUE(ram.reserve(10));
+  EXPECT_EQ(ram.used(), 10u);
+}
+
+TEST(RamTierTest, EvictedFileNobodyHoldsIsFreedAtOnce) {
+  RamTier ram(10);
+  ASSERT_TRUE(ram.reserve(10));
+  ram.insert(7, bytes(10));
+  EXPECT_EQ(ram.erase(7), 10u);
+  EXPECT_EQ(ram.used(), 0u);
+  EXPECT_TRUE(ram.reserve(10));
 }
 
 TEST(RamTierTest, EmptyFilesCostNothing) {
