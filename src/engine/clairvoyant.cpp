@@ -513,10 +513,13 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     data = ram_.get(id);
     from_peer = data && origin_[id] == 1;
   }
+  // Copies the piece; at the file's last piece, RecentLoads need not hold it any longer (a RAM copy held
+  // there after RAM evicted it would count against the RAM budget until it went).
   auto copy = [&](const std::vector<char>& bytes) -> ssize_t {
-    if (static_cast<uint64_t>(offset) >= bytes.size()) return 0;
-    const size_t n = std::min(size, bytes.size() - static_cast<size_t>(offset));
-    std::memcpy(buf, bytes.data() + offset, n);
+    const size_t start = std::min(bytes.size(), static_cast<size_t>(offset));
+    const size_t n = std::min(size, bytes.size() - start);
+    std::memcpy(buf, bytes.data() + start, n);
+    if (start + n == bytes.size()) recent_.forget(id);
     return static_cast<ssize_t>(n);
   };
   if (data) {

@@ -40,6 +40,15 @@ void RecentLoads::put(EntryId id, FileBytes bytes, int tag) {
   hold(id, std::move(bytes), tag);
 }
 
+void RecentLoads::forget(EntryId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end() || it->second.loading) return;
+  held_bytes_ -= it->second.bytes->size();
+  slots_.erase(it);
+  order_.erase(std::find(order_.begin(), order_.end(), id));
+}
+
 void RecentLoads::hold(EntryId id, FileBytes bytes, int tag) {
   if (bytes->size() > max_bytes_) return;
   held_bytes_ += bytes->size();

@@ -2,8 +2,9 @@
 // no-open mode): the kernel asks for a file larger than one request in pieces, and each piece must not
 // read the file again.
 //
-// RecentLoads holds files read whole on demand (from NVMe, a peer or SOURCE) until the stager has
-// taken them into RAM, and makes concurrent first reads of one file wait for a single load.
+// RecentLoads holds files read whole on demand (from NVMe, a peer or SOURCE), and RAM copies of files
+// being read, until their last piece is read, and makes concurrent first reads of one file wait for a
+// single load.
 // SourceHandles keeps SOURCE descriptors of files too large to read whole, for their later pieces.
 // Both are small and bounded; the oldest entry goes first.
 #pragma once
@@ -36,6 +37,8 @@ class RecentLoads {
   int get(EntryId id, const Load& load, FileBytes* bytes, int* tag);
   // Holds `bytes` for the file's later pieces (its RAM copy, which RAM may evict meanwhile).
   void put(EntryId id, FileBytes bytes, int tag);
+  // The file's last piece was read: no longer held (a load in progress is left alone).
+  void forget(EntryId id);
 
  private:
   struct Slot {
