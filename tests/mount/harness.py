@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 CLAIRFS = os.environ.get("CLAIRFS_BIN", "clairfs")
@@ -133,6 +134,15 @@ def reads_as_or_eio(path, expected):
 
 
 EROFS = errno.EROFS
+
+
+def concurrently(fn, args):
+    """Runs fn(a) for each a in args, each in its own thread, and waits for them all."""
+    threads = [threading.Thread(target=fn, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def digest(path):

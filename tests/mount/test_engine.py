@@ -116,11 +116,7 @@ with h.tempdir() as tmp:
                 if h.digest(os.path.join(mnt, p)) != want[p]:
                     errors.append(p)
 
-        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        h.concurrently(reader, range(8))
         h.check(not errors, "8 concurrent readers in random orders: every byte equals SOURCE %s" % errors[:3])
         h.check(h.stats(mnt)["ram"]["used"] <= total // 3, "RAM use within budget after concurrent readers")
 

@@ -142,11 +142,7 @@ with h.tempdir() as tmp:
                     if h.digest(os.path.join(mnt, p)) != big_want[p]:
                         wrong.append(p)
 
-            threads = [threading.Thread(target=big_reader, args=(n,)) for n in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            h.concurrently(big_reader, range(8))
             st = h.stats(mnt)
             h.check(not wrong, "progress=%s: 8 readers of files of 10-31 MiB (RAM 8 MiB) read every byte right" % progress)
             h.check(st["demand"]["piecewise_files"] > 0 and st["demand"]["used"] <= st["demand"]["limit"],
@@ -188,12 +184,7 @@ with h.tempdir() as tmp:
                         wrong.append(rel)
 
             for _ in range(30):
-                threads = [threading.Thread(target=mixed_reader, args=(rnd.randrange(1 << 30),))
-                           for _ in range(rnd.randrange(1, 9))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                h.concurrently(mixed_reader, [rnd.randrange(1 << 30) for _ in range(rnd.randrange(1, 9))])
             h.check(not wrong, "progress=%s: 30 rounds of concurrent readers over small and 2-24 MiB files: "
                     "%d files read, every byte right" % (progress, files[0]))
             within_bound(pids, budget, len(mixed_want), "progress=%s, mixed sizes: " % progress)

@@ -7,7 +7,6 @@ import random
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -156,11 +155,7 @@ with h.tempdir() as tmp:
                             if m[:] != fa.read():
                                 errors.append("mmap " + p)
 
-        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        h.concurrently(reader, range(8))
         h.check(not errors, "8 concurrent readers, random preads and mmap reads all equal SOURCE %s" % errors[:3])
 
         # Every write-like call gets EROFS.

@@ -1,6 +1,5 @@
 """Random awkward ImageFolder trees, and torchvision's own view of them, shared by the order tests."""
 import os
-import random
 
 from torchvision.datasets import ImageFolder
 
