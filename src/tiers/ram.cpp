@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace clairfs {
+namespace {
+
+// Lingering files counted at most before the freed among them are looked for.
+constexpr size_t kSettleEvery = 1024;
+
+}  // namespace
 
 bool RamTier::reserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -45,6 +51,7 @@ uint64_t RamTier::erase(EntryId id) {
   held_ -= size;
   files_.erase(it);
   if (bytes.use_count() > 1) {  // someone else holds it: counted until freed
+    if (lingering_.size() >= kSettleEvery) settle();  // not left to the next full budget alone
     lingering_.push_back({bytes, size});
     lingering_bytes_ += size;
   }
