@@ -113,6 +113,8 @@ struct ClairvoyantEngine::Handle {
   EntryId id = 0;
   pid_t pid = 0;
   std::mutex mutex;            // guards the lazy open below (the kernel may send reads in parallel)
+  // The lazy open is done (or was not needed): what it set may be read without the mutex.
+  std::atomic<bool> ready{false};
   bool tried = false;          // the lazy open ran
   uint64_t source_handle = 0;
   int source_error = 0;        // the lazy open's -errno
@@ -306,6 +308,7 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   bool again = false;
   h->data = note_open(id, pid, true, &h->from_peer, &again);
   h->from_ram = h->data != nullptr;
+  h->ready = h->from_ram;
   *handle = reinterpret_cast<uint64_t>(h);
   return 0;
 }
@@ -465,7 +468,7 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
   auto* h = reinterpret_cast<Handle*>(handle);
   const auto t0 = Clock::now();
   if (h->from_ram && !h->read_any.exchange(true)) (h->from_peer ? peer_files_ : ram_files_)++;
-  if (!h->data) {
+  if (!h->ready.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(h->mutex);
     if (!h->tried) {
       h->tried = true;
@@ -480,6 +483,7 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
         if (h->source_open) source_files_++, piecewise_files_++;
         stall_ns_ += ns_since(t0);
       }
+      h->ready.store(true, std::memory_order_release);
     }
   }
   if (h->data) {
