@@ -163,6 +163,26 @@ def stats(mnt):
         return json.load(f)
 
 
+# For daemons whose memory is measured: meson sets MALLOC_PERTURB_, which makes glibc fill every buffer
+# it hands out, so memory a daemon only reserves (libfuse's 1 MiB receive buffer per thread) counts too.
+MEASURED = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
+
+
+def within_memory_bound(pids, budget, files, label=""):
+    """Checks the daemons' peak memory (VmHWM) against ram + 64 MiB + 100 B/file (not under a sanitizer)."""
+    peak = 0
+    for pid in pids:
+        for line in open("/proc/%d/status" % pid):
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) * 1024)
+    bound = budget + (64 << 20) + 100 * files
+    if os.environ.get("CLAIRFS_SANITIZED"):
+        check(peak > 0, "%sdaemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (label, peak / 2**20))
+    else:
+        check(0 < peak <= bound, "%sdaemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
+            label, peak / 2**20, bound / 2**20))
+
+
 def make_dataset(path, files, classes, mean_kb, seed):
     """An ImageFolder tree of random files with lognormal sizes (bench/make_dataset.py)."""
     subprocess.run([sys.executable, MAKE_DATASET, path, "--files", str(files), "--classes", str(classes),

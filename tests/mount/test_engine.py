@@ -80,17 +80,7 @@ with h.tempdir() as tmp:
             h.check(len(set(map(len, texts))) == 1 and os.stat(path).st_size == len(texts[0]) and after == before + 1,
                     "stats: one length (%d bytes), and fresh: a read through the daemon is counted at once (%d, %d)" % (
                         len(texts[0]), before, after))
-            hwm = 0
-            for pid in h.daemon_pids(mnt):
-                for line in open("/proc/%d/status" % pid):
-                    if line.startswith("VmHWM:"):
-                        hwm = int(line.split()[1]) * 1024
-            bound = budget + (64 << 20) + 100 * len(want)
-            if os.environ.get("CLAIRFS_SANITIZED"):
-                h.check(hwm > 0, "daemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (hwm / 2**20))
-            else:
-                h.check(0 < hwm <= bound, "daemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
-                    hwm / 2**20, bound / 2**20))
+            h.within_memory_bound(h.daemon_pids(mnt), budget, len(want))
             r = h.run_clairfs(["status", mnt])
             h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
                     and "lead" in r.stdout,

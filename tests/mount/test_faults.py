@@ -17,30 +17,6 @@ import harness as h  # noqa: E402
 h.require_fuse()
 
 
-def hwm(pids):
-    for pid in pids:
-        for line in open("/proc/%d/status" % pid):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-# For daemons whose memory is measured: meson sets MALLOC_PERTURB_, which makes glibc fill every buffer
-# it hands out, so memory a daemon only reserves (libfuse's 1 MiB receive buffer per thread) counts too.
-MEASURED = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
-
-
-def within_bound(pids, budget, files, label):
-    """Checks the daemon's peak memory against ram + 64 MiB + 100 B/file (not under a sanitizer)."""
-    peak = hwm(pids)
-    bound = budget + (64 << 20) + 100 * files
-    if os.environ.get("CLAIRFS_SANITIZED"):
-        h.check(peak > 0, "%sdaemon peak memory %.1f MiB (not held to its bound under a sanitizer)" % (label, peak / 2**20))
-    else:
-        h.check(0 < peak <= bound, "%sdaemon peak memory %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
-            label, peak / 2**20, bound / 2**20))
-
-
 def gone(pids, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and any(os.path.exists("/proc/%d" % p) for p in pids):
@@ -112,7 +88,7 @@ with h.tempdir() as tmp:
 
     # 4. A data set 4× the RAM budget, 3 epochs: right bytes, memory under its bound.
     budget = total // 4
-    with h.mounted(src, mnt, "seed=5,batch_size=8,workers=2,epochs=3,ram=%d" % budget, env=MEASURED):
+    with h.mounted(src, mnt, "seed=5,batch_size=8,workers=2,epochs=3,ram=%d" % budget, env=h.MEASURED):
         pids = h.daemon_pids(mnt)
         wrong = 0
         for e in range(3):
@@ -121,7 +97,7 @@ with h.tempdir() as tmp:
             for rel in rels:
                 wrong += h.digest(os.path.join(mnt, rel)) != want[rel]
         h.check(wrong == 0, "a data set 4× the RAM budget, 3 epochs: every byte equals SOURCE")
-        within_bound(pids, budget, len(want), "")
+        h.within_memory_bound(pids, budget, len(want))
 
     # 4b. Files larger than the RAM budget, read by 8 readers at once: what is read whole on demand stays
     # within its allowance, the rest is read piece by piece; memory under the same bound, in both modes.
@@ -133,7 +109,7 @@ with h.tempdir() as tmp:
     big_want = h.digests(big_src)
     for progress in ("opens", "reads"):
         budget = 8 << 20
-        with h.mounted(big_src, mnt, "seed=1,batch_size=2,ram=%d,progress=%s" % (budget, progress), env=MEASURED):
+        with h.mounted(big_src, mnt, "seed=1,batch_size=2,ram=%d,progress=%s" % (budget, progress), env=h.MEASURED):
             pids = h.daemon_pids(mnt)
             wrong = []
 
@@ -147,7 +123,7 @@ with h.tempdir() as tmp:
             h.check(not wrong, "progress=%s: 8 readers of files of 10-31 MiB (RAM 8 MiB) read every byte right" % progress)
             h.check(st["demand"]["piecewise_files"] > 0 and st["demand"]["used"] <= st["demand"]["limit"],
                     "progress=%s: files with no room to be held whole were read piece by piece: %s" % (progress, st["demand"]))
-            within_bound(pids, budget, len(big_want), "progress=%s: " % progress)
+            h.within_memory_bound(pids, budget, len(big_want), "progress=%s: " % progress)
 
     # 4c. Small files and a few of 2-24 MiB, RAM a third of them, NVMe half: rounds of 1-8 concurrent
     # readers, each in a predicted or a random order. Before demand reads had an allowance and freed
@@ -166,7 +142,7 @@ with h.tempdir() as tmp:
         os.makedirs(nvme)
         budget = mixed_total // 3
         with h.mounted(mixed, mnt, "seed=3,batch_size=4,workers=2,ram=%d,nvme=%s,nvme_size=%d,progress=%s" % (
-                budget, nvme, mixed_total // 2, progress), env=MEASURED):
+                budget, nvme, mixed_total // 2, progress), env=h.MEASURED):
             pids = h.daemon_pids(mnt)
             wrong, files = [], [0]
             paths = sorted(mixed_want)
@@ -188,7 +164,7 @@ with h.tempdir() as tmp:
                 h.concurrently(mixed_reader, [rnd.randrange(1 << 30) for _ in range(rnd.randrange(1, 9))])
             h.check(not wrong, "progress=%s: 30 rounds of concurrent readers over small and 2-24 MiB files: "
                     "%d files read, every byte right" % (progress, files[0]))
-            within_bound(pids, budget, len(mixed_want), "progress=%s, mixed sizes: " % progress)
+            h.within_memory_bound(pids, budget, len(mixed_want), "progress=%s, mixed sizes: " % progress)
 
     # 5. A file rewritten in SOURCE during the run: its staged copy or EIO, never new or mixed bytes.
     with h.mounted(src, mnt, "seed=5,batch_size=8,epochs=3,ram=%d" % (total * 2)):
