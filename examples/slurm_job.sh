@@ -1,6 +1,13 @@
 #!/bin/bash
 # A Slurm job that trains on clairfs: one daemon per node mounts the data set, every rank reads it as
-# an ordinary directory, and the mounts go away when training ends.
+# an ordinary directory, and the mounts go away when training ends — or when the job is cancelled or
+# hits its time limit.
+#
+# Works as shipped on Slurm 22.05 and later with MPICH (srun --mpi=pmi2; see docs/mounting.md for
+# Open MPI and other versions). clairfs-job-mount starts the daemons with
+#   srun -N NODES -n NODES --ntasks-per-node=1 --overlap --mpi=pmi2 --kill-on-bad-exit=0 clairfs ...
+# (one daemon per node whatever the job's layout, sharing the CPUs of the training step) and returns
+# once every node is mounted; clairfs-job-umount stops them and checks every node.
 #SBATCH --job-name=train-clairfs
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=4
@@ -16,10 +23,9 @@ WORLD=$SLURM_NTASKS
 OPTS="seed=42,batch_size=256,workers=8,epochs=90,world_size=$WORLD,ranks_per_node=$RANKS_PER_NODE"
 OPTS="$OPTS,ram=64G,nvme=$NVME,nvme_size=800G"
 
-srun --ntasks-per-node=1 mkdir -p "$MNT"
-# One daemon per node (its node index is its rank in this step). --kill-on-bad-exit=0: a node whose
-# daemon fails does not take the others down; its files then come from SOURCE.
-clairfs-job-mount -- srun --ntasks-per-node=1 --kill-on-bad-exit=0 clairfs "$DATA" "$MNT" -o "$OPTS"
+clairfs-job-mount "$DATA" "$MNT" -o "$OPTS"
+# At the end, however it comes. On scancel or the time limit Slurm sends SIGTERM to every daemon, which
+# stops cleanly by itself, and to this script, which still runs the trap.
 trap 'clairfs-job-umount' EXIT
 
 # Training is unchanged: it reads $MNT as it would read $DATA.

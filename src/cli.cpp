@@ -37,6 +37,7 @@
 #include "peer/mpi.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
+#include "util/mounts.hpp"
 
 namespace clairfs {
 
@@ -62,7 +63,7 @@ class StartupReport {
   int fail(int code, const std::string& raw) {
     const std::string message = one_line(raw);  // a path in it may hold a newline
     if (fd_ < 0) {
-      std::fprintf(stderr, "clairfs: %s\n", message.c_str());
+      log_error(message);
     } else {
       std::string out = std::to_string(code) + message;
       (void)!::write(fd_, out.data(), out.size());
@@ -177,22 +178,55 @@ sigset_t ending_signals() {
   return set;
 }
 
+// A launcher that started several tasks whose MPI world is one: srun without a PMI plugin (Slurm's
+// default MpiDefault=none), or an MPI library other than the one clairfs was built with. Each task would
+// think it is the only node, read SOURCE alone and, on one host, mount on top of the others.
+std::string singleton_message(const Launch& launch) {
+  if (launch.slurm)
+    return "srun started " + std::to_string(launch.tasks) + " tasks (" + launch.said_by +
+           ") but MPI sees this one alone: srun gave MPI no PMI; launch the daemons with 'srun --mpi=pmi2' "
+           "(srun --mpi=list shows what this site offers)";
+  return "the launcher started " + std::to_string(launch.tasks) + " tasks (" + launch.said_by +
+         ") but MPI sees this one alone: start clairfs with the mpiexec of the MPICH it was built with";
+}
+
+int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& ending);
+
 int run_mount(int argc, char** argv) {
   return_large_buffers();
   const sigset_t ending = ending_signals();
   // Under a launcher (mpiexec, srun): one daemon per node, in the foreground (no fork once MPI runs).
   // MPI starts before the options are checked, so a node with a bad option stops every node at once
   // rather than leaving them waiting for it.
+  const Launch launch = detect_launch();
   std::optional<MpiWorld> world;
-  if (launched_by_mpi()) {
+  if (launch.launched) {
     pthread_sigmask(SIG_BLOCK, &ending, nullptr);
     try {
-      world.emplace();
+      world.emplace(ending);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "clairfs: %s\n", e.what());
       return kExitFailure;
     }
+    char host[256] = "?";
+    (void)::gethostname(host, sizeof host - 1);
+    set_log_origin("node " + std::to_string(world->rank()) + " on " + host);
+    if (launch.tasks > 1 && world->size() == 1) {
+      log_error(singleton_message(launch));
+      return kExitUsage;
+    }
   }
+  int rc = kExitFailure;
+  try {
+    rc = mount_and_serve(argc, argv, world ? &*world : nullptr, ending);
+  } catch (const std::exception& e) {  // a start-up collective, stopped by a signal or a failed peer
+    log_error(e.what());
+  }
+  if (world) world->set_exit_status(rc);  // MPI_Finalize is bounded; past the bound this is the exit status
+  return rc;
+}
+
+int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& ending) {
   Options o;
   std::string bad;
   try {
@@ -203,23 +237,35 @@ int run_mount(int argc, char** argv) {
     bad = "help";
   } catch (const UsageError& e) {
     bad = e.what();
-    std::fprintf(stderr, "clairfs: %s\n", bad.c_str());
+    log_error(bad);
+  }
+  if (world && bad.empty()) {
+    o.foreground = true;
+    if (o.ranks_per_node > 0 && !o.ranks_given) {  // the ranks of this node, not of node 0
+      const uint64_t first = static_cast<uint64_t>(world->rank()) * o.ranks_per_node;
+      o.ranks.clear();
+      for (uint64_t r = first; r < first + o.ranks_per_node; ++r)
+        if (r < o.world_size) o.ranks.push_back(r);
+      // A node with nothing to serve would stage nothing and divide by its rank count; refused here, on
+      // every node at once, rather than leaving the others waiting for it.
+      if (o.ranks.empty()) {
+        bad = "node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) +
+              " has no training rank: ranks_per_node=" + std::to_string(o.ranks_per_node) + " puts ranks " +
+              std::to_string(first) + "-" + std::to_string(first + o.ranks_per_node - 1) + " on it, past world_size=" +
+              std::to_string(o.world_size) + "; start one daemon per node that runs training ranks";
+        log_error(bad);
+      }
+    }
   }
   if (world && !world->all(bad.empty())) {
-    if (bad.empty()) std::fprintf(stderr, "clairfs: node %d: another node's options are wrong (see its message)\n", world->rank());
+    if (bad.empty()) log_error("another node's options are wrong (see its message)");
     return bad == "help" ? 0 : kExitUsage;
   }
   if (!bad.empty()) return kExitUsage;
   raise_fd_limit();
 
-  if (world) {
-    o.foreground = true;
-    if (o.ranks_per_node > 0 && !o.ranks_given) {  // the ranks of this node, not of node 0
-      o.ranks.clear();
-      for (uint64_t r = world->rank() * o.ranks_per_node; r < (world->rank() + 1) * o.ranks_per_node; ++r)
-        if (r < o.world_size) o.ranks.push_back(r);
-    }
-  }
+  raise_fd_limit();
+
   const int node = world ? world->rank() : 0;
   const int nodes = world ? world->size() : 1;
 
@@ -308,10 +354,12 @@ int run_mount(int argc, char** argv) {
   };
   try {
     if (world) {
-      owner = plan_owners(*manifest, *oracle, o, world->allgather(o.ranks), nodes);
-      MpiPeersConfig pc;
-      pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
-      peers.emplace(*world, *manifest, pc);
+      if (nodes > 1) {
+        owner = plan_owners(*manifest, *oracle, o, world->allgather(o.ranks), nodes);
+        MpiPeersConfig pc;
+        pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
+        peers.emplace(*world, *manifest, pc);
+      }
       log_info("node " + std::to_string(node) + " of " + std::to_string(nodes) + ", serving " +
                std::to_string(o.ranks.size()) + " training rank(s)");
     }
@@ -389,7 +437,11 @@ int run_mount(int argc, char** argv) {
     detach_from_terminal();
   }
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
-  return session->serve() == 0 ? 0 : kExitFailure;
+  const int rc = session->serve();
+  // The cleanup below (unmount, the cache folder, goodbyes to peers) must not be cut short by a second
+  // signal: from here on they stay pending, and the process ends by itself.
+  pthread_sigmask(SIG_BLOCK, &ending, nullptr);
+  return rc == 0 ? 0 : kExitFailure;
 }
 
 int run_index(int argc, char** argv) {
@@ -444,11 +496,75 @@ int run_index(int argc, char** argv) {
   }
 }
 
+// clairfs cleanup [--stop] [-o nvme=DIR] [MOUNTPOINT...]: what a daemon that died left on this node — a
+// dead mount, a cache folder — removed; a clairfs mount still served at MOUNTPOINT is unmounted (its
+// daemon then ends by itself, cleanly, and removes its own folder). One line per thing found, naming
+// the host; with --stop, live mounts are what is expected and not named (the way to stop every node's
+// daemon without a launcher that passes signals on). Exit 0 when nothing of it stays, 1 when something
+// does, 2 for a bad command line.
+int run_cleanup(int argc, char** argv) {
+  const std::string usage = "usage: clairfs cleanup [--stop] [-o nvme=DIR] [MOUNTPOINT...]";
+  bool stop = false;
+  std::vector<std::string> mountpoints, nvmes;
+  try {
+    for (int i = 2; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "-h" || a == "--help") {
+        std::printf("%s\nRemoves what clairfs daemons that died left on this node: a dead mount at MOUNTPOINT, cache\n"
+                    "folders in DIR. Unmounts MOUNTPOINT if a daemon still serves it (--stop: quietly, to stop it).\n"
+                    "Exit 0 when this node is clean.\n",
+                    usage.c_str());
+        return 0;
+      }
+      if (a == "--stop") {
+        stop = true;
+      } else if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
+        if (a == "-o" && i + 1 >= argc) throw UsageError("-o needs a value");
+        const std::string group = a == "-o" ? argv[++i] : a.substr(2);
+        // The mount's own option string may be passed whole: only nvme= matters here.
+        for (const auto& opt : split_option_string(group))
+          if (opt.rfind("nvme=", 0) == 0) nvmes.push_back(opt.substr(5));
+      } else if (!a.empty() && a[0] == '-') {
+        throw UsageError("unknown flag '" + a + "' for clairfs cleanup");
+      } else {
+        mountpoints.push_back(a);
+      }
+    }
+    if (mountpoints.empty() && nvmes.empty()) throw UsageError(usage);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "clairfs: %s\n", e.what());
+    return kExitUsage;
+  }
+  char host[256] = "?";
+  (void)::gethostname(host, sizeof host - 1);
+  auto say = [&](const std::string& line) { std::printf("clairfs cleanup on %s: %s\n", host, line.c_str()); };
+  bool stayed = false;
+  for (const auto& given : mountpoints) {
+    const std::string mnt = absolute_parent_resolved(given);
+    const auto m = mount_at(mnt);
+    if (!m || m->fstype != "fuse.clairfs") continue;
+    const bool dead = is_dead_fuse_mount(mnt);
+    if (!detach_mount(mnt)) {
+      say(std::string(dead ? "dead" : "live") + " clairfs mount at " + mnt + " stays: cannot unmount it: " + std::strerror(errno));
+      stayed = true;
+    } else if (dead) {
+      say("removed the dead clairfs mount at " + mnt + " (its daemon had died)");
+    } else if (!stop) {
+      say("unmounted " + mnt + ", still served by a live daemon (it ends by itself now)");
+    }
+  }
+  for (const auto& nvme : nvmes)
+    for (const std::string& line : remove_stale_caches(nvme, &stayed)) say(line);
+  std::fflush(stdout);
+  return stayed ? kExitFailure : 0;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "index") == 0) return run_index(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "status") == 0) return run_status(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "cleanup") == 0) return run_cleanup(argc, argv);
   return run_mount(argc, argv);
 }
 

@@ -1,7 +1,11 @@
 #include "fuse/mount.hpp"
 
+#include <csignal>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
+
+#include "util/log.hpp"
 
 namespace clairfs {
 
@@ -73,6 +77,11 @@ int MountedSession::serve() {
   fuse_loop_cfg_set_clone_fd(config, 0);
   const int rc = fuse_session_loop_mt(session_, config);
   fuse_loop_cfg_destroy(config);
+  // libfuse's handler leaves the signal's number as the loop's result: a stop asked for, not a failure.
+  if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP) {
+    log_info(std::string("stopped by SIG") + sigabbrev_np(rc) + "; unmounting");
+    return 0;
+  }
   return rc;
 }
 

@@ -17,6 +17,7 @@
 
 #include "clairfs/options.hpp"
 #include "options/parse.hpp"
+#include "util/mounts.hpp"
 
 namespace clairfs {
 
@@ -338,6 +339,19 @@ void require_path(const std::string& what, const std::string& path, mode_t type,
                      std::strerror(errno));
 }
 
+// Two daemons never share a mount point: one mounted on top of a live clairfs mount hides it from the
+// job halfway through, and one on top of a dead mount leaves the dead one behind when it ends.
+void refuse_clairfs_mountpoint(const std::string& mountpoint) {
+  const std::string abs = absolute_parent_resolved(mountpoint);
+  const auto m = mount_at(abs);
+  if (!m || m->fstype != "fuse.clairfs") return;
+  if (is_dead_fuse_mount(abs))
+    throw UsageError("MOUNTPOINT '" + mountpoint + "' is a dead clairfs mount (its daemon is gone); clear it with 'fusermount3 -u -z " +
+                     abs + "' (or 'clairfs cleanup " + abs + "'), then mount again");
+  throw UsageError("MOUNTPOINT '" + mountpoint + "' is already a clairfs mount (of " + m->source +
+                   "); unmount it first with 'fusermount3 -u " + abs + "'");
+}
+
 std::string absolute(const std::string& path) {
   char* resolved = ::realpath(path.c_str(), nullptr);
   if (!resolved) return path;
@@ -356,6 +370,7 @@ uint64_t default_ram_budget() {
 
 void check_paths(Options& o) {
   require_path("SOURCE", o.source, S_IFDIR, R_OK | X_OK);
+  refuse_clairfs_mountpoint(o.mountpoint);
   require_path("MOUNTPOINT", o.mountpoint, S_IFDIR, 0);
   o.source_abs = absolute(o.source);
   o.mountpoint_abs = absolute(o.mountpoint);

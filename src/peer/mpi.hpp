@@ -14,6 +14,8 @@
 // more — so a late answer can never land in another request's buffer.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,15 +31,24 @@
 
 namespace clairfs {
 
-// True if an MPI launcher (mpiexec/mpirun, srun) started this process as one of several.
-bool launched_by_mpi();
+// How this process was started, read from the launcher's environment.
+struct Launch {
+  bool launched = false;  // by mpiexec/mpirun or srun: one daemon per node, MPI starts
+  long tasks = 1;         // how many tasks the launcher started, as far as its environment says
+  std::string said_by;    // the variable that says so, e.g. "SLURM_STEP_NUM_TASKS=2"
+  bool slurm = false;     // the launcher is srun
+};
+Launch detect_launch();
 
 class MpiWorld {
  public:
   // MPI_Init_thread with MPI_THREAD_MULTIPLE. Throws std::runtime_error with one line if MPI cannot start.
-  MpiWorld();
-  // MPI_Finalize, unless a peer failed (then finalizing could wait on it forever): the process then
-  // leaves without it.
+  // A signal of `stop_signals` that is pending (blocked) while a collective waits ends the wait: the
+  // collective throws, so that SIGTERM stops a node whose peers never arrive.
+  explicit MpiWorld(const sigset_t& stop_signals);
+  // MPI_Finalize, within kFinalizeGrace: past it the process exits with the status given to
+  // set_exit_status(), since everything else is already cleaned up. Skipped if a peer failed (it could
+  // wait on it forever).
   ~MpiWorld();
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
@@ -46,18 +57,25 @@ class MpiWorld {
   int size() const { return size_; }
 
   // Node `root`'s `data` on every node (others pass anything).
-  std::string broadcast(const std::string& data, int root) const;
+  std::string broadcast(const std::string& data, int root);
   // Every node's list, by node.
-  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& mine) const;
+  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& mine);
   // True on every node if `ok` is true on every node.
-  bool all(bool ok) const;
+  bool all(bool ok);
 
   void mark_unclean() { unclean_ = true; }
+  void set_exit_status(int status) { exit_status_ = status; }
 
  private:
+  // Waits for a nonblocking collective; throws if a stop signal is pending (and marks the world unclean:
+  // the collective is still outstanding).
+  void wait(void* request, const char* what);
+
+  sigset_t stop_signals_;
   int rank_ = 0;
   int size_ = 1;
   bool unclean_ = false;
+  int exit_status_ = 0;
 };
 
 struct MpiPeersConfig {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -12,12 +13,16 @@
 #include <stdexcept>
 #include <vector>
 
+#include "util/log.hpp"
+#include "util/mounts.hpp"
+
 namespace clairfs {
 
 NvmeTier::NvmeTier(const std::string& dir, uint64_t capacity) {
-  char host[64] = "host";
-  (void)::gethostname(host, sizeof host - 1);
-  std::string tmpl = dir + "/clairfs-cache." + host + "." + std::to_string(::getpid()) + ".XXXXXX";
+  // A daemon that died (SIGKILL, a node's OOM killer) leaves its folder behind: the next mount on the
+  // node removes it, and says so.
+  for (const std::string& line : remove_stale_caches(dir)) log_warning(line);
+  std::string tmpl = dir + "/" + cache_folder_prefix() + std::to_string(::getpid()) + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data()))
@@ -29,6 +34,9 @@ NvmeTier::NvmeTier(const std::string& dir, uint64_t capacity) {
     ::rmdir(path_.c_str());
     throw NvmeError("nvme='" + dir + "': cannot open " + path_ + ": " + std::strerror(e));
   }
+  // Held for the daemon's life (the descriptor is close-on-exec): this is how another daemon on the
+  // node tells that the folder is in use, whatever PID namespace it runs in.
+  (void)::flock(dir_.get(), LOCK_EX | LOCK_NB);
   if (capacity == 0) {
     struct statvfs sv {};
     if (::fstatvfs(dir_.get(), &sv) == 0)
@@ -38,13 +46,8 @@ NvmeTier::NvmeTier(const std::string& dir, uint64_t capacity) {
 }
 
 NvmeTier::~NvmeTier() {
-  // Only our own directory, and in it only files we could have made (names are entry ids in hex).
-  if (DIR* d = ::fdopendir(::dup(dir_.get()))) {
-    while (dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ::unlinkat(dir_.get(), e->d_name, 0);
-    ::closedir(d);
-  }
-  ::rmdir(path_.c_str());
+  // Only our own directory (it holds only the files we made, named by entry id).
+  (void)remove_cache_folder(path_);
 }
 
 uint64_t NvmeTier::checksum(const char* data, size_t size) { return XXH3_64bits(data, size); }

@@ -67,7 +67,7 @@ def launch(tmp, src, total, extra=""):
         cmd += ["-n", "1", h.CLAIRFS, src, mnts[n], "-o", opts]
     state = tmp + "/job.state"
     t0 = time.monotonic()
-    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "120", "--state", state] + cmd,
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "120", "--state", state, "--"] + cmd,
                        capture_output=True, text=True, timeout=180)
     return mnts, state, r, time.monotonic() - t0
 
@@ -171,6 +171,18 @@ with h.tempdir() as tmp:
     h.check(r.returncode != 0 and "bogus_option" in r.stderr and took < 30 and not any(h.is_mounted(m) for m in mnts),
             "a bad option: clairfs-job-mount fails in %.1f s with the daemons' message: %s" % (took, r.stderr.strip()[-200:]))
 
+    # 2b. A node given no training rank (ranks_per_node=2 with world_size=2 puts ranks 2-3 on node 1):
+    # refused on every node at once with a line that names it, no crash, nothing mounted.
+    two = ["%s/mnt%d" % (tmp, n) for n in range(2)]
+    t0 = time.monotonic()
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "60", "--state", tmp + "/norank.state", "--",
+                        "mpiexec", "-disable-auto-cleanup", "-launcher", "fork", "-ppn", "1", "-hosts", "127.0.0.1,127.0.0.2",
+                        "-n", "2", h.CLAIRFS, src, two[0], "-o", "seed=7,batch_size=8,world_size=2,ranks_per_node=2"],
+                       capture_output=True, text=True, timeout=120)
+    h.check(r.returncode == 1 and "node 1 of 2 has no training rank" in r.stderr and time.monotonic() - t0 < 30
+            and not any(h.is_mounted(m) for m in two),
+            "a node with no training rank: refused in %.1f s: %s" % (time.monotonic() - t0, r.stderr.strip()[-300:]))
+
     # 3. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
     mnts, state, r, took = launch(tmp, src, total, ",peer_timeout=1")
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
@@ -200,7 +212,13 @@ with h.tempdir() as tmp:
         r2, took = umount(state)
         h.check(took < 45 and not any(alive(p) for p in pids),
                 "clairfs-job-umount ends the rest in %.1f s (exit %d)" % (took, r2.returncode))
-        h.check(not any(h.is_mounted(m) for m in mnts), "no mount left")
+        # What the killed daemon left (its dead mount, its cache folder) is removed and named; the exit
+        # status says the job did not end clean.
+        h.check(r2.returncode == 1 and "dead clairfs mount at %s" % mnts[victim] in r2.stderr
+                and "nvme%d/clairfs-cache." % victim in r2.stderr,
+                "clairfs-job-umount names what the killed node left and exits 1: %s" % r2.stderr.strip()[-400:])
+        h.check(not any(h.is_mounted(m) for m in mnts) and all(not os.listdir("%s/nvme%d" % (tmp, n)) for n in range(NODES)),
+                "no mount and no cache folder left on any node")
     for m in ["%s/mnt%d" % (tmp, n) for n in range(NODES)]:
         subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
     seen = slow.close()

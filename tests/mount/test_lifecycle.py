@@ -1,0 +1,121 @@
+"""A daemon's start and end on one node, as a job script meets them: a stop by signal exits 0 and
+leaves nothing, a second signal does not cut the cleanup short, a mount point that already holds a
+clairfs mount (live or dead) is refused with one line, a SIGKILLed daemon's cache folder is removed by
+the next mount (with a line saying so) or by `clairfs cleanup`, and a daemon that a launcher started as
+one of several tasks but whose MPI world is one refuses to mount, naming the fix."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from cluster import leftovers, wait_clean  # noqa: E402
+
+h.require_fuse()
+
+
+def foreground(src, mnt, opts, env=None):
+    """clairfs -f in the background; returns once the mount is live."""
+    p = subprocess.Popen([h.CLAIRFS, src, mnt, "-f", "-o", opts], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 30
+    while not h.is_mounted(mnt) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return p
+
+
+with h.tempdir() as tmp:
+    src, mnt, nvme = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
+    h.make_dataset(src, 300, 3, 8, 5)
+    os.makedirs(mnt)
+    os.makedirs(nvme)
+    opts = "seed=3,batch_size=4,nvme=" + nvme
+    want = h.digests(src)
+
+    # 1. SIGTERM: a clean stop, exit 0, nothing left.
+    p = foreground(src, mnt, opts)
+    some = sorted(want)[:20]
+    ok = all(h.digest(os.path.join(mnt, r)) == want[r] for r in some)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=30)
+    h.check(ok and rc == 0 and not leftovers(tmp, [nvme]),
+            "-f stopped by SIGTERM: exit %d, nothing left (%s; %s)" % (rc, leftovers(tmp, [nvme]), p.stderr.read().strip()[-200:]))
+
+    # 2. Two SIGTERMs a moment apart: the second does not kill it halfway through its cleanup.
+    for gap in (0.0, 0.002, 0.01):
+        p = foreground(src, mnt, opts)
+        for r in some:
+            h.digest(os.path.join(mnt, r))
+        p.send_signal(signal.SIGTERM)
+        time.sleep(gap)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=30)
+        left = leftovers(tmp, [nvme])
+        h.check(rc == 0 and not left, "two SIGTERMs %.0f ms apart: exit %d, nothing left %s" % (gap * 1000, rc, left))
+        if left:
+            subprocess.run([h.CLAIRFS, "cleanup", "-o", "nvme=" + nvme, mnt], capture_output=True)
+
+    # 3. A second clairfs on a live clairfs mount point: refused, and the first keeps serving.
+    with h.mounted(src, mnt, opts):
+        r = h.run_clairfs([src, mnt, "-o", opts])
+        h.check(r.returncode == 2 and "already a clairfs mount" in r.stderr and "fusermount3 -u" in r.stderr
+                and len(r.stderr.strip().splitlines()) == 1,
+                "mounting again on a live mount: exit %d, %s" % (r.returncode, r.stderr.strip()))
+        h.check(h.digest(os.path.join(mnt, some[0])) == want[some[0]] and len(h.daemon_pids(mnt)) == 1,
+                "the first mount still serves, alone")
+
+    # 4. A SIGKILLed daemon: its dead mount is refused with the command that clears it; its cache
+    # folder is removed by the next mount on the node, which says so.
+    p = foreground(src, mnt, opts)
+    for r in some:
+        h.digest(os.path.join(mnt, r))
+    p.kill()
+    p.wait(timeout=10)
+    stale = [d for d in os.listdir(nvme) if d.startswith("clairfs-cache.")]
+    r = h.run_clairfs([src, mnt, "-o", opts])
+    h.check(r.returncode == 2 and "dead clairfs mount" in r.stderr and "fusermount3 -u -z" in r.stderr,
+            "mounting on a dead mount: exit %d, %s" % (r.returncode, r.stderr.strip()))
+    subprocess.run(["fusermount3", "-u", "-z", mnt], check=True)
+    p = foreground(src, mnt, opts)
+    h.check(len(stale) == 1 and not os.path.exists(os.path.join(nvme, stale[0])) and p.poll() is None,
+            "the next mount removed the killed daemon's cache folder %s" % stale)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    err = p.stderr.read()
+    h.check("removed " in err and stale and stale[0] in err and "that is gone" in err,
+            "and said so in one line: %s" % [line for line in err.splitlines() if "removed" in line])
+
+    # 5. clairfs cleanup after a SIGKILL: the dead mount and the folder go, each named; a second run
+    # finds nothing; a live daemon's folder is left alone.
+    p = foreground(src, mnt, opts)
+    h.digest(os.path.join(mnt, some[0]))
+    p.kill()
+    p.wait(timeout=10)
+    r = subprocess.run([h.CLAIRFS, "cleanup", "-o", opts, mnt], capture_output=True, text=True, timeout=60)
+    lines = r.stdout.strip().splitlines()
+    h.check(r.returncode == 0 and len(lines) == 2 and "dead clairfs mount" in lines[0] and "clairfs-cache." in lines[1]
+            and not leftovers(tmp, [nvme]), "clairfs cleanup: exit %d, %s" % (r.returncode, lines))
+    r = subprocess.run([h.CLAIRFS, "cleanup", "-o", opts, mnt], capture_output=True, text=True, timeout=60)
+    h.check(r.returncode == 0 and not r.stdout.strip(), "again: nothing to do (%r)" % r.stdout.strip())
+    mnt2 = tmp + "/mnt2"
+    os.makedirs(mnt2)
+    with h.mounted(src, mnt2, opts):
+        r = subprocess.run([h.CLAIRFS, "cleanup", "-o", opts, mnt], capture_output=True, text=True, timeout=60)
+        h.check(r.returncode == 0 and not r.stdout.strip() and h.is_mounted(mnt2)
+                and len([d for d in os.listdir(nvme) if d.startswith("clairfs-cache.")]) == 1,
+                "a live daemon's mount elsewhere and its cache folder are left alone")
+
+    # 6. Started by srun as one of two tasks, but MPI sees a world of one (srun without --mpi): refused,
+    # naming --mpi=pmi2; nothing mounted. (The real srun case is in test_slurm.)
+    env = dict(os.environ, SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1")
+    for k in ("PMI_SIZE", "PMI_RANK", "PMI_FD", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        env.pop(k, None)
+    r = h.run_clairfs([src, mnt, "-o", opts], env=env, timeout=60)
+    h.check(r.returncode == 2 and "--mpi=pmi2" in r.stderr and not h.is_mounted(mnt),
+            "one of 2 srun tasks alone in its MPI world: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
+
+    h.check(not wait_clean(tmp, [nvme]), "nothing left at the end: %s" % leftovers(tmp, [nvme]))
+
+h.finish()

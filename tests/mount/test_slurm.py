@@ -1,0 +1,149 @@
+"""The shipped Slurm job script on a real Slurm: Debian's slurmctld, slurmd and munged, started here
+(tests/mount/cluster.py) with this host as one node of 2 CPUs and Slurm's default MpiDefault=none.
+
+examples/slurm_job.sh is submitted with sbatch --nodes=1 --ntasks-per-node=2, changed only in its three
+paths and its training line, which runs tests/mount/slurm_reader.py: unmodified torchvision ImageFolder
++ DistributedSampler + DataLoader on each task, checking every file's bytes. Then: scancel mid-job, the
+time limit, a bad option, and the launch line users used to write (srun without --mpi, several tasks
+on one node). After each job no clairfs mount, daemon or cache folder may stay."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from cluster import SlurmCluster, have, leftovers, wait_clean  # noqa: E402
+
+h.require_fuse()
+if not have("slurmctld", "slurmd", "munged", "sbatch"):
+    print("SKIP: Slurm (slurm-wlm, munge) is not installed; scripts/install-deps installs it")
+    sys.exit(77)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+READER = os.path.join(HERE, "slurm_reader.py")
+FILES = 600
+
+
+def job_script(tmp, data, nvme, reader_args, opts_extra=""):
+    """examples/slurm_job.sh with its paths and training line replaced (and, for the bad-option case,
+    one more option)."""
+    with open(os.path.join(ROOT, "examples", "slurm_job.sh")) as f:
+        text = f.read()
+    text, n1 = re.subn(r"(?m)^DATA=.*$", "DATA=" + data, text)
+    text, n2 = re.subn(r"(?m)^MNT=.*$", "MNT=%s/mnt-$SLURM_JOB_ID" % tmp, text)
+    text, n3 = re.subn(r"(?m)^NVME=.*$", "NVME=" + nvme, text)
+    text, n4 = re.subn(r"(?m)^srun python train\.py.*$",
+                       "srun /usr/bin/python3 %s --data \"$MNT\" --digests %s/digests.json %s" % (READER, tmp, reader_args), text)
+    assert (n1, n2, n3, n4) == (1, 1, 1, 1), "examples/slurm_job.sh changed shape: %s" % ((n1, n2, n3, n4),)
+    if opts_extra:
+        text = text.replace('OPTS="$OPTS,ram=64G', 'OPTS="$OPTS,%s,ram=64G' % opts_extra)
+    path = "%s/job-%d.sh" % (tmp, time.monotonic_ns())
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def submit(slurm, tmp, script, *sbatch_args, wait=False):
+    out = tmp + "/out-%j.txt"
+    r = slurm.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--output=" + out]
+                  + (["--wait"] if wait else []) + list(sbatch_args) + [script], timeout=600)
+    job = r.stdout.strip().split(";")[0]
+    return job, r
+
+
+def output(tmp, job):
+    try:
+        with open("%s/out-%s.txt" % (tmp, job), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_for(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+with h.tempdir() as tmp:
+    data, nvme, bin_dir = tmp + "/data", tmp + "/nvme", tmp + "/bin"
+    h.make_dataset(data, FILES, 6, 8, 11)
+    want = h.digests(data)
+    with open(tmp + "/digests.json", "w") as f:
+        json.dump(want, f)
+    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+    os.makedirs(nvme)
+    # What a site installs on PATH: clairfs and the two helpers (this build's).
+    os.makedirs(bin_dir)
+    for src in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
+        os.symlink(os.path.abspath(src), os.path.join(bin_dir, os.path.basename(src)))
+
+    with SlurmCluster(tmp + "/slurm") as slurm:
+        slurm.env["PATH"] = bin_dir + ":" + slurm.env["PATH"]
+
+        # 1. The job as shipped: it completes, every task reads every file of its share right, SOURCE is
+        # read about once, nothing stays.
+        t0 = time.monotonic()
+        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 2"), wait=True)
+        took = time.monotonic() - t0
+        out = output(tmp, job)
+        epochs = re.findall(r"rank (\d) epoch (\d): (\d+) files, (\d+) wrong", out)
+        traffic = [int(x) for x in re.findall(r"source_traffic (\d+) bytes", out)]
+        h.check(r.returncode == 0 and slurm.job_state(job) == "COMPLETED",
+                "the shipped job script completed under sbatch --nodes=1 --ntasks-per-node=2 in %.1f s (exit %d)%s"
+                % (took, r.returncode, "" if r.returncode == 0 else ": " + out[-1500:] + slurm.log_tail()))
+        h.check("all 1 nodes mounted" in out, "clairfs-job-mount: one daemon on the one node, mounted")
+        h.check(len(epochs) == 4 and all(int(n) == FILES // 2 and w == "0" for _, _, n, w in epochs),
+                "2 ranks × 2 epochs through torchvision: every file right %s" % epochs)
+        h.check(len(traffic) == 1 and traffic[0] / total <= 1.05,
+                "SOURCE read %.3f× the data set over 2 epochs" % (traffic[0] / total if traffic else -1))
+        h.check("clairfs-job-umount:" not in out, "clairfs-job-umount found nothing to report")
+        left = wait_clean(tmp, [nvme], timeout=10)
+        h.check(not left, "nothing left after the job: %s" % left)
+
+        # 2. scancel mid-job: every daemon gets SIGTERM from Slurm and cleans up by itself.
+        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 50 --batch-size 8 --sleep-per-batch 0.5"))
+        mounted = wait_for(lambda: "all 1 nodes mounted" in output(tmp, job) and "epoch" not in output(tmp, job)
+                           and any(l.startswith("mount ") for l in leftovers(tmp)), 120)
+        time.sleep(2)  # reading
+        slurm.run(["scancel", job])
+        state = slurm.wait_done(job, 60)
+        left = wait_clean(tmp, [nvme], timeout=20)
+        h.check(mounted and state == "CANCELLED" and not left,
+                "scancel mid-job: %s, nothing left %s" % (state, left))
+
+        # 3. The time limit (1 minute): the same, from Slurm's own SIGTERM.
+        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 1000 --batch-size 8 --sleep-per-batch 0.5"),
+                        "--time=1")
+        state = slurm.wait_done(job, 240)
+        left = wait_clean(tmp, [nvme], timeout=20)
+        h.check("all 1 nodes mounted" in output(tmp, job) and state == "TIMEOUT" and not left,
+                "time limit hit mid-job: %s, nothing left %s" % (state, left))
+
+        # 4. A bad option: the job fails at once, with clairfs's line naming it.
+        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 1", opts_extra="bogus_option=1"), wait=True)
+        out = output(tmp, job)
+        left = wait_clean(tmp, [nvme], timeout=20)
+        h.check(r.returncode != 0 and "bogus_option" in out and "clairfs-job-mount:" in out and "epoch" not in out
+                and not left, "a bad option: the job fails before training (exit %d), nothing left %s: %s"
+                % (r.returncode, left, [l for l in out.splitlines() if "bogus" in l][:2]))
+
+        # 5. The launch line users used to write: srun with several daemon tasks and no --mpi. Each task
+        # refuses with one line naming --mpi=pmi2; nothing is mounted.
+        script = tmp + "/singleton.sh"
+        os.makedirs(tmp + "/mnt-single")
+        with open(script, "w") as f:
+            f.write("#!/bin/bash\nsrun --overlap -n 2 clairfs %s %s/mnt-single -o seed=42,batch_size=8,world_size=2,"
+                    "ranks_per_node=1\necho srun-exit=$?\n" % (data, tmp))
+        job, r = submit(slurm, tmp, script, wait=True)
+        out = output(tmp, job)
+        h.check(out.count("--mpi=pmi2") == 2 and "srun-exit=0" not in out and not leftovers(tmp, [nvme]),
+                "two daemon tasks without --mpi: both refuse, naming --mpi=pmi2: %s" % out.strip().splitlines()[:1])
+
+h.finish()
