@@ -213,7 +213,7 @@ int run_mount(int argc, char** argv) {
     set_log_origin("node " + std::to_string(world->rank()) + " on " + host);
     if (launch.tasks > 1 && world->size() == 1) {
       log_error(singleton_message(launch));
-      return kExitUsage;
+      world->leave(kExitUsage);
     }
   }
   int rc = kExitFailure;
@@ -222,7 +222,7 @@ int run_mount(int argc, char** argv) {
   } catch (const std::exception& e) {  // a start-up collective, stopped by a signal or a failed peer
     log_error(e.what());
   }
-  if (world) world->set_exit_status(rc);  // MPI_Finalize is bounded; past the bound this is the exit status
+  if (world) world->leave(rc);  // everything but MPI is gone by now
   return rc;
 }
 

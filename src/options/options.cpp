@@ -511,6 +511,7 @@ std::string usage_text() {
   return R"(usage: clairfs SOURCE MOUNTPOINT [-f] [-d] [-o OPTION[,OPTION...]]
        clairfs index SOURCE FILE [-o extensions=...]
        clairfs status MOUNTPOINT [--watch [SECONDS]]
+       clairfs cleanup [--stop] [-o nvme=DIR] [MOUNTPOINT...]
        clairfs --help | --version
 
 Shows the directory SOURCE read-only at MOUNTPOINT, byte for byte, and stages files ahead of a training

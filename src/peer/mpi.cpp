@@ -30,9 +30,11 @@ constexpr auto kStopGrace = std::chrono::seconds(2);
 constexpr auto kIdleNap = std::chrono::microseconds(200);
 // How often a start-up collective looks for a stop signal while it waits.
 constexpr auto kCollectivePoll = std::chrono::milliseconds(1);
-// How long MPI_Finalize may take once the mount is gone: long enough for a clean goodbye over a slow
-// network, short enough that a job's end is not held up.
+// How long MPI_Finalize may take once the mount is gone (a world of one), and how long a node waits for
+// the others at the end (several): long enough for a clean goodbye over a slow network, short enough
+// that a job's end is not held up.
 constexpr auto kFinalizeGrace = std::chrono::seconds(10);
+constexpr auto kLeaveGrace = std::chrono::seconds(5);
 
 long env_long(const char* name) {
   const char* v = std::getenv(name);
@@ -80,17 +82,19 @@ MpiWorld::MpiWorld(const sigset_t& stop_signals) : stop_signals_(stop_signals) {
 }
 
 MpiWorld::~MpiWorld() {
-  if (unclean_) return;  // a peer failed: MPI_Finalize could wait on it forever; the launcher cleans up
-  // Over TCP a peer that left first can keep MPI_Finalize waiting for good (seen in 3 of 5 runs with UCX
-  // over TCP). By now the mount is gone and the cache folder removed: a bounded wait loses nothing.
+  if (!unclean_) finalize_within(kFinalizeGrace);
+}
+
+void MpiWorld::finalize_within(std::chrono::seconds grace) {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
   std::thread watchdog([&] {
     std::unique_lock<std::mutex> lock(m);
-    if (!cv.wait_for(lock, kFinalizeGrace, [&] { return done; })) {
-      log_warning("MPI_Finalize did not return within " + std::to_string(kFinalizeGrace.count()) +
+    if (!cv.wait_for(lock, grace, [&] { return done; })) {
+      log_warning("MPI_Finalize did not return within " + std::to_string(grace.count()) +
                   " s; leaving without it (the mount is already gone)");
+      std::fflush(nullptr);
       std::_Exit(exit_status_);
     }
   });
@@ -101,6 +105,32 @@ MpiWorld::~MpiWorld() {
   }
   cv.notify_one();
   watchdog.join();
+}
+
+void MpiWorld::leave(int status) {
+  exit_status_ = status;
+  if (size_ > 1) {
+    // Every node waits here for the others (a barrier, bounded: a node may be dead or still serving),
+    // then leaves without MPI_Finalize. MPICH 4.0.2's finalize over UCX's TCP transport deadlocks: a
+    // node that has closed its endpoints waits for the others in a blocking PMI barrier and no longer
+    // progresses UCX, while their endpoint flushes wait for it (4 of 6 runs over TCP; a barrier before
+    // finalize did not help). Past the barrier nothing is in flight and no node needs another.
+    if (!unclean_) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      int flag = 0;
+      if (MPI_Ibarrier(MPI_COMM_WORLD, &r) == MPI_SUCCESS) {
+        const auto until = std::chrono::steady_clock::now() + kLeaveGrace;
+        while (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
+               std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(kCollectivePoll);
+      }
+      if (!flag) log_info("not every node reached the end within " + std::to_string(kLeaveGrace.count()) + " s; leaving");
+    }
+  } else if (!unclean_) {
+    finalize_within(kFinalizeGrace);
+  }
+  std::fflush(nullptr);
+  std::_Exit(status);
 }
 
 void MpiWorld::wait(void* request, const char* what) {

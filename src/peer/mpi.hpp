@@ -46,9 +46,8 @@ class MpiWorld {
   // A signal of `stop_signals` that is pending (blocked) while a collective waits ends the wait: the
   // collective throws, so that SIGTERM stops a node whose peers never arrive.
   explicit MpiWorld(const sigset_t& stop_signals);
-  // MPI_Finalize, within kFinalizeGrace: past it the process exits with the status given to
-  // set_exit_status(), since everything else is already cleaned up. Skipped if a peer failed (it could
-  // wait on it forever).
+  // MPI_Finalize, within kFinalizeGrace (past it the process exits with status 1); skipped if a peer
+  // failed, since it could wait on it forever. Only reached when leave() was not called.
   ~MpiWorld();
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
@@ -64,9 +63,16 @@ class MpiWorld {
   bool all(bool ok);
 
   void mark_unclean() { unclean_ = true; }
-  void set_exit_status(int status) { exit_status_ = status; }
+
+  // Ends the process with `status`. With several nodes: once every node has called it (waiting at most
+  // kLeaveGrace for them), without MPI_Finalize (see mpi.cpp for why); a world of one finalizes within
+  // kFinalizeGrace. REQUIRES: everything else is cleaned up (the mount gone, peers stopped); stdio is
+  // flushed, no destructor or atexit handler runs after it.
+  [[noreturn]] void leave(int status);
 
  private:
+  void finalize_within(std::chrono::seconds grace);
+
   // Waits for a nonblocking collective; throws if a stop signal is pending (and marks the world unclean:
   // the collective is still outstanding).
   void wait(void* request, const char* what);
@@ -75,7 +81,7 @@ class MpiWorld {
   int rank_ = 0;
   int size_ = 1;
   bool unclean_ = false;
-  int exit_status_ = 0;
+  int exit_status_ = 1;  // what a bounded MPI_Finalize exits with when it runs out of time
 };
 
 struct MpiPeersConfig {

@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
+from cluster import SlowSource, read_in_step  # noqa: E402
 
 h.require_fuse()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,30 +24,6 @@ EPOCHS = 3
 if subprocess.run(["which", "mpiexec"], capture_output=True).returncode != 0:
     print("SKIP: no mpiexec")
     sys.exit(77)
-
-
-SLOWFS = os.path.join(os.environ.get("CLAIRFS_BUILD", os.path.join(ROOT, "build")), "bench", "slowfs")
-
-
-class SlowSource:
-    """SOURCE behind bench/slowfs: 1 ms per open, 200 MB/s; counts what it served."""
-
-    def __init__(self, data, where):
-        self.mnt, self.stats_file = where, where + ".json"
-        os.makedirs(where, exist_ok=True)
-        self.proc = subprocess.Popen([SLOWFS, data, where, "--open-latency-ms", "1", "--bandwidth-mbps", "200",
-                                      "--max-inflight", "16", "--stats", self.stats_file],
-                                     stdout=subprocess.PIPE, text=True)
-        self.proc.stdout.readline()
-        deadline = time.monotonic() + 10
-        while not h.is_mounted(where) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def close(self):
-        subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
-        self.proc.wait(timeout=20)
-        with open(self.stats_file) as f:
-            return json.load(f)
 
 
 def launch(tmp, src, total, extra=""):
@@ -88,33 +64,6 @@ def umount(state):
     return r, time.monotonic() - t0
 
 
-def read_job(mnts, want, epochs, kill_at=None, victim=None):
-    """One reader per node reads its rank's order for `epochs`, all ranks in step (a barrier per epoch)."""
-    barrier = threading.Barrier(NODES if victim is None else NODES - 1)
-    wrong, opened, errors = [0] * NODES, [0] * NODES, []
-
-    def reader(n):
-        try:
-            for e in range(epochs):
-                if e == kill_at and n == victim:
-                    return
-                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
-                    rels = f.read().splitlines()
-                for rel in rels:
-                    time.sleep(0.0005)  # a little compute
-                    wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
-                    opened[n] += 1
-                if victim is None or n != victim:
-                    barrier.wait(timeout=120)
-        except Exception as ex:  # noqa: BLE001
-            errors.append("node %d: %r" % (n, ex))
-
-    threads = [threading.Thread(target=reader, args=(n,)) for n in range(NODES)]
-    for t in threads:
-        t.start()
-    return threads, wrong, opened, errors
-
-
 with h.tempdir() as tmp:
     data = tmp + "/data"
     h.make_dataset(data, 800, 8, 16, 6)
@@ -128,7 +77,7 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 0 and "all 4 nodes mounted" in r.stdout,
             "clairfs-job-mount started 4 daemons under mpiexec in %.1f s: %s %s" % (took, r.stdout.strip(), r.stderr.strip()[-500:]))
     if r.returncode == 0:
-        threads, wrong, opened, errors = read_job(mnts, want, EPOCHS)
+        threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS)
         for t in threads:
             t.join(timeout=300)
         s = [h.stats(m) for m in mnts]
@@ -189,13 +138,13 @@ with h.tempdir() as tmp:
     if r.returncode == 0:
         victim = 3
         vpids = h.daemon_pids(mnts[victim])
-        threads, wrong, opened, errors = read_job(mnts, want, 1)
+        threads, wrong, opened, errors = read_in_step(mnts, want, 1)
         for t in threads:
             t.join(timeout=300)
         for p in vpids:
             os.kill(p, signal.SIGKILL)
         t0 = time.monotonic()
-        threads, wrong, opened, errors = read_job(mnts, want, EPOCHS, kill_at=0, victim=victim)
+        threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS, kill_at=0, victim=victim)
         for t in threads:
             t.join(timeout=300)
         took = time.monotonic() - t0

@@ -2,10 +2,11 @@
 (tests/mount/cluster.py) with this host as one node of 2 CPUs and Slurm's default MpiDefault=none.
 
 examples/slurm_job.sh is submitted with sbatch --nodes=1 --ntasks-per-node=2, changed only in its three
-paths and its training line, which runs tests/mount/slurm_reader.py: unmodified torchvision ImageFolder
+paths and its training line, which runs tests/mount/job_reader.py: unmodified torchvision ImageFolder
 + DistributedSampler + DataLoader on each task, checking every file's bytes. Then: scancel mid-job, the
-time limit, a bad option, and the launch line users used to write (srun without --mpi, several tasks
-on one node). After each job no clairfs mount, daemon or cache folder may stay."""
+time limit, a bad option, the launch line users used to write (srun without --mpi, several tasks on one
+node), and two daemons that form one MPI world through srun --mpi=pmi2 and serve each other. After each
+job no clairfs mount, daemon or cache folder may stay."""
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
-from cluster import SlurmCluster, have, leftovers, wait_clean  # noqa: E402
+from cluster import SlowSource, SlurmCluster, have, leftovers, read_in_step, wait_clean  # noqa: E402
 
 h.require_fuse()
 if not have("slurmctld", "slurmd", "munged", "sbatch"):
@@ -23,7 +24,7 @@ if not have("slurmctld", "slurmd", "munged", "sbatch"):
     sys.exit(77)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-READER = os.path.join(HERE, "slurm_reader.py")
+READER = os.path.join(HERE, "job_reader.py")
 FILES = 600
 
 
@@ -94,7 +95,7 @@ with h.tempdir() as tmp:
         took = time.monotonic() - t0
         out = output(tmp, job)
         epochs = re.findall(r"rank (\d) epoch (\d): (\d+) files, (\d+) wrong", out)
-        traffic = [int(x) for x in re.findall(r"source_traffic (\d+) bytes", out)]
+        traffic = [int(x) for x in re.findall(r"source_traffic (\d+) bytes", out)]  # one line per node
         h.check(r.returncode == 0 and slurm.job_state(job) == "COMPLETED",
                 "the shipped job script completed under sbatch --nodes=1 --ntasks-per-node=2 in %.1f s (exit %d)%s"
                 % (took, r.returncode, "" if r.returncode == 0 else ": " + out[-1500:] + slurm.log_tail()))
@@ -145,5 +146,45 @@ with h.tempdir() as tmp:
         out = output(tmp, job)
         h.check(out.count("--mpi=pmi2") == 2 and "srun-exit=0" not in out and not leftovers(tmp, [nvme]),
                 "two daemon tasks without --mpi: both refuse, naming --mpi=pmi2: %s" % out.strip().splitlines()[:1])
+
+        # 6. Two daemons under srun --mpi=pmi2 form one MPI world (one host plays two nodes: srun's
+        # --multi-prog gives each its own mount point and cache): they fetch from each other, and at the
+        # job's end clairfs-job-umount stops the step with scancel --signal=TERM, leaving nothing.
+        # SOURCE slower than a peer, as a parallel file system is (bench/slowfs in front of the data).
+        slow = SlowSource(data, tmp + "/slow")
+        mnts = ["%s/mnt-pmi%d" % (tmp, n) for n in range(2)]
+        nvmes = ["%s/nvme-pmi%d" % (tmp, n) for n in range(2)]
+        for d in mnts + nvmes:
+            os.makedirs(d)
+        with open(tmp + "/multi.conf", "w") as f:
+            for n in range(2):
+                f.write("%d clairfs %s %s -o seed=7,batch_size=8,world_size=2,ranks=%d,epochs=2,ram=%d,nvme=%s,"
+                        "nvme_size=%d\n" % (n, slow.mnt, mnts[n], n, int(total * 0.2), nvmes[n], int(total * 0.6)))
+        flag = tmp + "/training-done"
+        with open(tmp + "/pmi2.sh", "w") as f:
+            f.write("#!/bin/bash\nset -euo pipefail\n"
+                    "clairfs-job-mount -- srun -n 2 --overlap --mpi=pmi2 --kill-on-bad-exit=0 --multi-prog %s/multi.conf\n"
+                    "trap clairfs-job-umount EXIT\n"
+                    "while [ ! -e %s ]; do sleep 0.2; done  # training, played by the test\n" % (tmp, flag))
+        job, r = submit(slurm, tmp, tmp + "/pmi2.sh")
+        up = wait_for(lambda: "all 2 nodes mounted" in output(tmp, job), 120)
+        h.check(up, "two daemons under srun --mpi=pmi2: %s" % output(tmp, job).strip()[-300:])
+        if up:
+            threads, wrong, opened, errors = read_in_step(mnts, want, 2)
+            for t in threads:
+                t.join(timeout=300)
+            s = [h.stats(m) for m in mnts]
+            fetched = [x["peers"]["staged_files"] + x["peers"]["demand_files"] for x in s]
+            traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
+            h.check(not errors and sum(wrong) == 0 and all(f > 0 for f in fetched) and traffic <= 1.05,
+                    "2 ranks × 2 epochs, every byte right; fetched from each other %s; SOURCE %.3f×" % (fetched, traffic))
+        open(flag, "w").close()
+        state = slurm.wait_done(job, 120)
+        left = wait_clean(tmp, nvmes, timeout=20)
+        out = output(tmp, job)
+        h.check(state == "COMPLETED" and "clairfs-job-umount:" not in out and not left,
+                "the job ended, clairfs-job-umount stopped both daemons cleanly: %s, nothing left %s %s" % (
+                    state, left, out.strip()[-300:]))
+        slow.close()
 
 h.finish()

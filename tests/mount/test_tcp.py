@@ -1,0 +1,209 @@
+"""Three daemons on three "hosts" that talk real TCP: a network namespace each, joined by a bridge,
+every host sending through `tc tbf` (tests/mount/cluster.py NetnsHosts), hydra's mpiexec starting its
+proxies through an ssh stand-in, MPI over TCP only (UCX_TLS=tcp,self: left to itself UCX finds shared
+memory even across network namespaces). Started and stopped with clairfs-job-mount / -umount.
+
+1. Two epochs, the three ranks in step: every byte right, nodes fetch from each other over the
+   bridge (stats, tc's byte counts, connections between the hosts), SOURCE read about once.
+2. Ten clean ends in a row: each umount exits 0 within seconds, no mount, daemon or cache folder stays.
+3. One node's daemon SIGKILLed mid-read: the others read on with right bytes, and at the end they
+   still stop cleanly; only the dead node's leftovers are named (and removed).
+4. examples/pbs_job.sh under a PBS-like environment, each host with its own files and host name."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from cluster import NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean  # noqa: E402
+
+h.require_fuse()
+if os.geteuid() != 0 or not have("ip", "tc", "nsenter", "mpiexec", "ss"):
+    print("SKIP: needs root, iproute2 (ip, tc, ss), nsenter and mpiexec")
+    sys.exit(77)
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+NODES = 3
+EPOCHS = 2
+CLEAN_RUNS = 10
+ENV = dict(os.environ, UCX_TLS="tcp,self")
+
+
+def launch(net, tmp, src, total, extra=""):
+    mnts = ["%s/mnt%d" % (tmp, n) for n in range(NODES)]
+    nvmes = ["%s/nvme%d" % (tmp, n) for n in range(NODES)]
+    cmd = net.mpiexec()
+    for n in range(NODES):
+        os.makedirs(mnts[n], exist_ok=True)
+        os.makedirs(nvmes[n], exist_ok=True)
+        opts = ("seed=7,batch_size=8,world_size=%d,ranks=%d,epochs=%d,ram=%d,nvme=%s,nvme_size=%d%s" %
+                (NODES, n, EPOCHS, int(total * 0.2), nvmes[n], int(total * 0.4), extra))
+        cmd += ([":"] if n else []) + ["-n", "1", h.CLAIRFS, src, mnts[n], "-o", opts]
+    state = tmp + "/job.state"
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "120", "--state", state, "--"] + cmd,
+                       capture_output=True, text=True, timeout=180, env=ENV)
+    return mnts, nvmes, state, r
+
+
+def umount(state):
+    t0 = time.monotonic()
+    with open(state[:-len(".state")] + ".log", errors="replace") as f:
+        f.seek(0, os.SEEK_END)
+        start = f.tell()
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-umount", "--timeout", "60", "--state", state],
+                       capture_output=True, text=True, timeout=180, env=ENV)
+    with open(state[:-len(".state")] + ".log", errors="replace") as f:
+        f.seek(start)
+        log = f.read()
+    return r, time.monotonic() - t0, log
+
+
+def join(threads):
+    for t in threads:
+        t.join(timeout=300)
+
+
+with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
+    data = tmp + "/data"
+    h.make_dataset(data, 600, 6, 16, 9)
+    want = h.digests(data)
+    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+    # SOURCE as a parallel file system is: slower than a peer's cache over the network.
+    slow = SlowSource(data, tmp + "/slow")
+    src = slow.mnt
+
+    # 1. Two epochs over TCP.
+    mnts, nvmes, state, r = launch(net, tmp, src, total)
+    h.check(r.returncode == 0 and "all 3 nodes mounted" in r.stdout,
+            "3 daemons on 3 network namespaces mounted: %s %s" % (r.stdout.strip(), r.stderr.strip()[-500:]))
+    if r.returncode == 0:
+        sent0 = [net.sent_bytes(n) for n in range(NODES)]
+        threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS)
+        join(threads)
+        s = [h.stats(m) for m in mnts]
+        conns = [net.peer_connections(n) for n in range(NODES)]
+        sent = [net.sent_bytes(n) - sent0[n] for n in range(NODES)]
+        h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
+                "3 ranks × %d epochs: every byte right (%d files, %s)" % (EPOCHS, sum(opened), errors[:2]))
+        fetched = sum(x["peers"]["staged_files"] + x["peers"]["demand_files"] for x in s)
+        served = [x["peers"]["served_bytes"] for x in s]
+        h.check(fetched > len(want) // 2 and all(b > 0 for b in served),
+                "nodes fetched %d files from each other; bytes served by each: %s" % (fetched, served))
+        h.check(all(sent[n] >= served[n] for n in range(NODES)) and all(c > 0 for c in conns),
+                "over the bridge: each host sent at least what it served (tc: %s bytes) on TCP connections "
+                "between the hosts (%s)" % (sent, conns))
+        traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
+        h.check(traffic <= 1.05, "SOURCE read %.3f× the data set over %d epochs, with 60%% of it per node: %s" % (
+            traffic, EPOCHS, [(x["peers"]["requests"], x["peers"]["hits"], x["peers"]["refused"], x["peers"]["timeouts"],
+                               x["source_traffic"]) for x in s]))
+        r2, took, log = umount(state)
+        h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10),
+                "clairfs-job-umount: exit %d in %.1f s, nothing left: %s" % (r2.returncode, took, r2.stderr.strip()[-300:]))
+
+    # 2. Clean ends in a row (each run reads a little, as a short job would).
+    clean, times, bounded = 0, [], 0
+    for k in range(CLEAN_RUNS):
+        mnts, nvmes, state, r = launch(net, tmp, src, total)
+        if r.returncode != 0:
+            print("run %d did not mount: %s" % (k, r.stderr.strip()[-300:]))
+            subprocess.run([ROOT + "/scripts/clairfs-job-umount", "--state", state], capture_output=True, timeout=180)
+            continue
+        threads, wrong, opened, errors = read_in_step(mnts, want, 1, limit=40)
+        join(threads)
+        r2, took, log = umount(state)
+        left = wait_clean(tmp, nvmes, timeout=5)
+        bounded += log.count("not every node reached the end")
+        ok = r2.returncode == 0 and not left and not errors and sum(wrong) == 0 and took < 30
+        clean += ok
+        times.append(took)
+        if not ok:
+            print("run %d: exit %d in %.1f s, left %s, %s %s" % (k, r2.returncode, took, left, errors[:1], r2.stderr[-300:]))
+            subprocess.run(["fusermount3", "-u", "-z"] + [m for m in mnts if h.is_mounted(m)], capture_output=True)
+    h.check(clean == CLEAN_RUNS, "%d of %d jobs ended clean (umount %.1f-%.1f s; a node left before the others %d times)" % (
+        clean, CLEAN_RUNS, min(times or [0]), max(times or [0]), bounded))
+
+    # 3. Node 2's daemon SIGKILLed after epoch 0.
+    mnts, nvmes, state, r = launch(net, tmp, src, total, ",peer_timeout=1")
+    h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
+    if r.returncode == 0:
+        victim = 2
+        vpids = h.daemon_pids(mnts[victim])
+        threads, wrong, opened, errors = read_in_step(mnts, want, 1)
+        join(threads)
+        for p in vpids:
+            os.kill(p, signal.SIGKILL)
+        threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS, kill_at=0, victim=victim)
+        join(threads)
+        h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want) * (NODES - 1) // NODES,
+                "node 2 killed: the others read %d epochs, every byte right (%s)" % (EPOCHS, errors[:2]))
+        r2, took, log = umount(state)
+        named = re.findall(r"clairfs cleanup on \S+: (.*)", r2.stderr)
+        h.check(r2.returncode == 1 and len(named) == 2 and all("nvme%d/" % victim in x or "mnt%d " % victim in x + " "
+                                                                for x in named),
+                "at the end the survivors stop cleanly; only node 2's dead mount and cache folder are named: %s" % named)
+        left = wait_clean(tmp, nvmes, timeout=10)
+        h.check(not left, "nothing left on any node; umount took %.1f s: %s" % (took, left))
+
+    # 4. examples/pbs_job.sh, changed only in its paths and training line, run as PBS runs a job: the
+    # environment PBS gives it (PBS_NODEFILE with 2 slots per host, PBS_JOBID, PBS_O_WORKDIR), hydra
+    # reaching the hosts through the ssh stand-in (HYDRA_LAUNCHER_EXEC). Here each host also has its own
+    # files (mount namespace, its own /tmp-like folder and host name), as real nodes do, so every daemon
+    # mounts the same path.
+    node_dir = tmp + "/node"
+    with NetnsHosts(NODES, tmp, private_dir=node_dir) as pnet:
+        bin_dir = tmp + "/bin"
+        os.makedirs(bin_dir)
+        for tool in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
+            os.symlink(os.path.abspath(tool), os.path.join(bin_dir, os.path.basename(tool)))
+        with open(tmp + "/digests.json", "w") as f:
+            json.dump(want, f)
+        with open(tmp + "/pbs_nodefile", "w") as f:
+            f.writelines("%s\n%s\n" % (a, a) for a in pnet.addrs)
+        nvme = node_dir + "/scratch"
+        for i in range(NODES):
+            pnet.run(i, ["mkdir", "-p", nvme])
+        with open(os.path.join(ROOT, "examples", "pbs_job.sh")) as f:
+            text = f.read()
+        changes = [(r"(?m)^DATA=.*$", "DATA=" + src), (r"(?m)^MNT=.*$", "MNT=%s/$PBS_JOBID-train" % node_dir),
+                   (r"(?m)^NVME=.*$", "NVME=" + nvme),
+                   (r"(?ms)^mpiexec -n \"\$WORLD\".*?--epochs 90$",
+                    "mpiexec -n \"$WORLD\" -ppn $((WORLD / NODES)) /usr/bin/python3 %s/job_reader.py --data \"$MNT\" "
+                    "--digests %s/digests.json --epochs 2 --batch-size 16 --workers 1 --barrier-dir %s/barrier" % (
+                        os.path.dirname(os.path.abspath(__file__)), tmp, tmp))]
+        for pattern, line in changes:
+            text, n = re.subn(pattern, line.replace("\\", "\\\\"), text)
+            assert n == 1, "examples/pbs_job.sh changed shape: %s" % pattern
+        os.makedirs(tmp + "/barrier")
+        script = tmp + "/pbs_job.sh"
+        with open(script, "w") as f:
+            f.write(text)
+        env = dict(ENV, PBS_NODEFILE=tmp + "/pbs_nodefile", PBS_JOBID="42.pbs", PBS_O_WORKDIR=tmp, TMPDIR=tmp,
+                   HYDRA_LAUNCHER="ssh", HYDRA_LAUNCHER_EXEC=pnet.ssh, HYDRA_IFACE="br0",
+                   PATH=bin_dir + ":" + os.environ["PATH"])
+        t0 = time.monotonic()
+        r = subprocess.run(["nsenter", "--net=/run/netns/" + pnet.switch, "bash", script], capture_output=True,
+                           text=True, timeout=600, env=env, cwd=tmp)
+        out = r.stdout + r.stderr
+        epochs = re.findall(r"rank (\d) epoch (\d): (\d+) files, (\d+) wrong", out)
+        nodes = dict(re.findall(r"on (host\d) stats: source_traffic (\d+) bytes", out))
+        fetched = re.findall(r"fetched from peers (\d+)", out)
+        h.check(r.returncode == 0 and "all 3 nodes mounted" in out,
+                "examples/pbs_job.sh ran to its end in %.1f s (exit %d): %s" % (time.monotonic() - t0, r.returncode,
+                                                                               "" if r.returncode == 0 else out[-1500:]))
+        h.check(len(epochs) == 12 and all(int(n) == len(want) // 6 and w == "0" for _, _, n, w in epochs),
+                "6 ranks (2 per host) × 2 epochs through torchvision: every file right")
+        traffic = sum(int(b) for b in nodes.values()) / total
+        # The shipped options give each node ram=64G, more than the data set: a node stages the next epoch
+        # while its peers still read this one, and their refusals (not read yet) send it to SOURCE. So
+        # here only less than a plain mount's 2× is asked (see docs/peers.md); part 1 shows "once".
+        h.check(len(nodes) == 3 and traffic < EPOCHS and all(int(x) > 0 for x in fetched),
+                "SOURCE read %.3f× over the job (a plain mount: %d×); each host fetched from the others %s" % (
+                    traffic, EPOCHS, fetched))
+        left = [x for i in range(NODES) for x in pnet.leftovers(i, node_dir, [nvme])] + leftovers(tmp)
+        h.check("clairfs-job-umount:" not in out and not left, "nothing left on any host: %s" % left)
+    slow.close()
+
+h.finish()
