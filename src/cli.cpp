@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
@@ -262,8 +263,22 @@ int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& endi
     return bad == "help" ? 0 : kExitUsage;
   }
   if (!bad.empty()) return kExitUsage;
-  raise_fd_limit();
-
+  if (world && world->size() > 1) {
+    // Two daemons on one host with one mount point would mount on top of each other (srun -n 2 on one
+    // node, mpiexec without -ppn 1): every node sees the same list, so every node refuses alike.
+    char host[256] = "?";
+    (void)::gethostname(host, sizeof host - 1);
+    const uint64_t mine = std::hash<std::string>{}(std::string(host) + '\0' + o.mountpoint_abs);
+    const auto all = world->allgather({mine});
+    for (int a = 0; a < world->size(); ++a)
+      for (int b = a + 1; b < world->size(); ++b)
+        if (all[static_cast<size_t>(a)] == all[static_cast<size_t>(b)]) {
+          if (world->rank() == a)
+            log_error("nodes " + std::to_string(a) + " and " + std::to_string(b) + " would both mount " + o.mountpoint_abs +
+                      " on " + host + ": start one daemon per node (srun -N NODES -n NODES, mpiexec -ppn 1)");
+          return kExitUsage;
+        }
+  }
   raise_fd_limit();
 
   const int node = world ? world->rank() : 0;

@@ -53,14 +53,15 @@ void check(int rc, const char* what) {
 
 Launch detect_launch() {
   Launch l;
-  // srun (any MPI plugin, or none): a step's task. Plain `srun clairfs` of one task counts too: it runs
-  // in the foreground, as the step's task must.
-  if (std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_STEP_NUM_TASKS")) {
+  // srun (any MPI plugin, or none) with several tasks. One task with no PMI (`srun clairfs ...`, or
+  // `srun mount ...` through mount.fuse3, which waits for clairfs to detach) is a plain mount.
+  if (std::getenv("SLURM_STEP_ID") && env_long("SLURM_STEP_NUM_TASKS") > 1) {
     l.launched = l.slurm = true;
     l.tasks = env_long("SLURM_STEP_NUM_TASKS");
     l.said_by = "SLURM_STEP_NUM_TASKS=" + std::to_string(l.tasks);
   }
-  // Hydra (MPICH) and Slurm's pmi2 set PMI_SIZE; PMIx (Open MPI, Slurm's pmix); Open MPI's own.
+  // Hydra (MPICH) and Slurm's pmi2 set PMI_SIZE; PMIx (Open MPI, Slurm's pmix); Open MPI's own. Any
+  // size: `mpiexec -n 1` and a one-node job's `srun --mpi=pmi2` run in the foreground as a world of one.
   for (const char* name : {"PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE"})
     if (std::getenv(name)) {
       l.launched = true;

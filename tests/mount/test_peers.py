@@ -132,6 +132,15 @@ with h.tempdir() as tmp:
             and not any(h.is_mounted(m) for m in two),
             "a node with no training rank: refused in %.1f s: %s" % (time.monotonic() - t0, r.stderr.strip()[-300:]))
 
+    # 2c. Two daemons on one host given one mount point (mpiexec without a host each): refused at once,
+    # before either mounts, rather than one mounting on top of the other.
+    r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "60", "--state", tmp + "/same.state", "--",
+                        "mpiexec", "-disable-auto-cleanup", "-launcher", "fork", "-n", "2", h.CLAIRFS, src, two[0],
+                        "-o", "seed=7,batch_size=8,world_size=2,ranks_per_node=1"],
+                       capture_output=True, text=True, timeout=120)
+    h.check(r.returncode == 1 and "would both mount" in r.stderr and not h.is_mounted(two[0]),
+            "two daemons, one host, one mount point: refused: %s" % r.stderr.strip()[-300:])
+
     # 3. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
     mnts, state, r, took = launch(tmp, src, total, ",peer_timeout=1")
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
