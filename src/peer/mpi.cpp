@@ -276,7 +276,7 @@ void MpiPeers::stop() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
-  // The communicator is left to MPI_Finalize: freeing it is collective, and a peer may be gone.
+  // The communicator is left as it is: freeing it is collective, and a peer may be gone.
 }
 
 void MpiPeers::loop() {
@@ -290,7 +290,7 @@ void MpiPeers::loop() {
   std::vector<unsigned> per_peer(static_cast<size_t>(nodes_), 0);
   std::vector<Send> sends;
   uint64_t next_tag = 0;
-  bool failed = false;  // a peer broke an operation: MPI_Finalize must not wait on it
+  bool failed = false;  // a peer broke an operation: the end (MpiWorld::leave) must not wait on it
 
   auto fail_peer = [&](int peer, const char* why) {
     if (peer < 0 || peer >= nodes_ || gone_[static_cast<size_t>(peer)].exchange(true)) return;
@@ -436,7 +436,7 @@ void MpiPeers::loop() {
       if (now >= f.deadline || gone_[static_cast<size_t>(f.owner)]) {
         // Give up on it. The peer is asked nothing more, so no late answer can meet a later receive.
         const bool timed_out = now >= f.deadline;
-        // A peer that stopped answering may be dead: MPI_Finalize could wait on it.
+        // A peer that stopped answering may be dead: the end must not wait on it.
         if (timed_out) failed = true;
         fail_peer(f.owner, timed_out ? "did not answer in time" : "left");
         MPI_Cancel(&f.recv);
@@ -507,7 +507,7 @@ void MpiPeers::loop() {
     }
     if (all) break;
     if (std::chrono::steady_clock::now() >= until) {
-      failed = true;  // someone is not taking our messages: do not wait on them in MPI_Finalize
+      failed = true;  // someone is not taking our messages: do not wait on them at the end
       break;
     }
     std::this_thread::sleep_for(kIdleNap);
