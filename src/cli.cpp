@@ -209,9 +209,7 @@ int run_mount(int argc, char** argv) {
       std::fprintf(stderr, "clairfs: %s\n", e.what());
       return kExitFailure;
     }
-    char host[256] = "?";
-    (void)::gethostname(host, sizeof host - 1);
-    set_log_origin("node " + std::to_string(world->rank()) + " on " + host);
+    set_log_origin("node " + std::to_string(world->rank()) + " on " + host_name());
     if (launch.tasks > 1 && world->size() == 1) {
       log_error(singleton_message(launch));
       world->leave(kExitUsage);
@@ -266,9 +264,8 @@ int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& endi
   if (world && world->size() > 1) {
     // Two daemons on one host with one mount point would mount on top of each other (srun -n 2 on one
     // node, mpiexec without -ppn 1): every node sees the same list, so every node refuses alike.
-    char host[256] = "?";
-    (void)::gethostname(host, sizeof host - 1);
-    const uint64_t mine = std::hash<std::string>{}(std::string(host) + '\0' + o.mountpoint_abs);
+    const std::string host = host_name();
+    const uint64_t mine = std::hash<std::string>{}(host + '\0' + o.mountpoint_abs);
     const auto all = world->allgather({mine});
     for (int a = 0; a < world->size(); ++a)
       for (int b = a + 1; b < world->size(); ++b)
@@ -459,6 +456,16 @@ int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& endi
   return rc == 0 ? 0 : kExitFailure;
 }
 
+// The subcommands' "-o GROUP" or "-oGROUP" at argv[i]: the group (i moves past it), or nullopt if
+// argv[i] is something else. Throws UsageError when -o ends the command line.
+std::optional<std::string> option_group(int& i, int argc, char** argv) {
+  const std::string a = argv[i];
+  if (a.rfind("-o", 0) != 0) return std::nullopt;
+  if (a.size() > 2) return a.substr(2);
+  if (i + 1 >= argc) throw UsageError("-o needs a value");
+  return std::string(argv[++i]);
+}
+
 int run_index(int argc, char** argv) {
   // clairfs index SOURCE FILE [-o extensions=LIST]
   std::vector<std::string> positional;
@@ -471,10 +478,8 @@ int run_index(int argc, char** argv) {
                   "Scans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.");
         return 0;
       }
-      if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
-        if (a == "-o" && i + 1 >= argc) throw UsageError("-o needs a value");
-        const std::string group = a == "-o" ? argv[++i] : a.substr(2);
-        for (const auto& opt : split_option_string(group)) {
+      if (const auto group = option_group(i, argc, argv)) {
+        for (const auto& opt : split_option_string(*group)) {
           if (opt.rfind("extensions=", 0) != 0) throw UsageError("unknown option '" + opt + "' for clairfs index (only extensions=)");
           extensions = parse_extensions(opt.substr(11));
         }
@@ -533,11 +538,9 @@ int run_cleanup(int argc, char** argv) {
       }
       if (a == "--stop") {
         stop = true;
-      } else if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
-        if (a == "-o" && i + 1 >= argc) throw UsageError("-o needs a value");
-        const std::string group = a == "-o" ? argv[++i] : a.substr(2);
+      } else if (const auto group = option_group(i, argc, argv)) {
         // The mount's own option string may be passed whole: only nvme= matters here.
-        for (const auto& opt : split_option_string(group))
+        for (const auto& opt : split_option_string(*group))
           if (opt.rfind("nvme=", 0) == 0) nvmes.push_back(opt.substr(5));
       } else if (!a.empty() && a[0] == '-') {
         throw UsageError("unknown flag '" + a + "' for clairfs cleanup");
@@ -550,9 +553,8 @@ int run_cleanup(int argc, char** argv) {
     std::fprintf(stderr, "clairfs: %s\n", e.what());
     return kExitUsage;
   }
-  char host[256] = "?";
-  (void)::gethostname(host, sizeof host - 1);
-  auto say = [&](const std::string& line) { std::printf("clairfs cleanup on %s: %s\n", host, line.c_str()); };
+  const std::string host = host_name();
+  auto say = [&](const std::string& line) { std::printf("clairfs cleanup on %s: %s\n", host.c_str(), line.c_str()); };
   bool stayed = false;
   for (const auto& given : mountpoints) {
     const std::string mnt = absolute_parent_resolved(given);

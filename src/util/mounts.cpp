@@ -104,12 +104,14 @@ bool detach_mount(const std::string& abs_path) {
   return true;
 }
 
-std::string cache_folder_prefix() {
-  char host[256] = "host";
+std::string host_name() {
+  char host[256] = "?";
   (void)::gethostname(host, sizeof host - 1);
   host[sizeof host - 1] = '\0';
-  return std::string("clairfs-cache.") + host + ".";
+  return host;
 }
+
+std::string cache_folder_prefix() { return "clairfs-cache." + host_name() + "."; }
 
 std::vector<StaleCache> stale_caches(const std::string& dir) {
   std::vector<StaleCache> out;

@@ -11,6 +11,9 @@
 
 namespace clairfs {
 
+// This node's host name (as gethostname gives it; "?" if it cannot).
+std::string host_name();
+
 struct MountEntry {
   std::string mountpoint;  // unescaped
   std::string fstype;      // "fuse.clairfs" for ours

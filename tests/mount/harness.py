@@ -187,3 +187,10 @@ def make_dataset(path, files, classes, mean_kb, seed):
     """An ImageFolder tree of random files with lognormal sizes (bench/make_dataset.py)."""
     subprocess.run([sys.executable, MAKE_DATASET, path, "--files", str(files), "--classes", str(classes),
                     "--mean-kb", str(mean_kb), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+
+
+def dataset(path, files, classes, mean_kb, seed):
+    """make_dataset(), then what a test checks reads against: ({relative path: digest}, total bytes)."""
+    make_dataset(path, files, classes, mean_kb, seed)
+    want = digests(path)
+    return want, sum(os.path.getsize(os.path.join(path, p)) for p in want)

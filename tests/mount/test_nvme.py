@@ -45,9 +45,7 @@ with h.tempdir() as tmp:
     src, mnt, cache = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
     os.makedirs(mnt)
     os.makedirs(cache)
-    h.make_dataset(src, 300, 5, 30, 5)
-    want = h.digests(src)
-    total = sum(os.path.getsize(os.path.join(src, p)) for p in want)
+    want, total = h.dataset(src, 300, 5, 30, 5)
     # Someone else's files in DIR: never touched.
     with open(cache + "/not-ours.bin", "wb") as f:
         f.write(b"x" * 1000)

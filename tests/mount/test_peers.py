@@ -66,9 +66,7 @@ def umount(state):
 
 with h.tempdir() as tmp:
     data = tmp + "/data"
-    h.make_dataset(data, 800, 8, 16, 6)
-    want = h.digests(data)
-    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+    want, total = h.dataset(data, 800, 8, 16, 6)
     slow = SlowSource(data, tmp + "/slow")
     src = slow.mnt
 

@@ -74,11 +74,9 @@ def wait_for(cond, timeout):
 
 with h.tempdir() as tmp:
     data, nvme, bin_dir = tmp + "/data", tmp + "/nvme", tmp + "/bin"
-    h.make_dataset(data, FILES, 6, 8, 11)
-    want = h.digests(data)
+    want, total = h.dataset(data, FILES, 6, 8, 11)
     with open(tmp + "/digests.json", "w") as f:
         json.dump(want, f)
-    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
     os.makedirs(nvme)
     # What a site installs on PATH: clairfs and the two helpers (this build's).
     os.makedirs(bin_dir)

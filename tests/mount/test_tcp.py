@@ -68,9 +68,7 @@ def join(threads):
 
 with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
     data = tmp + "/data"
-    h.make_dataset(data, 600, 6, 16, 9)
-    want = h.digests(data)
-    total = sum(os.path.getsize(os.path.join(data, p)) for p in want)
+    want, total = h.dataset(data, 600, 6, 16, 9)
     # SOURCE as a parallel file system is: slower than a peer's cache over the network.
     slow = SlowSource(data, tmp + "/slow")
     src = slow.mnt
