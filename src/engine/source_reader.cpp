@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "io/io_loop.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -119,6 +121,51 @@ ssize_t SourceReader::read_at(EntryId id, int fd, char* buf, size_t size, off_t 
 }
 
 void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenFile*>(handle); }
+
+int SourceReader::fetch(EntryId id, const Buffer& buf) {
+  const int fd = open_verified(id);
+  if (fd < 0) return fd;
+  UniqueFd file(fd);
+  const ssize_t done = pread_full(fd, buf->data(), buf->size(), 0);
+  if (done != static_cast<ssize_t>(buf->size())) {
+    log_warning("'" + manifest_.path(id) + "' read " + std::to_string(done) + " of " + std::to_string(buf->size()) +
+                " bytes from SOURCE: changed since the scan");
+    return -EIO;
+  }
+  return verify(id, fd) < 0 ? -EIO : 0;  // changed while we read: maybe a mix, never served
+}
+
+void SourceReader::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
+  std::string path = manifest_.path(id);
+  if (path.size() + 1 >= PATH_MAX) {  // too long for one openat2: walked down synchronously
+    const int fd = open_verified(id);
+    if (fd < 0) return done(fd);
+    return start_read(io, id, std::make_shared<UniqueFd>(fd), std::move(buf), std::move(done));
+  }
+  io.open(root_.get(), std::move(path), [this, &io, id, buf, done](int64_t opened) {
+    if (opened < 0) {
+      log_warning("cannot stage '" + manifest_.path(id) + "': " + std::strerror(static_cast<int>(-opened)));
+      return done(static_cast<int>(opened));
+    }
+    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
+    if (verify(id, fd->get()) < 0) return done(-EIO);
+    start_read(io, id, std::move(fd), buf, done);
+  });
+}
+
+void SourceReader::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> fd, Buffer buf, Done done) {
+  if (buf->empty()) return done(0);
+  const int raw = fd->get();
+  io.read(raw, buf->data(), buf->size(), [this, id, fd, buf, done](int64_t result) {
+    if (result != static_cast<int64_t>(buf->size())) {
+      // Short (the file shrank) or failed: never stage bytes that disagree with the manifest.
+      log_warning("staging '" + manifest_.path(id) + "' read " + std::to_string(result) + " of " +
+                  std::to_string(buf->size()) + " bytes; left to SOURCE");
+      return done(-EIO);
+    }
+    done(verify(id, fd->get()) < 0 ? -EIO : 0);  // changed while it was read: the bytes may mix old and new
+  });
+}
 
 std::string SourceReader::stats_json() const {
   nlohmann::json j;

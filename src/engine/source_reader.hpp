@@ -4,12 +4,17 @@
 // SOURCE reachable), then checked against the manifest: a file whose type, size or mtime changed since
 // the scan is refused with EIO and counted, so a reader never gets bytes that disagree with the sizes
 // the kernel was told. Reads are plain preads on that descriptor.
+//
+// It is also the engine's SOURCE store (clairfs/store.hpp): whole files read and checked before and
+// after (a file that changes while it is read may mix old and new bytes: refused), on the request
+// threads or on the stager's IoLoop, where the open goes through io_uring beneath the same descriptor.
 #pragma once
 
 #include <atomic>
 #include <string>
 
 #include "clairfs/engine.hpp"
+#include "clairfs/store.hpp"
 #include "util/fs.hpp"
 
 namespace clairfs {
@@ -21,7 +26,7 @@ struct SourceCounters {
   std::atomic<uint64_t> errors{0};   // other open/read failures
 };
 
-class SourceReader final : public Engine {
+class SourceReader final : public Engine, public SourceStore {
  public:
   // REQUIRES: `manifest` outlives the reader. Throws std::runtime_error if SOURCE cannot be opened.
   SourceReader(const Manifest& manifest, const std::string& source);
@@ -31,6 +36,11 @@ class SourceReader final : public Engine {
   void release(uint64_t handle) override;
   // Opens, reads and closes: a plain mount has no reason to run without opens, but it can.
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
+
+  // SourceStore.
+  int fetch(EntryId id, const Buffer& buf) override;
+  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override;
+  uint64_t changed() const override { return counters_.changed.load(); }
 
   // Opens `id` in SOURCE and checks it still matches the manifest. Returns the descriptor or -errno
   // (counted and logged like open()'s failures).
@@ -50,6 +60,8 @@ class SourceReader final : public Engine {
 
  private:
   ssize_t read_at(EntryId id, int fd, char* buf, size_t size, off_t offset);
+  // The stager's read of a file opened as `fd` (checked again after it).
+  void start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> fd, Buffer buf, Done done);
 
   const Manifest& manifest_;
   UniqueFd root_;

@@ -4,7 +4,7 @@
 
 namespace clairfs {
 
-int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, int* tag) {
+int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, Origin* from) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
@@ -12,7 +12,7 @@ int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, int* tag) {
       if (it == slots_.end()) break;
       if (!it->second.loading) {
         *bytes = it->second.bytes;
-        *tag = it->second.tag;
+        *from = it->second.from;
         return 0;
       }
       loaded_.wait(lock);  // another reader's load: it ends with a held slot, or none (then we try)
@@ -20,24 +20,24 @@ int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, int* tag) {
     slots_[id];  // loading
   }
   FileBytes got;
-  int got_tag = 0;
-  const int rc = load(&got, &got_tag);
+  Origin got_from = Origin::kSource;
+  const int rc = load(&got, &got_from);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slots_.erase(id);
-    if (rc == 0 && got) hold(id, got, got_tag);
+    if (rc == 0 && got) hold(id, got, got_from);
   }
   loaded_.notify_all();
   if (rc < 0) return rc;
   *bytes = std::move(got);
-  *tag = got_tag;
+  *from = got_from;
   return 0;
 }
 
-void RecentLoads::put(EntryId id, FileBytes bytes, int tag) {
+void RecentLoads::put(EntryId id, FileBytes bytes, Origin from) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (slots_.count(id)) return;  // held already, or being loaded
-  hold(id, std::move(bytes), tag);
+  hold(id, std::move(bytes), from);
 }
 
 void RecentLoads::forget(EntryId id) {
@@ -49,12 +49,12 @@ void RecentLoads::forget(EntryId id) {
   order_.erase(std::find(order_.begin(), order_.end(), id));
 }
 
-void RecentLoads::hold(EntryId id, FileBytes bytes, int tag) {
+void RecentLoads::hold(EntryId id, FileBytes bytes, Origin from) {
   if (bytes->size() > max_bytes_) return;
   held_bytes_ += bytes->size();
   Slot& s = slots_[id];
   s.bytes = std::move(bytes);
-  s.tag = tag;
+  s.from = from;
   s.loading = false;
   order_.push_back(id);
   while (order_.size() > max_files_ || held_bytes_ > max_bytes_) {
@@ -71,9 +71,9 @@ bool SourceHandles::holds(EntryId id) {
 }
 
 struct SourceHandles::Open {
-  Open(SourceReader& s, uint64_t h) : source(s), handle(h) {}
+  Open(SourceStore& s, uint64_t h) : source(s), handle(h) {}
   ~Open() { source.release(handle); }
-  SourceReader& source;
+  SourceStore& source;
   const uint64_t handle;
 };
 

@@ -20,37 +20,37 @@
 #include <unordered_map>
 
 #include "clairfs/manifest.hpp"
-#include "engine/source_reader.hpp"
+#include "clairfs/store.hpp"
 #include "tiers/ram.hpp"
 
 namespace clairfs {
 
 class RecentLoads {
  public:
-  // A load's result: 0 and the bytes, or -errno. `tag` is the caller's note on where they came from.
-  using Load = std::function<int(FileBytes* bytes, int* tag)>;
+  // A load's result: 0 and the bytes and where they came from, or -errno.
+  using Load = std::function<int(FileBytes* bytes, Origin* from)>;
 
   RecentLoads(size_t max_files, uint64_t max_bytes) : max_files_(max_files), max_bytes_(max_bytes) {}
 
   // The bytes of `id`: held, or being loaded by another caller (waited for), or loaded now with `load`.
   // Returns 0 or the load's -errno (not kept: the next read tries again).
-  int get(EntryId id, const Load& load, FileBytes* bytes, int* tag);
+  int get(EntryId id, const Load& load, FileBytes* bytes, Origin* from);
   // Holds `bytes` for the file's later pieces (its RAM copy, which RAM may evict meanwhile).
-  void put(EntryId id, FileBytes bytes, int tag);
+  void put(EntryId id, FileBytes bytes, Origin from);
   // The file's last piece was read: no longer held (a load in progress is left alone).
   void forget(EntryId id);
 
  private:
   struct Slot {
     FileBytes bytes;
-    int tag = 0;
+    Origin from = Origin::kSource;
     bool loading = true;
   };
   const size_t max_files_;
   const uint64_t max_bytes_;
   std::mutex mutex_;  // guards slots_, order_, held_bytes_
   std::condition_variable loaded_;
-  void hold(EntryId id, FileBytes bytes, int tag);  // REQUIRES: mutex_ held
+  void hold(EntryId id, FileBytes bytes, Origin from);  // REQUIRES: mutex_ held
 
   std::unordered_map<EntryId, Slot> slots_;
   std::deque<EntryId> order_;  // held slots, oldest first
@@ -60,7 +60,7 @@ class RecentLoads {
 class SourceHandles {
  public:
   // REQUIRES: source outlives this.
-  SourceHandles(SourceReader& source, size_t max_open) : source_(source), max_open_(max_open) {}
+  SourceHandles(SourceStore& source, size_t max_open) : source_(source), max_open_(max_open) {}
 
   // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceReader::read;
   // *opened says whether SOURCE was opened for it.
@@ -70,7 +70,7 @@ class SourceHandles {
 
  private:
   struct Open;  // releases its SourceReader handle when the last reader lets go
-  SourceReader& source_;
+  SourceStore& source_;
   const size_t max_open_;
   std::mutex mutex_;  // guards open_, order_
   std::unordered_map<EntryId, std::shared_ptr<Open>> open_;

@@ -13,12 +13,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "io/io_loop.hpp"
 #include "util/log.hpp"
 #include "util/mounts.hpp"
 
 namespace clairfs {
 
-NvmeTier::NvmeTier(const std::string& dir, uint64_t capacity) {
+NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity) : manifest_(manifest) {
   // A daemon that died (SIGKILL, a node's OOM killer) leaves its folder behind: the next mount on the
   // node removes it, and says so.
   for (const std::string& line : remove_stale_caches(dir)) log_warning(line);
@@ -59,25 +60,25 @@ std::string NvmeTier::name(EntryId id) {
 }
 
 std::optional<NvmeTier::Held> NvmeTier::find(EntryId id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = held_.find(id);
   return it == held_.end() ? std::nullopt : std::optional<Held>(it->second);
 }
 
 bool NvmeTier::admitting() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return admitting_;
 }
 
 bool NvmeTier::reserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!admitting_ || held_bytes_ + reserved_ + bytes > capacity_) return false;
   reserved_ += bytes;
   return true;
 }
 
 void NvmeTier::unreserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   reserved_ -= bytes;
 }
 
@@ -87,7 +88,7 @@ int NvmeTier::create(EntryId id) {
 }
 
 void NvmeTier::commit(EntryId id, uint64_t size, uint64_t sum) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   reserved_ -= size;
   auto [it, fresh] = held_.try_emplace(id, Held{size, sum});
   if (!fresh) {
@@ -99,7 +100,7 @@ void NvmeTier::commit(EntryId id, uint64_t size, uint64_t sum) {
 
 bool NvmeTier::abandon(EntryId id, uint64_t size, int error) {
   ::unlinkat(dir_.get(), name(id).c_str(), 0);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   reserved_ -= size;
   // Full, or not writable any more (remounted read-only, permissions taken away): either way further
   // writes would fail too.
@@ -113,7 +114,7 @@ bool NvmeTier::abandon(EntryId id, uint64_t size, int error) {
 uint64_t NvmeTier::erase(EntryId id) {
   uint64_t freed = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return 0;
     freed = it->second.size;
@@ -124,13 +125,81 @@ uint64_t NvmeTier::erase(EntryId id) {
   return freed;
 }
 
+void NvmeTier::damaged(EntryId id, const char* instead) {
+  checksum_failures_++;
+  log_warning("NVMe copy of '" + manifest_.path(id) + "' is damaged; " + instead);
+  erase(id);
+}
+
+int NvmeTier::fetch(EntryId id, const Buffer& buf) {
+  const auto held = find(id);
+  if (!held) return -ENOENT;
+  UniqueFd fd(::openat(dir_.get(), name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return -ENOENT;
+  if (held->size != buf->size() || pread_full(fd.get(), buf->data(), buf->size(), 0) != static_cast<ssize_t>(buf->size()) ||
+      checksum(buf->data(), buf->size()) != held->checksum) {
+    damaged(id, "not served, SOURCE is read instead");
+    return -EIO;
+  }
+  return 0;
+}
+
+void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
+  if (!find(id)) return done(-ENOENT);
+  io.open(dir_.get(), name(id), [this, &io, id, buf, done](int64_t opened) {
+    if (opened < 0) {
+      damaged(id, "staged from SOURCE instead");
+      return done(-EIO);
+    }
+    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
+    io.read(fd->get(), buf->data(), buf->size(), [this, id, buf, fd, done](int64_t result) {
+      const auto held = find(id);
+      if (result != static_cast<int64_t>(buf->size()) || !held || held->size != buf->size() ||
+          checksum(buf->data(), buf->size()) != held->checksum) {
+        damaged(id, "staged from SOURCE instead");
+        return done(-EIO);
+      }
+      done(0);
+    });
+  });
+}
+
+void NvmeTier::write_failed(EntryId id, uint64_t size, int error) {
+  write_failures_++;
+  if (abandon(id, size, error) && !full_logged_.exchange(true))
+    log_warning("NVMe directory " + path_ + ": " + (error ? std::string(std::strerror(-error)) : std::string("short write")) +
+                "; no more files admitted, the rest keeps working");
+}
+
+void NvmeTier::start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done) {
+  const uint64_t size = bytes->size();
+  const int created = create(id);
+  if (created < 0) {
+    write_failed(id, size, created);
+    return done(created);
+  }
+  auto fd = std::make_shared<UniqueFd>(created);
+  const uint64_t sum = checksum(bytes->data(), size);
+  io.write(fd->get(), bytes->data(), size, [this, id, bytes, fd, sum, done](int64_t result) {
+    *fd = UniqueFd();
+    if (result != static_cast<int64_t>(bytes->size())) {
+      const int error = result < 0 ? static_cast<int>(result) : 0;
+      write_failed(id, bytes->size(), error);
+      return done(error ? error : -ENOSPC);
+    }
+    commit(id, bytes->size(), sum);
+    writes_++;
+    done(0);
+  });
+}
+
 uint64_t NvmeTier::used() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return held_bytes_ + reserved_;
 }
 
 uint64_t NvmeTier::files() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return held_.size();
 }
 

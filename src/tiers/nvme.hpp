@@ -4,14 +4,18 @@
 // anything else: clairfs creates, reads and removes only what is inside its own directory, and removes
 // that directory when the mount ends. Files are named by entry id. Capacity (`nvme_size`, default 90% of
 // what DIR's file system has free at mount) is a hard limit on the bytes held plus those being written.
-// The engine writes and reads the bytes (through its io_uring); the tier keeps the index: which files
-// are held, their sizes and checksums. A write that fails for lack of space (ENOSPC, EDQUOT, a short
+// As a store (clairfs/store.hpp) the tier reads its copies — whole, synchronously for a miss or on the
+// stager's IoLoop — and checks each against the checksum taken when it was written: a damaged copy is
+// removed, counted and logged, and the caller goes on to the next store. It writes the copies the stager
+// offers it (room reserved first, by the engine's next-use admission). A write that fails for lack of space (ENOSPC, EDQUOT, a short
 // write) or because the directory is no longer writable (EROFS, EACCES, EPERM) stops admission for the
 // rest of the mount; everything else keeps working.
 //
-// Thread-safe: one mutex guards the index; it is never held across I/O but unlink().
+// Thread-safe: one mutex guards the index (a leaf lock: taken after the engine's, never held across I/O
+// but unlink()).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -20,7 +24,9 @@
 #include <unordered_map>
 
 #include "clairfs/manifest.hpp"
+#include "clairfs/store.hpp"
 #include "util/fs.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -29,12 +35,12 @@ struct NvmeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class NvmeTier {
+class NvmeTier final : public Store {
  public:
   // Creates the tier's directory inside `dir`. Throws NvmeError with one line if `dir` is not a writable
-  // directory.
-  NvmeTier(const std::string& dir, uint64_t capacity);
-  ~NvmeTier();  // removes its files and its directory
+  // directory. REQUIRES: manifest outlives the tier (it names files in log lines).
+  NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity);
+  ~NvmeTier() override;  // removes its files and its directory
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
@@ -44,6 +50,14 @@ class NvmeTier {
 
   int dir_fd() const { return dir_.get(); }
   const std::string& path() const { return path_; }
+
+  // Store: copies held here, checked against their checksums.
+  Origin origin() const override { return Origin::kNvme; }
+  bool may_hold(EntryId id) const override { return find(id).has_value(); }
+  int fetch(EntryId id, const Buffer& buf) override;
+  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override;
+  // Writes the copy to its file; its room must have been reserved (reserve()). 0 once it is held.
+  void start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done) override;
 
   struct Held {
     uint64_t size;
@@ -69,16 +83,27 @@ class NvmeTier {
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const;  // held + reserved
   uint64_t files() const;
+  uint64_t writes() const { return writes_; }
+  uint64_t write_failures() const { return write_failures_; }
+  uint64_t checksum_failures() const { return checksum_failures_; }
 
  private:
+  // A copy found damaged (short, unreadable, or its checksum differs): removed, counted, logged.
+  void damaged(EntryId id, const char* instead);
+  // A write failed with `error` (-errno, or 0 for a short write).
+  void write_failed(EntryId id, uint64_t size, int error);
+
+  const Manifest& manifest_;
   std::string path_;
   UniqueFd dir_;
   uint64_t capacity_;
-  mutable std::mutex mutex_;  // guards everything below
-  std::unordered_map<EntryId, Held> held_;
-  uint64_t held_bytes_ = 0;
-  uint64_t reserved_ = 0;
-  bool admitting_ = true;
+  std::atomic<uint64_t> writes_{0}, write_failures_{0}, checksum_failures_{0};
+  std::atomic<bool> full_logged_{false};
+  mutable Mutex mutex_;
+  std::unordered_map<EntryId, Held> held_ GUARDED_BY(mutex_);
+  uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;
+  uint64_t reserved_ GUARDED_BY(mutex_) = 0;
+  bool admitting_ GUARDED_BY(mutex_) = true;
 };
 
 }  // namespace clairfs

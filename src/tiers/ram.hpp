@@ -19,10 +19,9 @@
 #include <vector>
 
 #include "clairfs/manifest.hpp"
+#include "clairfs/store.hpp"
 
 namespace clairfs {
-
-using FileBytes = std::shared_ptr<const std::vector<char>>;
 
 class RamTier {
  public:

@@ -1,0 +1,72 @@
+// The seam between the engine and the places whole files come from: a store.
+//
+// The engine keeps upcoming files in RAM; the bytes get there from a chain of stores tried in order —
+// the node's NVMe copy, the peer node that keeps the file for the others, SOURCE itself. Each store
+// owns its I/O and its checks (a checksum, a comparison with the manifest), so what it hands back is the
+// file as the manifest describes it, or an error; a bad copy is the store's to remove and count.
+//
+// A store is used two ways: the request threads fetch() a file and wait (a miss), and the stager starts
+// many reads at once on its IoLoop (start_fetch) and hears of each on its own thread. A store that can
+// keep copies (NVMe) takes them through start_offer.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+
+namespace clairfs {
+
+class IoLoop;  // io/io_loop.hpp: the stager's ring and the completions it runs
+
+// Where bytes came from; the stats count reads and bytes by it.
+enum class Origin : uint8_t { kPageCache, kRam, kNvme, kPeer, kSource };
+const char* origin_name(Origin origin);
+
+using FileBytes = std::shared_ptr<const std::vector<char>>;
+using Buffer = std::shared_ptr<std::vector<char>>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual Origin origin() const = 0;
+  // Whether asking makes sense (cheap, any thread): NVMe holds a copy, the keeper is another usable
+  // node. SOURCE holds everything.
+  virtual bool may_hold(EntryId id) const = 0;
+
+  // Reads file `id` whole into `*buf` (sized to the file) and checks it. Returns 0, or -errno: -ENOENT
+  // (not held here), -EIO (a damaged or changed copy, removed and counted by the store), others.
+  // Any thread but the stager's; may block for the store's own time limit. The store may hold on to
+  // `buf` after giving up on it (a peer's late answer lands there).
+  virtual int fetch(EntryId id, const Buffer& buf) = 0;
+
+  // The same without blocking: `done` runs later on io's thread with 0 or -errno.
+  // REQUIRES: called on io's thread.
+  using Done = std::function<void(int rc)>;
+  virtual void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) = 0;
+
+  // Offers a copy read from elsewhere for keeping; `done` runs on io's thread with 0 (kept) or -errno.
+  // REQUIRES: called on io's thread, room reserved by the caller (see NvmeTier::reserve).
+  virtual void start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done);
+};
+
+// SOURCE as a store, which can also be read piece by piece for files too large to hold whole.
+class SourceStore : public Store {
+ public:
+  Origin origin() const override { return Origin::kSource; }
+  bool may_hold(EntryId) const override { return true; }
+
+  // Piecewise reads through a handle, like Engine's open/read/release.
+  virtual int open(EntryId id, pid_t pid, uint64_t* handle) = 0;
+  virtual ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) = 0;
+  virtual void release(uint64_t handle) = 0;
+  // Files refused because SOURCE no longer matched the manifest.
+  virtual uint64_t changed() const = 0;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,46 @@
+// The engine's counters, and the part of .clairfs/stats they make: one place for every number the engine
+// counts, written by any thread (relaxed atomics: each is a tally, read only for the stats).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+
+#include "clairfs/store.hpp"
+
+namespace clairfs {
+
+struct EngineCounters {
+  // Reads served, by where their bytes came from: files at their first read (or, for the page cache,
+  // uses presumed read from pushed pages and handles no read reached), bytes as read.
+  void served_file(Origin o) { served_[index(o)].files++; }
+  void served_bytes(Origin o, uint64_t n) { served_[index(o)].bytes += n; }
+  void served_files(Origin o, uint64_t n) { served_[index(o)].files += n; }
+  uint64_t files(Origin o) const { return served_[index(o)].files.load(); }
+  uint64_t bytes(Origin o) const { return served_[index(o)].bytes.load(); }
+
+  // Staging.
+  std::atomic<uint64_t> staged_files{0}, staged_bytes{0}, stage_failures{0};
+  std::atomic<uint64_t> staged_from_nvme{0}, staged_from_peer{0}, staged_peer_bytes{0}, staged_source_bytes{0};
+  std::atomic<uint64_t> readahead_files{0};
+  // Tiers.
+  std::atomic<uint64_t> ram_evictions{0}, nvme_evictions{0};
+  std::atomic<uint64_t> pushes{0}, push_failures{0}, drops{0};
+  // Reads on demand.
+  std::atomic<uint64_t> demand_peer_files{0};
+  std::atomic<uint64_t> piecewise_files{0};  // read from SOURCE piece by piece: no room to hold them whole
+  std::atomic<uint64_t> stall_ns{0};          // time readers waited on a peer or SOURCE
+
+  // Writes "tiers", "staged", "source_traffic", "stalls", "readahead_files" into `j`.
+  void to_json(nlohmann::json& j) const;
+
+ private:
+  static size_t index(Origin o) { return static_cast<size_t>(o); }
+  struct Served {
+    std::atomic<uint64_t> files{0}, bytes{0};
+  };
+  std::array<Served, 5> served_;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,165 @@
+#include "engine/demand.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace clairfs {
+
+namespace {
+
+// A file read on demand (not staged) is read whole at its first read — from NVMe, its keeper or SOURCE —
+// and kept like a staged one, while the whole files so held outside the RAM budget stay within this
+// many bytes; beyond it (a larger file, or several readers' misses at once) files are read from SOURCE
+// piece by piece, as the kernel asks. A peer asking for an NVMe copy is refused beyond it.
+constexpr uint64_t kDemandBytes = 8 << 20;
+// Demand-read files waiting for the stager to keep them: beyond this many, the rest are not kept.
+constexpr size_t kMaxAdopted = 4096;
+// Reads without a handle: files read whole on demand are held this long (in files and bytes) for the
+// kernel's later pieces of them — a few readers' current files, well inside the 64 MiB of overhead the
+// daemon allows itself, with kDemandBytes; files larger than kRecentFileMax (or finding no room in the
+// allowance) are read from SOURCE piece by piece instead, through one of kSourceHandles kept descriptors.
+constexpr size_t kRecentFiles = 64;
+constexpr uint64_t kRecentBytes = 16 << 20;
+constexpr uint64_t kRecentFileMax = 8 << 20;
+constexpr size_t kSourceHandles = 16;
+
+uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
+
+DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
+                           EngineCounters& counters)
+    : manifest_(manifest), chain_(chain), source_(source), nvme_(nvme), counters_(counters),
+      allowance_(kDemandBytes), recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {}
+
+void DemandReader::adopt(EntryId id, FileBytes bytes) {
+  MutexLock lock(mutex_);
+  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(id, std::move(bytes));
+}
+
+std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
+  MutexLock lock(mutex_);
+  return std::exchange(adopted_, {});
+}
+
+int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
+  const uint64_t size = manifest_.entry(id).size;
+  auto buf = allowance_.allocate(size);
+  if (!buf) return -EFBIG;
+  const auto t0 = Clock::now();
+  *from = Origin::kSource;
+  const int rc = chain_.fetch(id, buf, from);
+  if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += ns_since(t0);  // a peer or SOURCE: a stall
+  if (rc < 0) return rc;
+  counters_.served_file(*from);
+  if (*from == Origin::kPeer) counters_.demand_peer_files++;
+  if (*from == Origin::kSource) counters_.served_bytes(Origin::kSource, size);  // counted whole here
+  if (*from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
+  *bytes = std::move(buf);
+  return 0;
+}
+
+FileBytes DemandReader::nvme_copy(EntryId id) {
+  if (!nvme_ || !nvme_->may_hold(id)) return nullptr;
+  auto buf = allowance_.allocate(manifest_.entry(id).size);
+  if (!buf || nvme_->fetch(id, buf) < 0) return nullptr;
+  return buf;
+}
+
+ssize_t DemandReader::copy(EntryId id, const std::vector<char>& bytes, char* buf, size_t size, off_t offset) {
+  const size_t start = std::min(bytes.size(), static_cast<size_t>(offset));
+  const size_t n = std::min(size, bytes.size() - start);
+  std::memcpy(buf, bytes.data() + start, n);
+  // At the file's last piece RecentLoads need not hold it any longer (a RAM copy held there after RAM
+  // evicted it would count against the RAM budget until it went).
+  if (start + n == bytes.size()) recent_.forget(id);
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t DemandReader::read_unopened_held(EntryId id, const FileBytes& data, Origin from, bool first, char* buf,
+                                         size_t size, off_t offset) {
+  if (first) counters_.served_file(from);
+  // More pieces to come: they must not find the file gone if RAM evicts it now that it is passed.
+  if (offset == 0 && data->size() > size && data->size() <= kRecentFileMax) recent_.put(id, data, from);
+  const ssize_t n = copy(id, *data, buf, size, offset);
+  counters_.served_bytes(from, static_cast<uint64_t>(n));
+  return n;
+}
+
+ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset,
+                                    Clock::time_point t0) {
+  FileBytes data;
+  Origin from = Origin::kSource;
+  // A file begun piece by piece (no room to hold it whole then) goes on that way.
+  if (manifest_.entry(id).size <= kRecentFileMax && (offset == 0 || !source_handles_.holds(id))) {
+    const int rc = recent_.get(id, [&](FileBytes* bytes, Origin* f) { return load_whole(id, bytes, f); }, &data, &from);
+    if (rc < 0 && rc != -EFBIG) return rc;
+  }
+  if (data) {
+    const ssize_t n = copy(id, *data, buf, size, offset);
+    if (from != Origin::kSource) counters_.served_bytes(from, static_cast<uint64_t>(n));  // SOURCE's: counted whole
+    return n;
+  }
+  bool opened = false;
+  const ssize_t n = source_handles_.read(id, pid, buf, size, offset, &opened);
+  counters_.stall_ns += ns_since(t0);
+  if (opened) counters_.piecewise_files++;
+  if (opened && first) counters_.served_file(Origin::kSource);
+  if (n > 0) counters_.served_bytes(Origin::kSource, static_cast<uint64_t>(n));
+  return n;
+}
+
+OpenFile::OpenFile(EntryId id, pid_t pid, FileBytes ram, Origin from)
+    : id_(id), pid_(pid), from_ram_(ram != nullptr), data_(std::move(ram)), from_(from) {
+  ready_ = from_ram_;
+}
+
+void OpenFile::load(DemandReader& demand, Clock::time_point t0) {
+  tried_ = true;
+  read_any_ = true;
+  error_ = demand.load_whole(id_, &data_, &from_);
+  if (error_ == -EFBIG) {
+    error_ = demand.source().open(id_, pid_, &source_handle_);
+    source_open_ = error_ == 0;
+    if (source_open_) {
+      demand.counters().served_file(Origin::kSource);
+      demand.counters().piecewise_files++;
+    }
+    demand.counters().stall_ns += ns_since(t0);
+  }
+  ready_.store(true, std::memory_order_release);
+}
+
+ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offset) {
+  const auto t0 = Clock::now();
+  EngineCounters& counters = demand.counters();
+  if (from_ram_ && !read_any_.exchange(true)) counters.served_file(from_);
+  if (!ready_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!tried_) load(demand, t0);
+  }
+  if (data_) {
+    const auto& data = *data_;
+    if (static_cast<uint64_t>(offset) >= data.size()) return 0;
+    const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
+    std::memcpy(buf, data.data() + offset, n);
+    if (from_ != Origin::kSource) counters.served_bytes(from_, n);  // SOURCE's: counted whole by the load
+    return static_cast<ssize_t>(n);
+  }
+  if (!source_open_) return error_;
+  const ssize_t n = demand.source().read(source_handle_, buf, size, offset);
+  counters.stall_ns += ns_since(t0);
+  if (n > 0) counters.served_bytes(Origin::kSource, static_cast<uint64_t>(n));
+  return n;
+}
+
+void OpenFile::close(DemandReader& demand) {
+  if (source_open_) demand.source().release(source_handle_);
+  if (!read_any_) demand.counters().served_file(Origin::kPageCache);  // every byte came from the kernel's cache
+}
+
+}  // namespace clairfs

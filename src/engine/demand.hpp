@@ -1,0 +1,109 @@
+// Reads of files the RAM tier does not hold, on the request threads (a miss).
+//
+// A miss is read whole through the store chain (NVMe, the keeper, SOURCE) into a buffer of the demand
+// allowance (the whole files held outside the RAM budget stay within it), served from that buffer, and
+// handed to the stager to keep like a staged file (take_adopted), so SOURCE sees it once. A file with no
+// room in the allowance is read from SOURCE piece by piece, as the kernel asks.
+//
+// OpenFile is a handle's file (opens); read_unopened serves reads that come without a handle (FUSE
+// no-open mode), keeping what one read loaded for the kernel's next pieces of the same file.
+//
+// Thread-safe: its parts have their own locks (leaves in the engine's lock order).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "clairfs/store.hpp"
+#include "engine/counters.hpp"
+#include "engine/unopened.hpp"
+#include "tiers/chain.hpp"
+#include "tiers/ram.hpp"
+#include "util/thread_annotations.hpp"
+
+namespace clairfs {
+
+class DemandReader {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // REQUIRES: manifest, chain, source, counters outlive the reader. `nvme` may be null.
+  DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
+               EngineCounters& counters);
+
+  // Reads `id` whole through the chain (counted, and offered to the stager to keep). -EFBIG: no room
+  // in the allowance (read it piecewise).
+  int load_whole(EntryId id, FileBytes* bytes, Origin* from);
+  // A whole checked NVMe copy for a peer that asks, within the allowance; nullptr if none.
+  FileBytes nvme_copy(EntryId id);
+
+  // Without a handle: the read at `offset` of a file RAM does not hold (`first`: it is the file's open).
+  ssize_t read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset, Clock::time_point t0);
+  // Without a handle, of a file RAM holds (`data`, from `from`: kRam or kPeer).
+  ssize_t read_unopened_held(EntryId id, const FileBytes& data, Origin from, bool first, char* buf, size_t size,
+                             off_t offset);
+
+  // Files read whole on demand since the last call, for the stager to keep.
+  std::vector<std::pair<EntryId, FileBytes>> take_adopted();
+
+  SourceStore& source() { return source_; }
+  uint64_t source_changed() const { return source_.changed(); }
+  EngineCounters& counters() { return counters_; }
+  const DemandAllowance& allowance() const { return allowance_; }
+
+ private:
+  // Copies the piece of `bytes` at `offset`; the file's last piece ends RecentLoads' hold on it.
+  ssize_t copy(EntryId id, const std::vector<char>& bytes, char* buf, size_t size, off_t offset);
+  void adopt(EntryId id, FileBytes bytes);
+
+  const Manifest& manifest_;
+  StoreChain& chain_;
+  SourceStore& source_;
+  Store* nvme_;
+  EngineCounters& counters_;
+  DemandAllowance allowance_;
+  RecentLoads recent_;
+  SourceHandles source_handles_;
+  Mutex mutex_;
+  std::vector<std::pair<EntryId, FileBytes>> adopted_ GUARDED_BY(mutex_);
+};
+
+// A file opened through a handle. NVMe and SOURCE are read only when the first read arrives: a file
+// whose pages the kernel still caches (keep_cache) is opened and read without any read reaching us.
+class OpenFile {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `ram`: the file's RAM copy at the open (nullptr if none); `from` where that came from (kRam, kPeer).
+  OpenFile(EntryId id, pid_t pid, FileBytes ram, Origin from);
+  EntryId id() const { return id_; }
+  ssize_t read(DemandReader& demand, char* buf, size_t size, off_t offset);
+  // The handle's end: a SOURCE handle goes; a file no read reached was served by the page cache.
+  void close(DemandReader& demand);
+
+ private:
+  void load(DemandReader& demand, Clock::time_point t0);  // REQUIRES: mutex_ held
+
+  const EntryId id_;
+  const pid_t pid_;
+  const bool from_ram_;
+  std::atomic<bool> read_any_{false};  // a read reached us (else the kernel's cache served every byte)
+  std::mutex mutex_;                   // guards the lazy load below (the kernel may send reads in parallel)
+  // The lazy load is done (or was not needed): what it set may be read without the mutex.
+  std::atomic<bool> ready_{false};
+  bool tried_ = false;
+  FileBytes data_;                 // whole file from RAM, NVMe, a peer, or read whole from SOURCE
+  Origin from_;                    // where data_ came from
+  uint64_t source_handle_ = 0;     // piecewise from SOURCE
+  bool source_open_ = false;
+  int error_ = 0;                  // the lazy load's -errno
+};
+
+}  // namespace clairfs

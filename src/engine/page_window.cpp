@@ -1,0 +1,168 @@
+#include "engine/page_window.hpp"
+
+#include <algorithm>
+
+namespace clairfs {
+
+namespace {
+
+// Beacons: one use in every beacon_every_ steps of a rank is left unpushed, a quarter of the steps the
+// page-cache budget covers, so the readers' news comes several times per window; at least every 256
+// steps (a read through the daemon in 256 costs little), at most every 4.
+constexpr uint64_t kBeaconsPerWindow = 4;
+constexpr uint64_t kBeaconMin = 4, kBeaconMax = 256;
+// When pushes the kernel refused (an inode it has not looked up yet) are tried again.
+constexpr auto kPushRetry = std::chrono::milliseconds(50);
+// Drops waiting for the cursor (no-open mode) at most: beyond, the oldest go at once (readers off the
+// plan evict files from RAM while the cursor stands still).
+constexpr size_t kMaxLateDrops = 1 << 16;
+
+}  // namespace
+
+PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config)
+    : manifest_(manifest), planner_(planner), ram_(ram), config_(config) {
+  in_kernel_.assign(manifest_.size(), kNone);
+  uint64_t bytes = 0;
+  for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
+  const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
+  if (config_.no_open) {
+    // Half the budget at most: the other half is for pushing ahead.
+    drop_delay_ = std::min((config_.tolerance / 2 + 1) * config_.ranks, std::max<uint64_t>(1, config_.budget / mean / 2));
+    beacon_every_ = std::clamp<uint64_t>(config_.budget / mean / config_.ranks / kBeaconsPerWindow, kBeaconMin, kBeaconMax);
+  }
+  push_key_ = planner_.cursor();
+}
+
+void PageWindow::drop(EntryId id) {
+  if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) return;
+  if (in_kernel_[id] == kPushed) kernel_bytes_ -= manifest_.entry(id).size;
+  in_kernel_[id] = kDropping;
+  if (open_count_.count(id)) drop_on_release_.insert(id);
+  else drops_.push_back(id);
+}
+
+void PageWindow::released(EntryId id) {
+  auto it = open_count_.find(id);
+  if (it == open_count_.end() || --it->second > 0) return;
+  open_count_.erase(it);
+  if (drop_on_release_.erase(id)) drops_.push_back(id);
+}
+
+void PageWindow::read_through(EntryId id, const Planner::Open& o) {
+  if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) in_kernel_[id] = kRead;
+  // Its pages are in the kernel now: a later use the window walked past already (not presumed then,
+  // with no pages to read) may be read from them.
+  if (!config_.no_open) return;
+  const uint64_t later = planner_.next_use(id, o.expected ? o.key + 1 : planner_.cursor());
+  if (later < push_key_) planner_.presume(later);
+}
+
+void PageWindow::rank_lost(uint64_t rank) {
+  const uint64_t ranks = config_.ranks, cursor = planner_.cursor();
+  for (uint64_t key = cursor + (rank + ranks - cursor % ranks) % ranks; key < push_key_; key += ranks)
+    if (const auto item = planner_.item(key); item && in_kernel_[*item] == kPushed) drop(*item);
+}
+
+void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
+  // The readers are past it: its pages go (once nobody has it open, or, without opens, once the readers
+  // are well past it), whether pushed or read through the mount, so the kernel holds only what is about
+  // to be read — unless they were pushed for a later use already.
+  if (in_kernel_[id] == kPushed && next < push_key_) return;
+  if (drop_delay_ == 0) drop(id);
+  else late_drops_.emplace_back(key, id);
+}
+
+void PageWindow::settle(uint64_t evict_window) {
+  const uint64_t cursor = planner_.cursor();
+  while (!late_drops_.empty() && (late_drops_.front().first + drop_delay_ <= cursor || late_drops_.size() > kMaxLateDrops)) {
+    const EntryId id = late_drops_.front().second;
+    late_drops_.pop_front();
+    if (late_drops_.size() >= kMaxLateDrops) {  // readers off the plan, the cursor still: no waiting
+      drop(id);
+      continue;
+    }
+    // Needed again soon (within the stretch the stager keeps staged): the pages stay, and that use is
+    // presumed read from them. Dropping them instead could race with that read: a reader quicker than
+    // the drop reads them without a word, where the stager expects it to ask.
+    const uint64_t next = planner_.next_use(id, cursor);
+    if (next < std::max(push_key_, cursor + evict_window)) {
+      if (in_kernel_[id] != kNone && in_kernel_[id] != kDropping) planner_.presume(next);
+      continue;
+    }
+    drop(id);
+  }
+  if (push_key_ < cursor) push_key_ = cursor;
+}
+
+void PageWindow::evicted(EntryId id) {
+  // Without opens, the file may be being read right now (it was just passed, say): its pages go once
+  // the readers have moved on. With opens, drop() waits for its last release.
+  if (drop_delay_ > 0 && (in_kernel_[id] == kRead || in_kernel_[id] == kPushed)) late_drops_.emplace_back(planner_.cursor(), id);
+  else drop(id);
+}
+
+bool PageWindow::beacon(uint64_t key) const {
+  // The last use of each epoch too, so that by an epoch's end every silent read in it is counted.
+  return (key / config_.ranks) % beacon_every_ == beacon_every_ - 1 || planner_.last_in_epoch(key);
+}
+
+std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
+  if (push_retry_at_ && now >= *push_retry_at_) {
+    push_retry_at_.reset();
+    push_key_ = planner_.cursor();
+  }
+  const uint64_t end = planner_.planned_end();
+  for (; push_key_ < end; ++push_key_) {
+    const auto item = planner_.item(push_key_);
+    if (!item || !planner_.live(planner_.rank_of(push_key_)) || manifest_.entry(*item).size == 0) continue;
+    if (config_.no_open && beacon(push_key_)) {
+      // Left for its reader to ask the daemon; pages still there from an earlier use go (and if the
+      // reader is quicker than that, it read them: presumed).
+      if (in_kernel_[*item] != kNone) {
+        drop(*item);
+        planner_.presume(push_key_);
+      }
+      continue;
+    }
+    if (config_.no_open ? in_kernel_[*item] != kNone : in_kernel_[*item] == kPushed) {
+      // Pushed for an earlier use, or (without opens) read through the mount: this use is likely read
+      // from those pages (if they went meanwhile, the read reaches us and counts as usual).
+      if (config_.no_open) planner_.presume(push_key_);
+      continue;
+    }
+    break;
+  }
+  if (push_key_ >= end) return std::nullopt;
+  const uint64_t key = push_key_;
+  const EntryId id = *planner_.item(key);
+  const uint64_t size = manifest_.entry(id).size;
+  if (kernel_bytes_ + size > config_.budget) return std::nullopt;  // the window is full: wait for the readers
+  FileBytes data = ram_.get(id);
+  if (!data) return std::nullopt;  // not staged yet
+  in_kernel_[id] = kPushed;
+  kernel_bytes_ += size;
+  ++push_key_;
+  return Push{id, key, std::move(data)};
+}
+
+void PageWindow::push_done(const Push& push, int rc, Clock::time_point now) {
+  if (rc == 0) {
+    if (config_.no_open && in_kernel_[push.id] == kPushed) planner_.presume(push.key);
+    return;
+  }
+  // The kernel does not know the inode yet (never looked up), or is unmounting: reads will reach us and
+  // be served from RAM. Tried again once the window is walked anew (kPushRetry later): a listing or an
+  // open may have introduced the inode by then.
+  if (in_kernel_[push.id] == kPushed) {
+    kernel_bytes_ -= push.data->size();
+    in_kernel_[push.id] = kNone;
+  }
+  if (!push_retry_at_) push_retry_at_ = now + kPushRetry;
+}
+
+void PageWindow::dropped(const std::vector<EntryId>& ids) {
+  for (EntryId id : ids)
+    if (in_kernel_[id] == kDropping) in_kernel_[id] = kNone;
+}
+
+}  // namespace clairfs

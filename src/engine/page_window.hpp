@@ -1,0 +1,117 @@
+// The page-cache window: staged files just ahead of the readers pushed into the kernel's page cache (so
+// their reads never reach the daemon), and passed or evicted files' pages dropped, within `pagecache`
+// bytes.
+//
+// Per file it knows what the kernel may hold (nothing, pages read through the mount, a push, a drop on its
+// way) and walks the plan from the cursor with its own key (push_key). With opens, a file's pages go once
+// the readers passed it and its last handle is released. Without opens (FUSE no-open mode) pushed uses
+// are presumed read (Planner::presume), one use in every `beacon_every` steps of each rank and its last
+// in each epoch stay unpushed so that reading them says where the reader is (beacons), and passed pages
+// go only `drop_delay` keys behind the cursor — no release says when a reader is done with a file.
+//
+// State is guarded by the engine's mutex (thread-compatible); request threads tell it of opens, releases
+// and progress, the stager takes pushes and drops from it and does them with the mutex released — a
+// push or a drop into the kernel never runs in a request handler, or under the lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "engine/planner.hpp"
+#include "tiers/page_cache.hpp"
+#include "tiers/ram.hpp"
+
+namespace clairfs {
+
+struct WindowConfig {
+  uint64_t budget = 0;           // bytes pushed at most (`pagecache`)
+  bool no_open = false;          // the kernel opens files without asking: progress comes from reads
+  PageCache* kernel = nullptr;   // where pushes and drops go; nullptr: none
+  uint64_t ranks = 1;            // ranks this node serves
+  uint64_t tolerance = 256;      // the planner's
+};
+
+class PageWindow {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // REQUIRES: manifest, planner and ram outlive the window.
+  PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config);
+
+  // --- request threads (and the stager's evictions), under the engine's mutex ---
+  // A handle of `id` was opened: its pages stay until the last is released.
+  void opened(EntryId id) { open_count_[id]++; }
+  void released(EntryId id);
+  // The file was read through the mount at the open `o`: its pages are in the kernel now, and a later
+  // use the window walked past already may be read from them (no-open mode: presumed).
+  void read_through(EntryId id, const Planner::Open& o);
+  // The rank left the plan: pages pushed ahead for it will not be read.
+  void rank_lost(uint64_t rank);
+  // A rank came back: the window is walked anew from the cursor.
+  void restart() { push_key_ = planner_.cursor(); }
+  // The readers passed the use at `key`, next needed at `next`.
+  void passed(uint64_t key, EntryId id, uint64_t next);
+  // After progress: pages waiting for the cursor go, unless needed again within `keep_within` keys.
+  void settle(uint64_t evict_window);
+  // RAM let the file go: its pages go too (once nobody reads them).
+  void evicted(EntryId id);
+
+  bool pushed(EntryId id) const { return in_kernel_[id] == kPushed; }
+  uint64_t push_key() const { return push_key_; }
+  uint64_t used() const { return kernel_bytes_; }
+  uint64_t beacon_every() const { return beacon_every_; }
+  uint64_t drop_delay() const { return drop_delay_; }
+  bool drops_waiting() const { return !drops_.empty(); }
+
+  // --- the stager ---
+  // Whether the stager walks the window at all (without opens even with nothing to push: the walk
+  // presumes the uses of files in the kernel).
+  bool active() const { return config_.kernel && (config_.budget > 0 || config_.no_open); }
+  // The next push, if the window has room and the file is staged; nullopt ends the round.
+  struct Push {
+    EntryId id;
+    uint64_t key;
+    FileBytes data;
+  };
+  std::optional<Push> next_push(Clock::time_point now);
+  // The push was done with result `rc` (0 or -errno).
+  void push_done(const Push& push, int rc, Clock::time_point now);
+  // Pages to drop now; then dropped() once they are.
+  std::vector<EntryId> take_drops() { return std::exchange(drops_, {}); }
+  void dropped(const std::vector<EntryId>& ids);
+
+ private:
+  // What the kernel may hold of a file: none of its pages (as far as we know), pages read through the
+  // mount, a push (its size counted in kernel_bytes_), or a drop queued and not yet done (the pages
+  // may still be read).
+  enum InKernel : uint8_t { kNone = 0, kRead = 1, kPushed = 2, kDropping = 3 };
+  // A use left unpushed in no-open mode, so that its read tells where the reader is.
+  bool beacon(uint64_t key) const;
+  // Queues a drop now, or at the file's last release.
+  void drop(EntryId id);
+
+  const Manifest& manifest_;
+  Planner& planner_;
+  const RamTier& ram_;
+  const WindowConfig config_;
+  uint64_t drop_delay_ = 0;    // no-open mode: keys behind the cursor before passed pages go
+  uint64_t beacon_every_ = 1;  // steps of a rank between beacons
+  std::vector<uint8_t> in_kernel_;
+  uint64_t kernel_bytes_ = 0;
+  uint64_t push_key_ = 0;      // next key whose file may be pushed
+  std::optional<Clock::time_point> push_retry_at_;  // when refused pushes are tried again
+  std::vector<EntryId> drops_;                      // for the stager
+  std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
+  std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
+  // No-open mode: passed files whose pages go once the cursor is drop_delay_ keys past them (a reader
+  // of the rank may still be on one: workers read out of order within the tolerance).
+  std::deque<std::pair<uint64_t, EntryId>> late_drops_;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,115 @@
+#include "engine/policy.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+namespace clairfs {
+
+namespace {
+
+// Completed fetches each way before the model may send the stager to SOURCE rather than to a peer.
+constexpr uint64_t kWarmUp = 16;
+// Fetches from peers that count as "busy" in the choice between a peer and SOURCE.
+constexpr double kPeerParallel = 8;
+
+}  // namespace
+
+StagingPolicy::StagingPolicy(const Manifest& manifest, const Planner& planner, PolicyConfig config)
+    : manifest_(manifest), planner_(planner), config_(std::move(config)) {
+  uint64_t bytes = 0;
+  for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
+  const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
+  evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, config_.loader_window * config_.ranks + config_.depth);
+  stage_key_ = planner_.cursor();
+}
+
+uint64_t StagingPolicy::keep_key(EntryId id) const {
+  uint64_t key = planner_.next_use(id, planner_.cursor());
+  if (key != kNever && planner_.opened(key)) key = planner_.next_use(id, key + 1);
+  if (key == kNever && owned(id)) key = kKeptForPeers;
+  return key;
+}
+
+uint64_t StagingPolicy::staged_key(EntryId id, bool readahead, bool keep_for_peers) const {
+  if (readahead) return kReadAheadKey;
+  const uint64_t key = planner_.next_use(id, planner_.cursor());
+  return key == kNever && keep_for_peers ? kKeptForPeers : key;
+}
+
+uint64_t StagingPolicy::after_key(EntryId id, uint64_t key, bool keep_for_peers) const {
+  const uint64_t after = key == kKeptForPeers ? kKeptForPeers : planner_.next_use(id, key + 1);
+  return after == kNever && keep_for_peers ? kKeptForPeers : after;
+}
+
+uint64_t StagingPolicy::written_key(EntryId id, uint64_t key) const {
+  const uint64_t next = planner_.next_use(id, std::min(key, planner_.cursor()));
+  return next == kNever && owned(id) ? kKeptForPeers : next;
+}
+
+void StagingPolicy::passed(EntryId id, uint64_t key, uint64_t next) {
+  ram_.passed(id, key, next);
+  nvme_.passed(id, key, next);
+}
+
+std::optional<StagingPolicy::Candidate> StagingPolicy::next_candidate(const std::function<bool(EntryId)>& busy) {
+  const uint64_t end = planner_.planned_end();
+  for (; stage_key_ < end; ++stage_key_) {
+    const uint64_t key = stage_key_;
+    const auto item = planner_.item(key);
+    // A hole, a rank off the plan, or opened already (read on demand).
+    if (!item || !planner_.live(planner_.rank_of(key)) || planner_.opened(key)) continue;
+    const uint64_t size = manifest_.entry(*item).size;
+    // There already, on its way, or never fits (read on demand).
+    if (ram_.contains(*item) || busy(*item) || size > config_.ram) continue;
+    return Candidate{key, *item, size};
+  }
+  return std::nullopt;
+}
+
+bool StagingPolicy::make_room(TierIndex& index, uint64_t key, bool owned, const std::function<bool()>& reserve,
+                              const std::function<void(EntryId)>& evict) {
+  while (!reserve()) {
+    const auto victim = index.victim(key, owned);
+    if (!victim) return false;  // all held are needed sooner (or kept for peers): wait for the readers
+    index.erase(*victim);
+    evict(*victim);
+  }
+  return true;
+}
+
+bool StagingPolicy::make_readahead_room(const std::function<bool()>& reserve, const std::function<void(EntryId)>& evict) {
+  uint64_t live_ranks = 0;
+  for (uint64_t r = 0; r < config_.ranks; ++r) live_ranks += planner_.live(r);
+  while (!reserve()) {
+    // Room held by files no plan needs (read-ahead files already opened among them), or, when every
+    // rank has left the plan, by anything.
+    const auto far = ram_.farthest_unowned();
+    if (!far || (far->first != kNever && live_ranks > 0)) return false;
+    ram_.erase(far->second);
+    evict(far->second);
+  }
+  return true;
+}
+
+bool PeerModel::prefer_peer(uint64_t key, uint64_t cursor, uint64_t evict_window, unsigned peer_in_flight,
+                            unsigned source_in_flight, unsigned depth) {
+  if (key >= cursor + std::max<uint64_t>(1, evict_window / 2)) return true;
+  const double peer = secs_peer_.load(), source = secs_source_.load();
+  if (peer_samples_ < kWarmUp || source_samples_ < kWarmUp || ++choices_ % 32 == 0) return true;
+  const double wait_peer = peer * (1.0 + static_cast<double>(peer_in_flight) / kPeerParallel);
+  const double wait_source = source * (1.0 + static_cast<double>(source_in_flight) / depth);
+  return wait_peer <= 4 * wait_source;
+}
+
+void PeerModel::note(bool peer, double seconds) {
+  std::atomic<double>& ewma = peer ? secs_peer_ : secs_source_;
+  uint64_t& samples = peer ? peer_samples_ : source_samples_;
+  // The first answers from a peer include setting up the connection: they count only as a mean, and
+  // the model decides nothing until kWarmUp of each are in.
+  const double old = ewma.load();
+  ++samples;
+  ewma = samples <= kWarmUp ? old + (seconds - old) / static_cast<double>(samples) : 0.8 * old + 0.2 * seconds;
+}
+
+}  // namespace clairfs

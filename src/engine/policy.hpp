@@ -1,0 +1,126 @@
+// The staging policy: which file to stage next, what to evict for it, and whether to ask a peer or
+// SOURCE — decisions only. No I/O and no threads: the stager asks, acts, and tells it what happened, so
+// the policy can be driven by a test or a simulation (bench/cache_sim) exactly as the daemon drives it.
+//
+// Keys are the planner's (planner.hpp): when a file is used. RAM and NVMe residents are indexed by next
+// use (TierIndex); room is made by evicting the resident needed farthest in the future, and only if it is
+// needed later than the file in question (Belady's MIN), within the eviction window ahead of the cursor;
+// beyond the window files are staged into free room only — staging far ahead would push out files kept
+// for later epochs and fetch them again (prefetching only pays within the lead the readers need).
+//
+// Thread-compatible: the engine guards it with its mutex (EngineState::mutex), but PeerModel, which is
+// the stager's alone.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "engine/planner.hpp"
+#include "tiers/next_use.hpp"
+
+namespace clairfs {
+
+// Key of a read-ahead file in RAM: after every planned use, so it is the first to go.
+constexpr uint64_t kReadAheadKey = kNever - 1;
+// Key of a file this node keeps for the others but will not read itself within the plan: kept, and the
+// first of those to go.
+constexpr uint64_t kKeptForPeers = kNever - 2;
+
+struct PolicyConfig {
+  uint64_t ram = 0;            // the RAM budget, bytes
+  uint64_t ranks = 1;          // ranks this node serves
+  uint64_t loader_window = 16; // files a rank's DataLoader opens ahead
+  unsigned depth = 32;         // staging reads in flight
+  std::vector<uint16_t> owner; // per entry: the node keeping it for all (empty: alone)
+  int node = 0;
+};
+
+class StagingPolicy {
+ public:
+  // REQUIRES: manifest and planner outlive the policy.
+  StagingPolicy(const Manifest& manifest, const Planner& planner, PolicyConfig config);
+
+  // Keys ahead of the cursor within which staging may evict: the larger of 1/16 of the RAM budget in
+  // files of mean size, and the loaders' windows plus a ring's worth.
+  uint64_t evict_window() const { return evict_window_; }
+  bool within_window(uint64_t key) const { return key < planner_.cursor() + evict_window_; }
+  // This node keeps the file for the others (it owns it in the global plan).
+  bool owned(EntryId id) const { return !config_.owner.empty() && config_.owner[id] == config_.node; }
+
+  TierIndex& ram() { return ram_; }
+  const TierIndex& ram() const { return ram_; }
+  TierIndex& nvme() { return nvme_; }
+
+  // The use a file read on demand is kept for: its next use not yet opened, else kKeptForPeers if this
+  // node keeps it for the others, else kNever (not kept).
+  uint64_t keep_key(EntryId id) const;
+  // The key a staged file is held by in RAM once its read finished (kNever: passed meanwhile).
+  uint64_t staged_key(EntryId id, bool readahead, bool keep_for_peers) const;
+  // Its use after `key` (for NVMe admission).
+  uint64_t after_key(EntryId id, uint64_t key, bool keep_for_peers) const;
+  // The key of an NVMe copy just written for the use at `key`.
+  uint64_t written_key(EntryId id, uint64_t key) const;
+
+  // The readers passed the use at `key` of `id`: residents waiting for it now wait for `next`.
+  void passed(EntryId id, uint64_t key, uint64_t next);
+
+  // The walk over the plan. next_candidate() skips holes, ranks off the plan, uses already opened,
+  // files held, `busy` ones (in flight) and files larger than the budget, and returns the next file to
+  // stage; take() moves past it once it is staged (or room for it was found).
+  struct Candidate {
+    uint64_t key;
+    EntryId id;
+    uint64_t size;
+  };
+  std::optional<Candidate> next_candidate(const std::function<bool(EntryId)>& busy);
+  void take() { ++stage_key_; }
+  uint64_t stage_key() const { return stage_key_; }
+  // The walk restarts from the cursor (a rank came back), or catches up with it.
+  void restart() { stage_key_ = planner_.cursor(); }
+  void catch_up() { stage_key_ = std::max(stage_key_, planner_.cursor()); }
+
+  // Makes room in a tier for `size` bytes needed at `key`: while `reserve(size)` fails, evicts the
+  // resident needed latest (if later than `key`; owned files only for an owned file): drops it from the
+  // index and hands it to `evict`. False when nothing may go: wait for the readers.
+  static bool make_room(TierIndex& index, uint64_t key, bool owned, const std::function<bool()>& reserve,
+                        const std::function<void(EntryId)>& evict);
+  // Room for read-ahead: only files no plan needs may go, or anything when no rank follows the plan.
+  bool make_readahead_room(const std::function<bool()>& reserve, const std::function<void(EntryId)>& evict);
+
+ private:
+  const Manifest& manifest_;
+  const Planner& planner_;
+  const PolicyConfig config_;
+  uint64_t evict_window_ = 0;
+  uint64_t stage_key_ = 0;  // next key the walk considers
+  TierIndex ram_, nvme_;    // residents by next use
+};
+
+// The choice between a file's keeper and SOURCE for a file needed soon: seconds per file each way as
+// measured (submission to completion, queueing included), scaled by how busy each way is now. SOURCE is
+// chosen only when a peer is clearly slower (4×): peers spare the shared file system. Every 32nd choice
+// goes to the peer anyway, so its estimate follows the present.
+//
+// The stager's alone; seconds() may be read from any thread (stats).
+class PeerModel {
+ public:
+  // Whether to ask the keeper for a file needed at `key`. Files further ahead than half the eviction
+  // window go to the keeper however slow: latency matters only for files the readers will want soon.
+  bool prefer_peer(uint64_t key, uint64_t cursor, uint64_t evict_window, unsigned peer_in_flight,
+                   unsigned source_in_flight, unsigned depth);
+  // A fetch each way took `seconds`.
+  void note(bool peer, double seconds);
+  double seconds(bool peer) const { return (peer ? secs_peer_ : secs_source_).load(); }
+
+ private:
+  std::atomic<double> secs_peer_{0}, secs_source_{0};  // EWMA
+  uint64_t peer_samples_ = 0, source_samples_ = 0;
+  uint64_t choices_ = 0;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,64 @@
+// The reader tracker: what the engine learns from each open (or, without opens, each first read) — where
+// its rank is in the plan (the planner places it), which ranks left the plan or came back, how fast each
+// rank reads (files per second, which turns a lead in files into seconds), and whether a reader off the
+// plan reads in sample order, so the next samples can be read ahead for it.
+//
+// Called by the request threads, under the engine's mutex (thread-compatible); the stager takes the
+// read-ahead queue under the same mutex.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "engine/planner.hpp"
+
+namespace clairfs {
+
+class ReaderTracker {
+ public:
+  // REQUIRES: manifest and planner outlive the tracker.
+  ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks);
+
+  struct Seen {
+    bool again = false;          // without a handle: the reader read its last file again (same use)
+    Planner::Open open;          // where the planner placed it
+    std::vector<uint64_t> lost;  // ranks that left the plan with this open
+    bool returned = false;       // a rank came back to the plan
+  };
+  // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
+  Seen on_open(EntryId id, pid_t pid, bool handle);
+
+  // Samples queued for reading ahead (readers off the plan reading in sample order), oldest first.
+  std::vector<EntryId>& readahead() { return readahead_; }
+  double files_per_second(uint64_t rank) const { return rates_[rank].per_second; }
+  uint64_t ranks() const { return rates_.size(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void note_rate(uint64_t rank, uint64_t opens);
+  // An unexpected open of the sample right after the previous unexpected open of the same process
+  // queues the next samples.
+  void read_ahead(EntryId id, pid_t pid);
+
+  const Manifest& manifest_;
+  Planner& planner_;
+  struct RankRate {
+    uint64_t opens = 0;        // files read (opened, or presumed read from pushed pages)
+    uint64_t opens_since = 0;  // opens when `since` was taken
+    Clock::time_point since{};
+    double per_second = 0;
+  };
+  std::vector<RankRate> rates_;
+  std::vector<uint8_t> was_live_;  // per rank, as of the last open: who got lost or came back
+  std::vector<uint32_t> sample_of_;  // per entry: its sample index, or UINT32_MAX; built on first use
+  std::unordered_map<pid_t, uint32_t> last_unexpected_;
+  std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
+  std::vector<EntryId> readahead_;
+};
+
+}  // namespace clairfs

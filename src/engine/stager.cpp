@@ -1,0 +1,322 @@
+#include "engine/stager.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "util/log.hpp"
+#include "util/memory.hpp"
+
+namespace clairfs {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Pushes per turn: between turns the stager runs completions and picks new reads.
+constexpr int kPushesPerTurn = 64;
+// Demand-read files waiting for their NVMe write at most.
+constexpr size_t kMaxToWrite = 4096;
+// How often the allocator's free pages go back to the system (util/memory.hpp).
+constexpr auto kReturnFreePages = std::chrono::seconds(1);
+// How long an idle stager sleeps before looking again (woken sooner by readers' progress), and while
+// page drops wait.
+constexpr auto kIdleWait = std::chrono::milliseconds(100);
+constexpr auto kDropWait = std::chrono::milliseconds(1);
+// How long a turn waits for a peer's answer when it has nothing else to do.
+constexpr auto kPeerPoll = std::chrono::milliseconds(1);
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+Stager::Stager(StagerParts p)
+    : manifest_(p.manifest), state_(p.state), ram_(p.ram), chain_(p.chain), nvme_(p.nvme), peers_(p.peers),
+      demand_(p.demand), counters_(p.counters), streams_(p.streams), kernel_(p.kernel), io_(p.depth) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Stager::~Stager() {
+  {
+    MutexLock lock(state_.mutex);
+    state_.stop = true;
+  }
+  state_.progress.notify_all();
+  state_.staged.notify_all();
+  thread_.join();
+}
+
+void Stager::run() {
+  FreePageReturner free_pages(kReturnFreePages);
+  do free_pages.tick();
+  while (turn());
+}
+
+bool Stager::turn() {
+  plan_ahead();
+  run_drops();
+  push_ahead();
+  std::vector<Pick> picks;
+  std::vector<Write> writes;
+  auto adopted = demand_.take_adopted();
+  {
+    MutexLock lock(state_.mutex);
+    if (state_.stop) return false;
+    unsigned room = io_.ring_room();
+    keep_adopted(std::move(adopted));
+    writes = pick_writes(room);
+    room -= static_cast<unsigned>(writes.size());
+    pick_readahead(room, picks);
+    pick_planned(room, picks);
+    if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting())) {
+      to_write_.clear();
+      // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
+      // per open would cost every open a context switch.
+      state_.stager_waiting = true;
+      state_.wake_at_cursor = state_.planner.cursor() + std::max<uint64_t>(1, state_.policy.evict_window() / 8);
+      lock.wait_for(state_.progress, state_.window.drops_waiting() ? kDropWait : kIdleWait);
+      state_.stager_waiting = false;
+      return true;
+    }
+  }
+  for (Write& w : writes) write(w.id, std::move(w.bytes), w.key);
+  for (const Pick& pick : picks) stage(pick);
+  const bool idle = picks.empty() && writes.empty();
+  if (io_.external_in_flight() > 0) io_.run(idle ? kPeerPoll : std::chrono::milliseconds(0));
+  else if (idle) io_.run_waiting();
+  else io_.run(std::chrono::milliseconds(0));
+  return true;
+}
+
+void Stager::plan_ahead() {
+  if (plan_failed_) return;
+  std::optional<uint64_t> want;
+  uint64_t ranks = 0;
+  {
+    MutexLock lock(state_.mutex);
+    want = state_.planner.wanted_epoch();
+    ranks = state_.tracker.ranks();
+  }
+  if (!want) return;
+  // Built off the lock: an epoch of a large data set takes tens of milliseconds.
+  EpochStreams e;
+  try {
+    e = Planner::build(streams_, *want, ranks, manifest_.size());
+  } catch (const std::exception& ex) {
+    // Out of memory, most likely: what is planned is still staged, reads beyond go on demand.
+    plan_failed_ = true;
+    log_warning("cannot plan epoch " + std::to_string(*want) + ": " + ex.what() +
+                "; staging stops at the end of the epochs planned, reads go on");
+    return;
+  }
+  MutexLock lock(state_.mutex);
+  if (state_.planner.wanted_epoch() == want) state_.planner.add_epoch(std::move(e));
+}
+
+void Stager::run_drops() {
+  std::vector<EntryId> drops;
+  {
+    MutexLock lock(state_.mutex);
+    drops = state_.window.take_drops();
+  }
+  if (drops.empty()) return;
+  if (kernel_)
+    for (EntryId id : drops)
+      if (kernel_->drop(id) == 0) counters_.drops++;
+  MutexLock lock(state_.mutex);
+  state_.window.dropped(drops);
+}
+
+void Stager::push_ahead() {
+  for (int i = 0; i < kPushesPerTurn; ++i) {
+    std::optional<PageWindow::Push> push;
+    {
+      MutexLock lock(state_.mutex);
+      if (!state_.window.active()) return;
+      push = state_.window.next_push(Clock::now());
+    }
+    if (!push) return;
+    const int rc = kernel_->push(push->id, push->data->data(), push->data->size());
+    (rc < 0 ? counters_.push_failures : counters_.pushes)++;
+    MutexLock lock(state_.mutex);
+    state_.window.push_done(*push, rc < 0 ? rc : 0, Clock::now());
+  }
+}
+
+void Stager::evict_ram(EntryId id) {
+  ram_.erase(id);
+  counters_.ram_evictions++;
+  state_.window.evicted(id);
+}
+
+bool Stager::make_ram_room(uint64_t size, uint64_t key, bool owned) {
+  return StagingPolicy::make_room(
+      state_.policy.ram(), key, owned, [&] { return ram_.reserve(size); },
+      [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
+}
+
+bool Stager::make_nvme_room(uint64_t size, uint64_t key, bool owned) {
+  if (!nvme_->admitting() || size > nvme_->capacity()) return false;
+  return StagingPolicy::make_room(
+      state_.policy.nvme(), key, owned, [&] { return nvme_->reserve(size); },
+      [&](EntryId victim) {
+        nvme_->erase(victim);
+        counters_.nvme_evictions++;
+      });
+}
+
+void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
+  // Files read whole on demand: kept like staged ones, so SOURCE sees them once.
+  StagingPolicy& policy = state_.policy;
+  for (auto& [id, bytes] : adopted) {
+    if (policy.ram().contains(id) || state_.in_flight.count(id)) continue;
+    const uint64_t key = policy.keep_key(id);
+    if (key == kNever) continue;
+    const uint64_t size = bytes->size();
+    const bool owned = policy.owned(id);
+    if (policy.within_window(key) ? make_ram_room(size, key, owned) : ram_.reserve(size)) {
+      ram_.insert(id, bytes);
+      DemandAllowance::hand_over(bytes);
+      policy.ram().set(id, key, owned);
+    }
+    if (nvme_ && to_write_.size() < kMaxToWrite && !writing_.count(id) && !nvme_->find(id))
+      to_write_.emplace_back(id, std::move(bytes));
+  }
+}
+
+std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
+  // The adopted files' NVMe writes, as the ring has room (it may be full of reads for a while).
+  std::vector<Write> writes;
+  size_t w = 0;
+  for (; w < to_write_.size() && writes.size() < room; ++w) {
+    auto& [id, bytes] = to_write_[w];
+    const uint64_t key = state_.policy.keep_key(id);
+    if (key == kNever || writing_.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key, state_.policy.owned(id)))
+      continue;
+    writes.push_back(Write{id, std::move(bytes), key});
+  }
+  to_write_.erase(to_write_.begin(), to_write_.begin() + static_cast<std::ptrdiff_t>(w));
+  return writes;
+}
+
+void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
+  std::vector<EntryId>& queue = state_.tracker.readahead();
+  size_t n = 0;
+  for (; n < queue.size() && picks.size() < room; ++n) {
+    const EntryId id = queue[n];
+    const Entry& e = manifest_.entry(id);
+    if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id)) continue;
+    const bool room_found = state_.policy.make_readahead_room(
+        [&] { return ram_.reserve(e.size); }, [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
+    if (!room_found) {  // drop the rest
+      n = queue.size();
+      break;
+    }
+    picks.push_back(Pick{id, kReadAheadKey, true, nvme_ && nvme_->find(id) ? Origin::kNvme : Origin::kSource});
+    state_.in_flight.insert(id);
+  }
+  queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
+  StagingPolicy& policy = state_.policy;
+  auto busy = [&](EntryId id) NO_THREAD_SAFETY_ANALYSIS { return state_.in_flight.count(id) != 0; };
+  while (picks.size() < room) {
+    const auto c = policy.next_candidate(busy);
+    if (!c) break;
+    // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
+    const bool owned = policy.owned(c->id);
+    if (policy.within_window(c->key) ? !make_ram_room(c->size, c->key, owned) : !ram_.reserve(c->size)) break;
+    Origin first = Origin::kSource;
+    if (nvme_ && nvme_->find(c->id))
+      first = Origin::kNvme;
+    else if (peers_ && peers_->may_hold(c->id) &&
+             model_.prefer_peer(c->key, state_.planner.cursor(), policy.evict_window(), peers_->in_flight(),
+                                io_.ring_in_flight() + static_cast<unsigned>(picks.size()), io_.depth()))
+      first = Origin::kPeer;
+    picks.push_back(Pick{c->id, c->key, false, first});
+    state_.in_flight.insert(c->id);
+    policy.take();
+  }
+}
+
+void Stager::stage(const Pick& pick) {
+  auto buf = std::make_shared<std::vector<char>>(manifest_.entry(pick.id).size);
+  chain_.start_fetch(io_, pick.id, std::move(buf), pick.first,
+                     [this, pick](const StoreChain::Result& r) { staged(pick, r); });
+}
+
+void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
+  const uint64_t size = manifest_.entry(pick.id).size;
+  if (r.rc < 0) {
+    ram_.unreserve(size);
+    counters_.stage_failures++;
+    finish(pick.id);
+    return;
+  }
+  if (r.from == Origin::kPeer || (r.from == Origin::kSource && size > 0))
+    model_.note(r.from == Origin::kPeer, seconds_since(r.since));
+  if (r.from == Origin::kPeer) {
+    counters_.staged_from_peer++;
+    counters_.staged_peer_bytes += size;
+  } else if (r.from == Origin::kSource) {
+    counters_.staged_source_bytes += size;
+  }
+  uint64_t after = kNever;
+  const bool to_nvme = keep(pick, r, &after);
+  finish(pick.id);
+  if (to_nvme) write(pick.id, r.buf, after);
+}
+
+bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after) {
+  const uint64_t size = r.buf->size();
+  MutexLock lock(state_.mutex);
+  StagingPolicy& policy = state_.policy;
+  // Kept in RAM for the other nodes only while NVMe does not keep it for them.
+  const bool keep_for_peers = !pick.readahead && policy.owned(pick.id) && !(nvme_ && nvme_->find(pick.id));
+  const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
+  if (key == kNever) {  // the readers passed it (or left the plan) while it was read
+    ram_.unreserve(size);
+    return false;
+  }
+  ram_.insert(pick.id, r.buf);
+  policy.ram().set(pick.id, key, keep_for_peers);
+  state_.from_peer[pick.id] = r.from == Origin::kPeer ? 1 : 0;
+  counters_.staged_files++;
+  counters_.staged_bytes += size;
+  if (r.from == Origin::kNvme) counters_.staged_from_nvme++;
+  if (pick.readahead) counters_.readahead_files++;
+  // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
+  // one keeps it for them).
+  *after = policy.after_key(pick.id, key, keep_for_peers);
+  return nvme_ && r.from != Origin::kNvme && !pick.readahead && *after != kNever && !writing_.count(pick.id) &&
+         !nvme_->find(pick.id) && make_nvme_room(size, *after, keep_for_peers);
+}
+
+void Stager::write(EntryId id, FileBytes bytes, uint64_t key) {
+  writing_.insert(id);
+  nvme_->start_offer(io_, id, std::move(bytes), [this, id, key](int rc) { written(id, key, rc); });
+}
+
+void Stager::written(EntryId id, uint64_t key, int rc) {
+  writing_.erase(id);
+  if (rc < 0) return;  // counted (and a full disk logged) by the tier
+  MutexLock lock(state_.mutex);
+  StagingPolicy& policy = state_.policy;
+  const bool owned = policy.owned(id);
+  policy.nvme().set(id, policy.written_key(id, key), owned);
+  // Kept for the other nodes on NVMe now: its RAM copy no longer needs to stay for them.
+  if (owned)
+    if (auto k = policy.ram().key(id)) policy.ram().set(id, *k == kKeptForPeers ? kNever : *k, false);
+}
+
+void Stager::finish(EntryId id) {
+  {
+    MutexLock lock(state_.mutex);
+    state_.in_flight.erase(id);
+  }
+  state_.staged.notify_all();
+}
+
+}  // namespace clairfs

@@ -1,0 +1,112 @@
+// The stager: the engine's one background thread. Each turn it plans the next epoch when the planner
+// wants one, drops and pushes pages for the page-cache window, keeps files the request threads read on
+// demand, picks the next files to stage from the policy (while RAM and its ring have room), starts their
+// reads through the store chain on its IoLoop, and runs what finished: a staged file goes into RAM under
+// its next-use key, and into NVMe too when next-use admission keeps it there.
+//
+// Runs on its own thread only (it owns the IoLoop and its ring); shares the engine's state under
+// EngineState::mutex, never holding it across I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "engine/counters.hpp"
+#include "engine/demand.hpp"
+#include "engine/state.hpp"
+#include "io/io_loop.hpp"
+#include "peer/peer_store.hpp"
+#include "tiers/chain.hpp"
+#include "tiers/nvme.hpp"
+#include "tiers/page_cache.hpp"
+#include "tiers/ram.hpp"
+
+namespace clairfs {
+
+struct StagerParts {
+  const Manifest& manifest;
+  EngineState& state;
+  RamTier& ram;
+  StoreChain& chain;
+  NvmeTier* nvme;        // nullptr: no NVMe tier
+  PeerStore* peers;      // nullptr: alone
+  DemandReader& demand;
+  EngineCounters& counters;
+  const StreamSource& streams;
+  PageCache* kernel;     // nullptr: no pushes or drops
+  unsigned depth;        // reads and writes in flight
+};
+
+class Stager {
+ public:
+  // REQUIRES: the parts outlive the stager. Makes the ring (throws std::runtime_error if io_uring cannot
+  // be set up) and starts the thread.
+  explicit Stager(StagerParts parts);
+  ~Stager();  // stops and joins the thread
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  double seconds_per_file(bool peer) const { return model_.seconds(peer); }
+
+ private:
+  // A file picked for staging.
+  struct Pick {
+    EntryId id;
+    uint64_t key;      // the use it is staged for (kReadAheadKey for read-ahead)
+    bool readahead;
+    Origin first;      // the store asked first
+  };
+  // An adopted file's NVMe write.
+  struct Write {
+    EntryId id;
+    FileBytes bytes;
+    uint64_t key;
+  };
+
+  void run();
+  // One turn; false once the engine stops.
+  bool turn();
+  void plan_ahead();
+  void run_drops();
+  void push_ahead();
+  // Picks, under the mutex: adopted files kept, their writes, read-ahead, then the plan. `room`: ring slots.
+  void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
+  std::vector<Write> pick_writes(unsigned room) REQUIRES(state_.mutex);
+  void pick_readahead(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  void pick_planned(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  bool make_ram_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
+  bool make_nvme_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
+  void evict_ram(EntryId id) REQUIRES(state_.mutex);
+  // The I/O of a pick, and its end.
+  void stage(const Pick& pick);
+  void staged(const Pick& pick, const StoreChain::Result& result);
+  // Keeps a staged file in RAM; true if it should go to NVMe for the use at *after.
+  bool keep(const Pick& pick, const StoreChain::Result& result, uint64_t* after) EXCLUDES(state_.mutex);
+  void write(EntryId id, FileBytes bytes, uint64_t key);
+  void written(EntryId id, uint64_t key, int rc) EXCLUDES(state_.mutex);
+  void finish(EntryId id) EXCLUDES(state_.mutex);  // no longer in flight: opens waiting for it go on
+
+  const Manifest& manifest_;
+  EngineState& state_;
+  RamTier& ram_;
+  StoreChain& chain_;
+  NvmeTier* nvme_;
+  PeerStore* peers_;
+  DemandReader& demand_;
+  EngineCounters& counters_;
+  const StreamSource& streams_;
+  PageCache* kernel_;
+  // The stager thread's own.
+  IoLoop io_;
+  PeerModel model_;
+  std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
+  std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
+  bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
+  std::thread thread_;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,50 @@
+// EngineState: what the request threads and the stager share, behind one mutex.
+//
+// Three kinds of threads enter the engine: FUSE request threads (open, read, release), the stager (one
+// thread: plans, stages, pushes, drops), and a peer transport's thread (answers to this node's fetches,
+// which it only hands to the stager's IoLoop, and peers' requests, served from the RAM and NVMe tiers
+// under their own locks). Everything below that more than one of them touches is guarded by `mutex`;
+// the compiler checks it (thread_annotations.hpp).
+//
+// Lock order: EngineState::mutex, then the tiers' own (RamTier, NvmeTier), then the leaves (RecentLoads,
+// SourceHandles, DemandReader's adopted list, IoLoop's mailbox). No I/O under `mutex`.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/page_window.hpp"
+#include "engine/planner.hpp"
+#include "engine/policy.hpp"
+#include "engine/reader_tracker.hpp"
+#include "util/thread_annotations.hpp"
+
+namespace clairfs {
+
+struct EngineState {
+  EngineState(const Manifest& manifest, PlannerConfig planner_config, const StreamSource& streams,
+              PolicyConfig policy_config, WindowConfig window_config, const RamTier& ram)
+      : planner(std::move(planner_config), streams),
+        tracker(manifest, planner, policy_config.ranks),
+        policy(manifest, planner, std::move(policy_config)),
+        window(manifest, planner, ram, window_config),
+        from_peer(manifest.size(), 0) {}
+
+  Mutex mutex;
+  std::condition_variable progress;  // the readers moved, read-ahead was queued, or stop (the stager waits)
+  std::condition_variable staged;    // a staging read finished (opens of that file wait)
+
+  Planner planner GUARDED_BY(mutex);
+  ReaderTracker tracker GUARDED_BY(mutex);
+  StagingPolicy policy GUARDED_BY(mutex);
+  PageWindow window GUARDED_BY(mutex);
+  std::unordered_set<EntryId> in_flight GUARDED_BY(mutex);  // being staged: an open waits, not reads twice
+  std::vector<uint8_t> from_peer GUARDED_BY(mutex);         // per entry: its RAM copy came from a peer
+  bool stop GUARDED_BY(mutex) = false;
+  bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
+  uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;
+};
+
+}  // namespace clairfs

@@ -1,0 +1,323 @@
+// The engine driven by calls, without a kernel: an in-memory SOURCE, a loopback between engines as peer
+// nodes, a page-cache double, and a real NVMe tier in a temporary directory where a test damages it.
+// Each test pins down one behaviour: the bytes are always right, and the counters say where they came
+// from.
+#include "engine/clairvoyant.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "fakes/loopback.hpp"
+#include "fakes/memory_source.hpp"
+
+namespace clairfs {
+namespace {
+
+using fakes::MemorySource;
+using fakes::MemoryTree;
+
+std::vector<uint64_t> sizes(size_t n, uint64_t min, uint64_t max) {
+  std::vector<uint64_t> s(n);
+  std::mt19937 g(7);
+  for (auto& x : s) x = min + g() % (max - min + 1);
+  return s;
+}
+
+// One rank reading every file of the tree once per epoch, in an order shuffled by the epoch.
+StreamSource one_rank(const MemoryTree& tree) {
+  return [&tree](uint64_t epoch) {
+    std::vector<EntryId> seq(tree.files());
+    for (size_t i = 0; i < seq.size(); ++i) seq[i] = tree.file(i);
+    std::mt19937 g(static_cast<uint32_t>(epoch) + 11);
+    std::shuffle(seq.begin(), seq.end(), g);
+    return std::vector<std::vector<EntryId>>{seq};
+  };
+}
+
+EngineConfig config(uint64_t ram) {
+  EngineConfig c;
+  c.ram = ram;
+  c.ranks = {0};
+  c.tolerance = 16;
+  c.loader_window = 4;
+  c.depth = 8;
+  return c;
+}
+
+nlohmann::json stats(const ClairvoyantEngine& e) { return nlohmann::json::parse(e.stats_json()); }
+
+// Waits until `done(stats)` holds, for at most 10 s.
+template <class Done>
+bool wait_for(const ClairvoyantEngine& e, Done done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done(stats(e))) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Opens, reads whole (in pieces of 1000 bytes) and releases `id`; the bytes read, or "" on an error
+// (*error then holds it).
+std::string read_file(ClairvoyantEngine& e, EntryId id, int* error = nullptr, pid_t pid = 100) {
+  uint64_t h = 0;
+  if (e.open(id, pid, &h) != 0) return "";
+  std::string out;
+  char buf[1000];
+  for (off_t off = 0;;) {
+    const ssize_t n = e.read(h, buf, sizeof buf, off);
+    if (n < 0) {
+      if (error) *error = static_cast<int>(n);
+      e.release(h);
+      return "";
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    off += n;
+  }
+  e.release(h);
+  return out;
+}
+
+// Reads an epoch in the given order; counts files whose bytes differ from the tree's.
+size_t read_epoch(ClairvoyantEngine& e, const MemoryTree& tree, const std::vector<EntryId>& order) {
+  size_t wrong = 0;
+  for (EntryId id : order) wrong += read_file(e, id) != tree.bytes(id);
+  return wrong;
+}
+
+TEST(Engine, RightOrderIsStagedAheadAndSourceIsReadOnce) {
+  MemoryTree tree(sizes(120, 1000, 5000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    // The whole data set fits: the stager has it all in RAM before the readers ask.
+    ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+    EXPECT_EQ(read_epoch(e, tree, streams(epoch)[0]), 0u);
+  }
+  const auto s = stats(e);
+  EXPECT_EQ(s["tiers"]["ram"]["files"], 3 * tree.files());
+  EXPECT_EQ(s["tiers"]["source"]["files"], 0u);
+  EXPECT_EQ(s["mispredicted_opens"], 0u);
+  EXPECT_EQ(source.bytes_read(), tree.total());  // each file once, by the stager
+  for (size_t i = 0; i < tree.files(); ++i) EXPECT_EQ(source.reads_of(tree.file(i)), 1u);
+}
+
+TEST(Engine, AnotherOrderLosesTheRankAndBytesStayRight) {
+  MemoryTree tree(sizes(300, 500, 1500));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(64 << 10));  // ~15% of the data set
+  std::vector<EntryId> other = streams(7)[0];  // the order of an epoch the mount does not expect now
+  EXPECT_EQ(read_epoch(e, tree, other), 0u);
+  const auto s = stats(e);
+  EXPECT_GT(s["mispredicted_opens"].get<uint64_t>(), other.size() / 2);
+  EXPECT_FALSE(s["ranks"][0]["live"].get<bool>());  // nothing is staged for it any more
+  // Off the plan, SOURCE is read about once per file: staging stopped early, and what it read is
+  // bounded by the budget.
+  EXPECT_LE(source.bytes_read(), tree.total() + (64 << 10));
+}
+
+TEST(Engine, FilesLargerThanTheBudgetAreReadOnDemand) {
+  MemoryTree tree(sizes(20, 3000, 6000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(2000));  // smaller than any file
+  EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
+  const auto s = stats(e);
+  EXPECT_EQ(s["staged"]["files"], 0u);
+  EXPECT_EQ(s["tiers"]["source"]["files"], tree.files());
+  EXPECT_LE(s["ram"]["used"].get<uint64_t>(), 2000u);
+}
+
+TEST(Engine, AChangedSourceFileIsRefusedNeverServed) {
+  MemoryTree tree(sizes(30, 1000, 2000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  const std::vector<EntryId> order = streams(0)[0];
+  source.change(order[10]);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["failures"].get<uint64_t>() >= 1; })) << e.stats_json();
+  for (size_t i = 0; i < order.size(); ++i) {
+    int error = 0;
+    const std::string got = read_file(e, order[i], &error);
+    if (i == 10) EXPECT_EQ(error, -EIO);
+    else EXPECT_EQ(got, tree.bytes(order[i]));
+  }
+  EXPECT_GE(stats(e)["source_changed"].get<uint64_t>(), 1u);
+}
+
+TEST(Engine, AFailingSourceGivesErrorsNotBytes) {
+  MemoryTree tree(sizes(10, 1000, 2000));
+  MemorySource source(tree);
+  source.fail_all(true);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
+  const std::vector<EntryId> order = streams(0)[0];
+  for (EntryId id : order) {
+    int error = 0;
+    EXPECT_EQ(read_file(e, id, &error), "");
+    EXPECT_EQ(error, -EIO);
+  }
+}
+
+TEST(Engine, DamagedNvmeCopiesAreReadFromSourceInstead) {
+  MemoryTree tree(sizes(100, 1000, 3000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  char dir[] = "/tmp/clairfs-engine-nvme.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  {
+    EngineConfig c = config(30 << 10);  // ~15% of the data set: epoch 1 comes from NVMe
+    c.nvme = dir;
+    c.nvme_size = 1 << 20;
+    ClairvoyantEngine e(tree.manifest, streams, source, c);
+    EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
+    ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["nvme"]["files"].get<uint64_t>() > 50; }));
+    // Damage every copy on the disk.
+    size_t damaged = 0;
+    for (const auto& folder : std::filesystem::directory_iterator(dir))
+      for (const auto& f : std::filesystem::directory_iterator(folder.path())) {
+        std::fstream out(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+        out.seekp(0);
+        out.write("XXXX", 4);
+        ++damaged;
+      }
+    ASSERT_GT(damaged, 50u);
+    EXPECT_EQ(read_epoch(e, tree, streams(1)[0]), 0u);
+    const auto s = stats(e);
+    EXPECT_GT(s["checksum_failures"].get<uint64_t>(), 0u);
+    EXPECT_GT(s["staged"]["source_bytes"].get<uint64_t>() + s["tiers"]["source"]["bytes"].get<uint64_t>(), tree.total());
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // the tier removed its folder
+  std::filesystem::remove_all(dir);
+}
+
+// Two nodes: node 0 keeps every file for both; node 1 starts once node 0 has staged them all (a keeper
+// asked for a file it has not read yet refuses, and the asker reads SOURCE: see docs/peers.md).
+struct TwoNodes {
+  // `refusing`: node 0 refuses every request from the start.
+  explicit TwoNodes(const MemoryTree& tree, bool refusing = false)
+      : net(2), peer0(net, 0), peer1(net, 1), source0(tree), source1(tree) {
+    net.refuse(0, refusing);
+    streams = one_rank(tree);
+    node0 = make(tree, 0);
+    peer0.start(node0->peer_lookup());
+    EXPECT_TRUE(wait_for(*node0, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+    node1 = make(tree, 1);
+    peer1.start(node1->peer_lookup());
+  }
+  std::unique_ptr<ClairvoyantEngine> make(const MemoryTree& tree, int node) {
+    EngineConfig c = config(1 << 20);
+    c.peers = node == 0 ? static_cast<PeerTransport*>(&peer0) : &peer1;
+    c.owner.assign(tree.manifest.size(), 0);
+    c.peer_wait = std::chrono::milliseconds(2000);
+    return std::make_unique<ClairvoyantEngine>(tree.manifest, streams, node == 0 ? source0 : source1, std::move(c));
+  }
+  fakes::LoopbackNet net;
+  fakes::LoopbackPeer peer0, peer1;
+  MemorySource source0, source1;
+  StreamSource streams;
+  std::unique_ptr<ClairvoyantEngine> node0, node1;
+};
+
+TEST(Engine, APeerServesWhatItKeeps) {
+  MemoryTree tree(sizes(80, 1000, 2000));
+  TwoNodes t(tree);
+  ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+  EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
+  EXPECT_EQ(t.source1.bytes_read(), 0u);  // node 1 read nothing from SOURCE: node 0 had it all
+  EXPECT_EQ(stats(*t.node1)["peers"]["staged_files"], tree.files());
+}
+
+TEST(Engine, APeerThatRefusesOrVanishesSendsReadsToSource) {
+  MemoryTree tree(sizes(80, 1000, 2000));
+  TwoNodes t(tree, true);
+  ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+  EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
+  EXPECT_EQ(t.source1.bytes_read(), tree.total());
+  EXPECT_EQ(stats(*t.node1)["peers"]["staged_files"], 0u);
+  // Gone: not asked at all; reads on demand go to SOURCE at once.
+  t.net.vanish(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(5)[0]), 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
+  MemoryTree tree(sizes(100, 1000, 1000));
+  MemorySource source(tree);
+  fakes::PageCacheDouble kernel;
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(1 << 20);
+  c.pagecache = 10 * 1000;
+  c.page_cache = &kernel;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["used"] == 10000u; }));
+  EXPECT_EQ(kernel.held(), 10u);
+  // The readers read the ten pushed files: their pages go (at release), the next ten are pushed.
+  const std::vector<EntryId> order = streams(0)[0];
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 20u; })) << e.stats_json();
+  EXPECT_GE(kernel.drops(), 9u);  // the tenth is passed once the eleventh is opened
+  EXPECT_LE(kernel.held(), 11u);
+  EXPECT_LE(stats(e)["pagecache"]["used"].get<uint64_t>(), 10000u);
+}
+
+TEST(Engine, APlanThatCannotBeBuiltStopsStagingNotTheDaemon) {
+  MemoryTree tree(sizes(40, 1000, 2000));
+  MemorySource source(tree);
+  const auto good = one_rank(tree);
+  StreamSource streams = [&good](uint64_t epoch) {
+    if (epoch > 0) throw std::bad_alloc();
+    return good(epoch);
+  };
+  ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) EXPECT_EQ(read_epoch(e, tree, good(epoch)[0]), 0u);
+}
+
+TEST(Engine, NoOpenReadsCountOneUsePerFile) {
+  MemoryTree tree(sizes(50, 3000, 3000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(1 << 20);
+  c.no_open = true;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+  size_t wrong = 0;
+  char buf[1024];
+  const std::vector<EntryId> order = streams(0)[0];
+  for (EntryId id : order) {
+    std::string got;
+    for (off_t off = 0;;) {
+      const ssize_t n = e.read_unopened(id, 100, buf, sizeof buf, off);
+      ASSERT_GE(n, 0);
+      if (n == 0) break;
+      got.append(buf, static_cast<size_t>(n));
+      off += n;
+    }
+    wrong += got != tree.bytes(id);
+  }
+  EXPECT_EQ(wrong, 0u);
+  const auto s = stats(e);
+  EXPECT_EQ(s["tiers"]["ram"]["files"], tree.files());
+  EXPECT_EQ(s["mispredicted_opens"], 0u);
+  // Every file read once, in order: the rank is at the start of epoch 1.
+  // next is read).
+  EXPECT_EQ(s["ranks"][0]["epoch"].get<uint64_t>() * tree.files() + s["ranks"][0]["done"].get<uint64_t>(), tree.files())
+      << e.stats_json();
+}
+
+}  // namespace
+}  // namespace clairfs

@@ -1,0 +1,159 @@
+// Fakes for engine tests: LoopbackNet joins several engines in one process as peer nodes (answers come
+// on the net's own thread, as a real transport's do), and each node can refuse everything or vanish on
+// command; PageCacheDouble stands for the kernel's page cache, recording pushes and drops.
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "clairfs/peer.hpp"
+#include "tiers/page_cache.hpp"
+
+namespace clairfs::fakes {
+
+class LoopbackNet {
+ public:
+  explicit LoopbackNet(int nodes) : lookups_(nodes), refusing_(nodes), gone_(nodes) {
+    for (int n = 0; n < nodes; ++n) refusing_[n] = gone_[n] = false;
+    thread_ = std::thread([this] { run(); });
+  }
+  ~LoopbackNet() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  int nodes() const { return static_cast<int>(lookups_.size()); }
+  void refuse(int node, bool on) { refusing_[node] = on; }
+  void vanish(int node) { gone_[node] = true; }
+  bool gone(int node) const { return gone_[node]; }
+
+  void set_lookup(int node, PeerTransport::Lookup lookup) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lookups_[node] = std::move(lookup);
+  }
+  void send(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, PeerTransport::Done done) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(Request{owner, id, std::move(buf), std::move(done)});
+    }
+    cv_.notify_all();
+  }
+  std::atomic<uint64_t> served{0}, refused{0};
+
+ private:
+  struct Request {
+    int owner;
+    EntryId id;
+    std::shared_ptr<std::vector<char>> buf;
+    PeerTransport::Done done;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Request r = std::move(queue_.front());
+      queue_.pop_front();
+      PeerTransport::Lookup lookup = lookups_[r.owner];
+      lock.unlock();
+      int64_t result = -EHOSTDOWN;
+      if (!gone_[r.owner]) {
+        PeerBytes bytes = refusing_[r.owner] || !lookup ? nullptr : lookup(r.id);
+        result = -ENOENT;
+        if (bytes && bytes->size() == r.buf->size()) {
+          std::memcpy(r.buf->data(), bytes->data(), bytes->size());
+          result = static_cast<int64_t>(bytes->size());
+          served++;
+        } else {
+          refused++;
+        }
+      }
+      r.done(result);
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<PeerTransport::Lookup> lookups_;
+  std::vector<std::atomic<bool>> refusing_, gone_;
+  std::deque<Request> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class LoopbackPeer final : public PeerTransport {
+ public:
+  LoopbackPeer(LoopbackNet& net, int node) : net_(net), node_(node) {}
+  int node() const override { return node_; }
+  int nodes() const override { return net_.nodes(); }
+  void start(Lookup lookup) override { net_.set_lookup(node_, std::move(lookup)); }
+  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override {
+    requests_++;
+    net_.send(owner, id, std::move(buf), std::move(done));
+  }
+  bool usable(int owner) const override { return !net_.gone(owner); }
+  Counters counters() const override {
+    Counters c;
+    c.requests = requests_;
+    return c;
+  }
+  void stop() override { net_.set_lookup(node_, nullptr); }
+
+ private:
+  LoopbackNet& net_;
+  const int node_;
+  std::atomic<uint64_t> requests_{0};
+};
+
+class PageCacheDouble final : public PageCache {
+ public:
+  int push(EntryId id, const char*, size_t) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (refuse_) return -ENOENT;
+    pushed_.insert(id);
+    pushes_++;
+    return 0;
+  }
+  int drop(EntryId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pushed_.erase(id);
+    drops_++;
+    return 0;
+  }
+  void refuse(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refuse_ = on;
+  }
+  uint64_t pushes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pushes_;
+  }
+  uint64_t drops() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return drops_;
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pushed_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  bool refuse_ = false;
+  std::unordered_set<EntryId> pushed_;
+  uint64_t pushes_ = 0, drops_ = 0;
+};
+
+}  // namespace clairfs::fakes
