@@ -5,12 +5,13 @@
 //   LRU     what the kernel page cache approximates;
 //   MIN     Belady's policy: evict what is used again farthest in the future (never admitting what would
 //           be evicted first) — optimal for a known future with unit sizes, the bound to compare with;
-//   clairfs the engine's policy: the planner's keys, staging in key order ahead of the readers (here
-//           instantly), evicting the resident needed farthest only for a file needed sooner. Its "hit
-//           ratio" is 1 - fetches / accesses, counting every fetch from SOURCE: staged, wasted or demand.
+//   clairfs the engine's own StagingPolicy and Planner, driven as the stager drives them: staging in key
+//           order ahead of the readers (here instantly), evicting the resident needed farthest only for a
+//           file needed sooner and only within the eviction window. Its "hit ratio" is
+//           1 - fetches / accesses, counting every fetch from SOURCE: staged, wasted or demand.
 //
 //   cache_sim --root DIR [--seed 0] [--world-size 8] [--ranks-per-node 4] [--epochs 3]
-//             [--fractions 0.1,0.25,0.5,1.0] [--min-window 64]  -> one JSON line per (policy, fraction)
+//             [--fractions 0.1,0.25,0.5,1.0] [--loader-window 16]  -> one JSON line per (policy, fraction)
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -25,6 +26,7 @@
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
 #include "engine/planner.hpp"
+#include "engine/policy.hpp"
 #include "tiers/next_use.hpp"
 
 namespace {
@@ -100,60 +102,60 @@ Result belady(const std::vector<uint32_t>& trace, const std::vector<uint64_t>& s
   return r;
 }
 
-// The engine's policy (ClairvoyantEngine's stager), with staging that takes no time.
-Result planner(const clairfs::Oracle& oracle, const std::vector<uint64_t>& size, uint64_t ranks, uint64_t epochs,
-               uint64_t capacity, uint64_t window) {
+// The engine's own staging policy (engine/policy.hpp: what the stager asks, called the same way), with
+// staging that takes no time: before each access, files are staged in the policy's order while it finds
+// room; each access is placed in the planner; a file read on demand is kept as the stager keeps it.
+Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle, uint64_t ranks, uint64_t epochs,
+                      uint64_t capacity, uint64_t loader_window) {
   using namespace clairfs;
   const StreamSource src = [&](uint64_t e) {
     const EpochOrder order = oracle.epoch(e);
     std::vector<std::vector<EntryId>> seq(ranks);
     for (uint64_t r = 0; r < ranks; ++r)
-      for (uint64_t k = 0; k < order.loaded(r); ++k) seq[r].push_back(order.at(r, k));
+      for (uint64_t k = 0; k < order.loaded(r); ++k) seq[r].push_back(m.samples()[order.at(r, k)]);
     return seq;
   };
   PlannerConfig c;
   c.ranks = ranks;
-  c.entries = size.size();
+  c.entries = m.size();
   c.end_epoch = epochs;
   c.horizon = epochs;
   Planner p(c, src);
-  NextUseIndex held;
-  uint64_t used = 0, stage = 0, fetches = 0, fetch_bytes = 0;
+  StagingPolicy policy(m, p, PolicyConfig{capacity, ranks, loader_window, 32, {}, 0});
+  uint64_t used = 0, fetches = 0, fetch_bytes = 0;
+  auto reserve = [&](uint64_t size) {
+    return [&used, capacity, size] { return used + size <= capacity ? (used += size, true) : false; };
+  };
+  auto evict = [&](EntryId id) { used -= m.entry(id).size; };
+  // Room as the stager makes it: by next use within the eviction window, free room only beyond.
+  auto room = [&](uint64_t key, uint64_t size) {
+    return policy.within_window(key) ? StagingPolicy::make_room(policy.ram(), key, false, reserve(size), evict)
+                                     : reserve(size)();
+  };
   Result r;
   for (;;) {
-    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, ranks, size.size()));
-    for (; stage < p.planned_end(); ++stage) {
-      const auto id = p.item(stage);
-      if (!id || held.contains(*id) || size[*id] > capacity) continue;
-      bool room = true;
-      while (used + size[*id] > capacity) {
-        const auto far = held.farthest();
-        if (!far || far->first <= stage || stage >= p.cursor() + window) {
-          room = false;
-          break;
-        }
-        used -= size[far->second];
-        held.erase(far->second);
-      }
-      if (!room) break;
-      held.set(*id, stage);
-      used += size[*id];
+    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, ranks, m.size()));
+    while (const auto pick = policy.next_candidate([](EntryId) { return false; })) {
+      if (!room(pick->key, pick->size)) break;
+      policy.ram().set(pick->id, policy.staged_key(pick->id, false, false), false);
+      policy.take();
       fetches++;
-      fetch_bytes += size[*id];
+      fetch_bytes += pick->size;
     }
     const uint64_t key = p.cursor();
     if (key >= p.planned_end()) break;
     const auto id = p.item(key);
     if (!id) break;
+    const uint64_t size = m.entry(*id).size;
     r.accesses++;
-    r.bytes += size[*id];
-    if (!held.contains(*id)) {  // not staged in time (no room): read on demand
-      fetches++;
-      fetch_bytes += size[*id];
-    }
+    r.bytes += size;
+    const bool demand = !policy.ram().contains(*id);  // not staged in time (no room): read on demand
+    if (demand) fetches++, fetch_bytes += size;
     p.on_open(*id, 1);
-    for (const auto& [k, passed] : p.take_passed()) held.passed(passed, k, p.next_use(passed, k + 1));
-    if (stage < p.cursor()) stage = p.cursor();
+    for (const auto& [k, passed] : p.take_passed()) policy.passed(passed, k, p.next_use(passed, k + 1));
+    policy.catch_up();
+    if (demand)
+      if (const uint64_t next = policy.keep_key(*id); next != kNever && room(next, size)) policy.ram().set(*id, next, false);
   }
   r.hits = r.accesses - fetches;
   r.hit_bytes = r.bytes - fetch_bytes;
@@ -166,7 +168,7 @@ int main(int argc, char** argv) {
   std::string root, fractions_text = "0.1,0.25,0.5,1.0";
   clairfs::Schedule s;
   s.world_size = 8;
-  uint64_t ranks_per_node = 4, epochs = 3, min_window = 64;
+  uint64_t ranks_per_node = 4, epochs = 3, loader_window = 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--root") root = v;
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
     else if (a == "--ranks-per-node") ranks_per_node = std::stoull(v);
     else if (a == "--epochs") epochs = std::stoull(v);
     else if (a == "--fractions") fractions_text = v;
-    else if (a == "--min-window") min_window = std::stoull(v);
+    else if (a == "--loader-window") loader_window = std::stoull(v);  // files a rank's loader keeps ahead
     else {
       std::fprintf(stderr, "cache_sim: unknown flag %s\n", a.c_str());
       return 2;
@@ -208,15 +210,11 @@ int main(int argc, char** argv) {
   for (std::string f; std::getline(fs, f, ',');) {
     const double fraction = std::stod(f);
     const uint64_t capacity = static_cast<uint64_t>(fraction * static_cast<double>(node_bytes));
-    // The engine's eviction window: 1/16 of the cache in files of mean size, or the loader's window.
-    uint64_t total = 0;
-    for (uint64_t b : size) total += b;
-    const uint64_t window = std::max<uint64_t>(min_window, capacity / 16 / std::max<uint64_t>(1, total / size.size()));
     for (const char* policy : {"lru", "min", "clairfs"}) {
       const std::string name = policy;
       const Result r = name == "lru"   ? lru(trace, size, capacity)
                        : name == "min" ? belady(trace, size, capacity)
-                                       : planner(oracle, size, std::min(ranks_per_node, s.world_size), epochs, capacity, window);
+                                       : clairfs_policy(m, oracle, std::min(ranks_per_node, s.world_size), epochs, capacity, loader_window);
       std::printf("{\"policy\": \"%s\", \"fraction\": %.2f, \"hit_ratio\": %.4f, \"byte_hit_ratio\": %.4f, "
                   "\"accesses\": %llu, \"epochs\": %llu, \"ranks_per_node\": %llu}\n",
                   policy, fraction, static_cast<double>(r.hits) / static_cast<double>(r.accesses),
