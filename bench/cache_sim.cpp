@@ -121,7 +121,7 @@ Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle,
   c.end_epoch = epochs;
   c.horizon = epochs;
   Planner p(c, src);
-  StagingPolicy policy(m, p, PolicyConfig{capacity, ranks, loader_window, 32, {}, 0});
+  StagingPolicy policy(m, p, PolicyConfig{capacity, ranks, loader_window, 32, {}, 0, mean_sample_size(m)});
   uint64_t used = 0, fetches = 0, fetch_bytes = 0;
   auto reserve = [&](uint64_t size) {
     return [&used, capacity, size] { return used + size <= capacity ? (used += size, true) : false; };

@@ -52,13 +52,13 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   return p;
 }
 
-PolicyConfig policy_config(const EngineConfig& c) {
+PolicyConfig policy_config(const EngineConfig& c, uint64_t mean_size) {
   return PolicyConfig{c.ram, served_ranks(c).size(), c.loader_window, c.depth, c.owner,
-                      c.peers ? c.peers->node() : 0};
+                      c.peers ? c.peers->node() : 0, mean_size};
 }
 
-WindowConfig window_config(const EngineConfig& c) {
-  return WindowConfig{c.pagecache, c.no_open, c.page_cache, served_ranks(c).size(), c.tolerance};
+WindowConfig window_config(const EngineConfig& c, uint64_t mean_size) {
+  return WindowConfig{c.pagecache, c.no_open, c.page_cache, served_ranks(c).size(), c.tolerance, mean_size};
 }
 
 std::unique_ptr<NvmeTier> make_nvme(const Manifest& manifest, const EngineConfig& c) {
@@ -82,7 +82,9 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
       nvme_(make_nvme(manifest_, config_)), peers_(make_peers(manifest_, config_)),
       chain_({nvme_.get(), peers_.get(), &source}),
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
-      state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_), window_config(config_), ram_) {
+      mean_size_(mean_sample_size(manifest_)),
+      state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_, mean_size_),
+             window_config(config_, mean_size_), ram_) {
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth});
 }

@@ -100,6 +100,7 @@ class ClairvoyantEngine final : public Engine {
   std::unique_ptr<PeerStore> peers_;
   StoreChain chain_;
   DemandReader demand_;
+  const uint64_t mean_size_;        // a sample's mean size: one walk over the samples, for the parts below
   mutable EngineState state_;
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

@@ -22,9 +22,7 @@ constexpr size_t kMaxLateDrops = 1 << 16;
 PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config)
     : manifest_(manifest), planner_(planner), ram_(ram), config_(config) {
   in_kernel_.assign(manifest_.size(), kNone);
-  uint64_t bytes = 0;
-  for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
-  const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
+  const uint64_t mean = std::max<uint64_t>(1, config_.mean_size);
   if (config_.no_open) {
     // Half the budget at most: the other half is for pushing ahead.
     drop_delay_ = std::min((config_.tolerance / 2 + 1) * config_.ranks, std::max<uint64_t>(1, config_.budget / mean / 2));

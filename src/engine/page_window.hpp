@@ -35,6 +35,7 @@ struct WindowConfig {
   PageCache* kernel = nullptr;   // where pushes and drops go; nullptr: none
   uint64_t ranks = 1;            // ranks this node serves
   uint64_t tolerance = 256;      // the planner's
+  uint64_t mean_size = 1;        // bytes of a sample, on average (mean_sample_size in policy.hpp)
 };
 
 class PageWindow {

@@ -15,11 +15,15 @@ constexpr double kPeerParallel = 8;
 
 }  // namespace
 
+uint64_t mean_sample_size(const Manifest& manifest) {
+  uint64_t bytes = 0;
+  for (EntryId id : manifest.samples()) bytes += manifest.entry(id).size;
+  return std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest.samples().size()));
+}
+
 StagingPolicy::StagingPolicy(const Manifest& manifest, const Planner& planner, PolicyConfig config)
     : manifest_(manifest), planner_(planner), config_(std::move(config)) {
-  uint64_t bytes = 0;
-  for (EntryId id : manifest_.samples()) bytes += manifest_.entry(id).size;
-  const uint64_t mean = std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest_.samples().size()));
+  const uint64_t mean = std::max<uint64_t>(1, config_.mean_size);
   evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, config_.loader_window * config_.ranks + config_.depth);
   stage_key_ = planner_.cursor();
 }

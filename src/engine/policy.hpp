@@ -38,7 +38,11 @@ struct PolicyConfig {
   unsigned depth = 32;         // staging reads in flight
   std::vector<uint16_t> owner; // per entry: the node keeping it for all (empty: alone)
   int node = 0;
+  uint64_t mean_size = 1;      // bytes of a sample, on average (mean_sample_size)
 };
+
+// The data set's mean sample size in bytes (at least 1): what budgets in bytes become in files.
+uint64_t mean_sample_size(const Manifest& manifest);
 
 class StagingPolicy {
  public:

@@ -29,7 +29,7 @@ PlannerConfig planner_config(const Manifest& m) {
 TEST(Policy, WalksThePlanSkippingWhatIsHeldOrBusy) {
   fakes::MemoryTree tree(std::vector<uint64_t>(10, 100));
   Planner planner(planner_config(tree.manifest), in_order(10));
-  StagingPolicy policy(tree.manifest, planner, PolicyConfig{1000, 1, 2, 2, {}, 0});
+  StagingPolicy policy(tree.manifest, planner, PolicyConfig{1000, 1, 2, 2, {}, 0, mean_sample_size(tree.manifest)});
   policy.ram().set(2, 0, false);  // held
   auto c = policy.next_candidate([](EntryId id) { return id == 3; });  // busy
   ASSERT_TRUE(c);
