@@ -94,10 +94,28 @@ def daemon_memory(mnt):
     return 0
 
 
+# A system run with every CPU of the node busy beside it (one spinning process per CPU, at the job's own
+# priority): the other work of a training node.
+BUSY = " + busy CPUs"
+
+
 def run_system(name, build, p, data, work, torch=False, stalls=None):
+    if not name.endswith(BUSY):
+        return run_one(name, build, p, data, work, torch, stalls)
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        return run_one(name[:-len(BUSY)], build, p, data, work, torch, stalls)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def run_one(name, build, p, data, work, torch, stalls):
     slow = SlowSource(build, data, work, p)
     copy_s = 0.0
     memory = 0
+    learned = None
     try:
         if name == "direct":
             epochs = run_loop(build, p, slow.mnt, slow.mnt, stalls, torch)
@@ -121,6 +139,8 @@ def run_system(name, build, p, data, work, torch=False, stalls=None):
                 opts += ",ram=0"
             elif name.startswith("clairfs ram=¼"):
                 opts += ",ram=%d" % p.ram
+            if name.endswith("seed=auto"):
+                opts = opts.replace("seed=%d," % p.seed, "seed=auto,", 1)
             if name.endswith("nvme"):
                 nvme = tempfile.mkdtemp(prefix="nvme-", dir="/var/tmp")
                 opts += ",nvme=" + nvme
@@ -128,6 +148,8 @@ def run_system(name, build, p, data, work, torch=False, stalls=None):
             try:
                 epochs = run_loop(build, p, mnt, mnt, stalls, torch)
                 memory = daemon_memory(mnt)
+                with open(mnt + "/.clairfs/stats") as f:
+                    learned = json.load(f).get("learned")
             finally:
                 unmount(mnt, lazy=True)
                 if nvme:
@@ -138,7 +160,7 @@ def run_system(name, build, p, data, work, torch=False, stalls=None):
     finally:
         stats = slow.close()
     return {"epochs": epochs, "source_bytes": stats["bytes"], "source_opens": stats["opens"], "copy_s": copy_s,
-            "memory": memory}
+            "memory": memory, "learned": learned}
 
 
 def bound(p, data_bytes, batches):
@@ -154,38 +176,47 @@ def dataset_bytes(data):
     return total
 
 
-def plot_stalls(stall_files, png):
+def plot_stalls(results, lower, p, png):
+    """Per-epoch stall, one group of bars per epoch, a bar per system (medians), the bound marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for name, (path, offset) in stall_files.items():
-        xs, ys = [], []
-        with open(path) as f:
-            for line in f:
-                _, _, start, stall = line.split()
-                xs.append(float(start) + offset)
-                ys.append(float(stall) * 1000)
-        ax.plot(xs, ys, label=name, linewidth=0.8)
-    ax.set_xlabel("time since the job started (s); stage-in trains after its copy")
-    ax.set_ylabel("stall before batch (ms)")
-    ax.set_title("Stall per batch over time (C++ loop)")
-    ax.legend()
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        stalls = [statistics.median(r["epochs"][e]["stall_s"] for r in results[name]) for e in range(p.epochs)]
+        xs = [e + (i - (len(names) - 1) / 2) * width for e in range(p.epochs)]
+        bars = ax.bar(xs, stalls, width, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    for e in range(p.epochs):
+        ax.hlines(lower[e], e - 0.45, e + 0.45, colors="black", linestyles="dashed",
+                  label="bound (bytes from SOURCE ÷ bandwidth − compute)" if e == 0 else None)
+    ax.set_xticks(range(p.epochs))
+    ax.set_xticklabels(["epoch %d" % e for e in range(p.epochs)])
+    ax.set_ylabel("time the loop waited for data (s)")
+    ax.set_title("Stall per epoch, C++ loop: %d files, %d ms per open, %d MB/s (median of %d)" % (
+        p.files, p.latency_ms, p.bandwidth_mbps, p.reps))
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
 
-def plot_cache(rows, png):
+def plot_cache(rows, files, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy in sorted({r["policy"] for r in rows}):
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    label = {"lru": "LRU", "min": "Belady MIN (the optimum)", "clairfs": "clairfs planner"}
+    for policy in ("lru", "min", "clairfs"):
         pts = sorted((r["fraction"], r["hit_ratio"]) for r in rows if r["policy"] == policy)
-        ax.plot([x * 100 for x, _ in pts], [y for _, y in pts], marker="o", label=policy.upper())
-    ax.set_xlabel("cache size (% of the node's data)")
-    ax.set_ylabel("hit ratio")
-    ax.set_title("Cache policies on the predicted trace")
+        if pts:
+            ax.plot([x * 100 for x, _ in pts], [y for _, y in pts], marker="o", label=label.get(policy, policy))
+    ax.set_xlabel("cache size (% of the bytes the node reads)")
+    ax.set_ylabel("hit ratio (files)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Hit ratio against cache size: %d files, world size 8,\n4 ranks on the node, 4 epochs" % files,
+                 fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -216,16 +247,14 @@ def main():
     work = tempfile.mkdtemp(prefix="clairfs-harness-")
 
     p.ram = total_bytes // 4  # the staging engine's budget: a quarter of the data set
-    systems = ["direct", "stage-in", "clairfs ram=0", "clairfs ram=¼", "clairfs ram=¼ nvme", "clairfs"]
+    systems = ["direct", "stage-in", "clairfs ram=0", "clairfs ram=¼", "clairfs ram=¼ nvme", "clairfs",
+               "direct" + BUSY, "clairfs" + BUSY]
     results = {s: [] for s in systems}
     torch_results = {s: [] for s in ("direct", "clairfs ram=0", "clairfs ram=¼ nvme", "clairfs")}
-    stall_files = {}
     for rep in range(p.reps):
         for i in range(len(systems)):
             name = systems[(rep + i) % len(systems)]
-            stalls = "%s/stalls-%s.txt" % (work, name)
-            results[name].append(run_system(name, build, p, data, work, stalls=stalls))
-            stall_files[name] = (stalls, results[name][-1]["copy_s"])
+            results[name].append(run_system(name, build, p, data, work))
             print("rep %d %-18s %s" % (rep, name, " ".join("e%d %.2fs/%.2fs" % (e["epoch"], e["wall_s"], e["stall_s"])
                                                        for e in results[name][-1]["epochs"])), file=sys.stderr)
         if p.torch:
@@ -262,7 +291,9 @@ def main():
     out("`clairfs ram=0` is the plain mount (no staging); `clairfs ram=¼` stages with a RAM budget of a quarter "
         "of the data set (%.0f MB), smaller than the data set; `clairfs ram=¼ nvme` adds an NVMe tier (a directory "
         "in /var/tmp) that holds the rest; `clairfs` is the engine with its defaults (RAM: a quarter of this "
-        "machine's memory, so the data set fits)." % (p.ram / 1e6))
+        "machine's memory, so the data set fits). `+ busy CPUs`: the same with every CPU of the node kept busy "
+        "beside the job (one spinning process per CPU, at the job's priority), as a training node's other work "
+        "does; its ratios are to direct reads with busy CPUs too." % (p.ram / 1e6))
     out("")
     out("C++ loop (`bench/train_loop`), stall and epoch time in seconds:")
     out("")
@@ -291,7 +322,7 @@ def main():
         row = "| %s |" % name
         for e in range(p.epochs):
             s = med(results[name], e, "stall_s")
-            d = med(results["direct"], e, "stall_s")
+            d = med(results["direct" + BUSY if name.endswith(BUSY) else "direct"], e, "stall_s")
             row += " %.2f | %s |" % (s / d if d else 0, "%.2f" % (s / lower[e]) if lower[e] > 0 else "—")
         out(row)
     if p.torch:
@@ -348,10 +379,11 @@ def main():
         out("| %d | planner ÷ MIN |" % rpn + "".join(" %.2f× |" % (ours[f] / mins[f] if mins[f] else 0) for f in fractions))
 
     os.makedirs(args.out, exist_ok=True)
-    plot_stalls(stall_files, os.path.join(args.out, "bench-stalls.png"))
-    plot_cache([r for r in sim_rows if r["ranks_per_node"] == 4], os.path.join(args.out, "bench-cache.png"))
+    plot_stalls({k: v for k, v in results.items() if not k.endswith(BUSY)}, lower, p,
+                os.path.join(args.out, "bench-stalls.png"))
+    plot_cache([r for r in sim_rows if r["ranks_per_node"] == 4], p.sim_files, os.path.join(args.out, "bench-cache.png"))
     out("")
-    out("![stall per batch](bench-stalls.png) ![hit ratio against cache size](bench-cache.png)")
+    out("![stall per epoch](bench-stalls.png) ![hit ratio against cache size](bench-cache.png)")
     out("")
     out("Run took %.0f s." % (time.monotonic() - t_start))
     text = "\n".join(lines)

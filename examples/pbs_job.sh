@@ -18,7 +18,9 @@ NVME=/local/scratch
 NODES=$(sort -u "$PBS_NODEFILE" | wc -l)
 WORLD=$(wc -l < "$PBS_NODEFILE")
 OPTS="seed=42,batch_size=256,workers=8,epochs=90,world_size=$WORLD,ranks_per_node=$((WORLD / NODES))"
-OPTS="$OPTS,ram=64G,nvme=$NVME,nvme_size=800G"
+# RAM for staging: a quarter of the memory the job may use, by default (ram=SIZE to choose; more than
+# the node or the job's cgroup has is refused at mount).
+OPTS="$OPTS,nvme=$NVME,nvme_size=800G"
 
 clairfs-job-mount "$DATA" "$MNT" -o "$OPTS"
 trap 'clairfs-job-umount' EXIT

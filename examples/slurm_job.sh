@@ -21,7 +21,9 @@ RANKS_PER_NODE=$SLURM_NTASKS_PER_NODE
 WORLD=$SLURM_NTASKS
 # The loader's settings, the same as train.py passes to DistributedSampler and DataLoader.
 OPTS="seed=42,batch_size=256,workers=8,epochs=90,world_size=$WORLD,ranks_per_node=$RANKS_PER_NODE"
-OPTS="$OPTS,ram=64G,nvme=$NVME,nvme_size=800G"
+# RAM for staging: a quarter of the memory the job may use, by default (ram=SIZE to choose; more than
+# the node or the job's cgroup has is refused at mount).
+OPTS="$OPTS,nvme=$NVME,nvme_size=800G"
 
 clairfs-job-mount "$DATA" "$MNT" -o "$OPTS"
 # At the end, however it comes. On scancel or the time limit Slurm sends SIGTERM to every daemon, which

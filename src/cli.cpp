@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +19,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 
@@ -27,18 +30,23 @@
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
 #include "control/control.hpp"
+#include "control/metrics.hpp"
 #include "engine/clairvoyant.hpp"
+#include "engine/learning.hpp"
 #include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
 #include "oracle/schedule.hpp"
 #include "status.hpp"
+#include "version.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
 #include "fuse/page_cache.hpp"
 #include "peer/mpi.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
 #include "util/mounts.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -49,10 +57,10 @@ constexpr int kExitUsage = 2;
 // Files compared with SOURCE when mounting from a manifest: enough to catch a stale manifest of another
 // data set version, few enough to cost well under a second on a loaded parallel file system.
 constexpr size_t kManifestSpotChecks = 64;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+// The log's destination as the stats show it (cut beyond: a path).
+constexpr size_t kLogWidth = 160;
+// How often metrics_file= is rewritten (node_exporter reads it on each scrape, commonly every 15-60 s).
+constexpr auto kMetricsEvery = std::chrono::seconds(5);
 
 // The child's side of the start-up pipe: one status byte ('0' live, or the exit code) and a message.
 class StartupReport {
@@ -121,16 +129,17 @@ int wait_for_daemon(int fd, pid_t child, const Options& o) {
   return 0;
 }
 
-void detach_from_terminal() {
+// keep_stderr: log=stderr, the lines go where the command's stderr went.
+void detach_from_terminal(bool keep_stderr) {
   int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null >= 0) {
     ::dup2(null, STDIN_FILENO);
     ::dup2(null, STDOUT_FILENO);
-    ::dup2(null, STDERR_FILENO);
+    if (!keep_stderr) ::dup2(null, STDERR_FILENO);
     if (null > STDERR_FILENO) ::close(null);
   }
   (void)!::chdir("/");
-  log_to_syslog();
+  log_detached();
 }
 
 // The scan holds one descriptor per directory level and the daemon one per open file: use the hard limit.
@@ -191,8 +200,332 @@ std::string singleton_message(const Launch& launch) {
          ") but MPI sees this one alone: start clairfs with the mpiexec of the MPICH it was built with";
 }
 
-int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& ending);
+// What a running mount is made of, in the order it is built; it goes in the reverse order, after the
+// peer layer has completed every fetch while the engine still exists.
+struct Daemon {
+  std::optional<Manifest> manifest;
+  std::optional<SourceReader> reader;
+  std::optional<Oracle> oracle;
+  FusePageCache page_cache;       // before the engine that pushes into it
+  std::optional<MpiPeers> peers;  // before the engine: the engine calls it
+  std::optional<ClairvoyantEngine> staged;
+  std::optional<LearningEngine> learning;  // seed=auto: builds the engine once it knows the seed
+  std::optional<TraceEngine> trace;
+  Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
 
+  Daemon() = default;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon() {
+    if (peers) peers->stop();
+  }
+};
+
+// Two daemons on one host with one mount point would mount on top of each other (srun -n 2 on one node,
+// mpiexec without -ppn 1): every node sees the same list, so every node refuses alike. Returns the
+// message this node logs ("" when it has none to log), or nullopt when every mount point is its own.
+std::optional<std::string> shared_mountpoint(const Options& o, MpiWorld& world) {
+  const std::string host = host_name();
+  const uint64_t mine = std::hash<std::string>{}(host + '\0' + o.mountpoint_abs);
+  const auto all = world.allgather({mine});
+  for (int a = 0; a < world.size(); ++a)
+    for (int b = a + 1; b < world.size(); ++b)
+      if (all[static_cast<size_t>(a)] == all[static_cast<size_t>(b)])
+        return world.rank() != a ? std::string()
+                                 : "nodes " + std::to_string(a) + " and " + std::to_string(b) + " would both mount " +
+                                       o.mountpoint_abs + " on " + host +
+                                       ": start one daemon per node (srun -N NODES -n NODES, mpiexec -ppn 1)";
+  return std::nullopt;
+}
+
+// Under a launcher, ranks_per_node= means this node's ranks, not node 0's. Returns why this node cannot
+// serve ("" when it can): a node with nothing to serve would stage nothing and divide by its rank count;
+// it is refused on every node at once rather than leaving the others waiting for it.
+std::string ranks_of_this_node(Options& o, const MpiWorld& world) {
+  if (o.ranks_per_node == 0 || o.ranks_given) return "";
+  const uint64_t first = static_cast<uint64_t>(world.rank()) * o.ranks_per_node;
+  o.ranks.clear();
+  for (uint64_t r = first; r < first + o.ranks_per_node; ++r)
+    if (r < o.world_size) o.ranks.push_back(r);
+  if (!o.ranks.empty()) return "";
+  return "node " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) +
+         " has no training rank: ranks_per_node=" + std::to_string(o.ranks_per_node) + " puts ranks " +
+         std::to_string(first) + "-" + std::to_string(first + o.ranks_per_node - 1) + " on it, past world_size=" +
+         std::to_string(o.world_size) + "; start one daemon per node that runs training ranks";
+}
+
+// Where the daemon's lines will go (log=, log_level=); "" or why it cannot log there (said here).
+std::string settle_logging(const Options& o) {
+  set_log_level(o.log_level == "debug"     ? LogLevel::kDebug
+                : o.log_level == "warning" ? LogLevel::kWarning
+                : o.log_level == "error"   ? LogLevel::kError
+                                           : LogLevel::kInfo);  // notices and errors go at every level
+  if (o.foreground && !o.log_given) return "";  // stderr throughout
+  std::string why = set_log_target(o.log, o.mountpoint_abs);
+  if (!why.empty()) log_error(why);
+  return why;
+}
+
+// Step 1: the options, agreed by every node. Returns the exit code when the command ends here (help, a
+// bad option on any node, two nodes on one mount point), nullopt to go on.
+std::optional<int> settle_options(int argc, char** argv, MpiWorld* world, Options& o) {
+  std::string bad;
+  try {
+    o = parse_mount_command(argc, argv);
+  } catch (const HelpRequested& h) {
+    std::fputs(h.version ? version_text().c_str() : h.what(), stdout);
+    if (!world) return 0;
+    bad = "help";
+  } catch (const UsageError& e) {
+    bad = e.what();
+    log_error(bad);
+  }
+  if (bad.empty() && world) {
+    o.foreground = true;
+    bad = ranks_of_this_node(o, *world);
+    if (!bad.empty()) log_error(bad);
+  }
+  if (bad.empty()) bad = settle_logging(o);
+  if (!world) return bad.empty() ? std::nullopt : std::optional<int>(kExitUsage);
+  if (!world->all(bad.empty())) {
+    if (bad.empty()) log_error("another node's options are wrong (see its message)");
+    return bad == "help" ? 0 : kExitUsage;
+  }
+  if (world->size() > 1 && o.seed_auto) {
+    if (world->rank() == 0)
+      log_error("seed=auto learns the seed on one node; with " + std::to_string(world->size()) + " nodes give seed=");
+    return kExitUsage;
+  }
+  if (world->size() > 1)
+    if (const auto shared = shared_mountpoint(o, *world)) {
+      if (!shared->empty()) log_error(*shared);
+      return kExitUsage;
+    }
+  return std::nullopt;
+}
+
+// Step 2: without -f, fork. The parent waits for the child's report and returns the command's exit code;
+// the child goes on (nullopt) with `report_fd` set to its end of the pipe.
+std::optional<int> fork_daemon(const Options& o, int& report_fd) {
+  report_fd = -1;
+  if (o.foreground) return std::nullopt;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "clairfs: cannot create a pipe: %s\n", std::strerror(errno));
+    return kExitFailure;
+  }
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "clairfs: cannot fork: %s\n", std::strerror(errno));
+    return kExitFailure;
+  }
+  if (pid > 0) {
+    ::close(fds[1]);
+    return wait_for_daemon(fds[0], pid, o);
+  }
+  ::close(fds[0]);
+  ::setsid();
+  report_fd = fds[1];
+  return std::nullopt;
+}
+
+// Step 3: the index of SOURCE, its reader and the oracle. Node 0 alone reads SOURCE's metadata; the others
+// get the index from it. Returns why this node cannot go on ("" when it can).
+std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
+  std::string failure;
+  try {
+    if (!world || world->rank() == 0) {
+      try {
+        d.manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
+                                        : Manifest::load(o.manifest, o.extensions, o.source_abs);
+        for (const auto& w : d.manifest->warnings()) log_warning(w);
+        d.reader.emplace(*d.manifest, o.source_abs);
+        if (!o.manifest.empty())
+          if (std::string why = d.reader->spot_check(kManifestSpotChecks); !why.empty())
+            failure = "manifest '" + o.manifest + "' does not match SOURCE: " + why + "; write it again with 'clairfs index'";
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (world) (void)world->broadcast(failure.empty() ? "K" + d.manifest->serialize() : "E" + failure, 0);
+    } else {
+      const std::string bytes = world->broadcast("", 0);
+      if (bytes.empty() || bytes[0] != 'K') return "node 0: " + bytes.substr(std::min<size_t>(1, bytes.size()));
+      d.manifest = Manifest::deserialize(bytes.substr(1), o.extensions, o.source_abs);
+      d.reader.emplace(*d.manifest, o.source_abs);
+    }
+    if (failure.empty()) d.oracle.emplace(d.manifest->samples().size(), schedule_from_options(o, *d.manifest));
+  } catch (const std::exception& e) {
+    if (failure.empty()) failure = e.what();
+  }
+  return failure;
+}
+
+// The engine's configuration from the options (without the peers).
+EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
+  EngineConfig c;
+  c.ram = o.ram;
+  c.ranks = o.ranks;
+  c.start_epoch = o.start_epoch;
+  c.epochs = o.epochs;
+  c.depth = static_cast<unsigned>(o.io_depth);
+  // An open may stray from its rank's place by the batches a DataLoader keeps in flight
+  // (prefetch_factor × workers); twice that, counting at least 8 workers (not every job says how many
+  // it runs), and a margin.
+  c.tolerance = 2 * o.prefetch_factor * std::max<uint64_t>(o.workers, 8) * o.batch_size + 64;
+  // A file comes back to this node about every world_size / ranks epochs: plan that far (and one more),
+  // so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
+  c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);
+  c.loader_window = o.prefetch_factor * std::max<uint64_t>(o.workers, 1) * o.batch_size;
+  c.nvme = o.nvme;
+  c.nvme_size = o.nvme_size;
+  c.pagecache = o.pagecache;
+  c.page_cache = &page_cache;
+  c.no_open = !o.progress_from_opens;
+  return c;
+}
+
+// An NVMe budget above what the disk has free: said once (admission stops when the disk fills).
+void warn_of_nvme_beyond_the_disk(const Options& o) {
+  struct statvfs fs {};
+  if (o.nvme.empty() || o.nvme_size == 0 || ::statvfs(o.nvme.c_str(), &fs) != 0) return;
+  const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (o.nvme_size > free)
+    log_warning("nvme_size=" + human_bytes(static_cast<double>(o.nvme_size)) + " is more than '" + o.nvme + "' has free (" +
+                human_bytes(static_cast<double>(free)) + "): the NVMe tier stops taking files when the disk fills");
+}
+
+// Step 4: the peers (under a launcher with several nodes), the engine (staging on) and the trace.
+// Throws NvmeError for a bad nvme= (the mount stops); any other engine failure leaves staging off.
+void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
+  std::vector<uint16_t> owner;
+  if (world && world->size() > 1) {
+    owner = plan_owners(*d.manifest, *d.oracle, o, world->allgather(o.ranks), world->size());
+    MpiPeersConfig pc;
+    pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
+    d.peers.emplace(*world, *d.manifest, pc);
+  }
+  if (world)
+    log_info("node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) + ", serving " +
+             std::to_string(o.ranks.size()) + " training rank(s)");
+  warn_of_nvme_beyond_the_disk(o);
+  if (o.seed_auto) {
+    LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,
+                    d.oracle->schedule().torch_shuffle};
+    d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q),
+                       [&d, c = engine_config(o, d.page_cache)](const Oracle& oracle, auto opened_before) {
+                         EngineConfig config = c;
+                         config.opened_before = std::move(opened_before);
+                         return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
+                       });
+  } else if (o.ram > 0) {
+    try {
+      EngineConfig c = engine_config(o, d.page_cache);
+      if (d.peers) {
+        c.peers = &*d.peers;
+        c.owner = std::move(owner);
+        c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
+      }
+      d.staged.emplace(*d.manifest, *d.oracle, *d.reader, std::move(c));
+    } catch (const NvmeError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
+    }
+  }
+  if (d.peers)
+    d.peers->start(d.staged ? d.staged->peer_lookup() : PeerTransport::Lookup([](EntryId) { return PeerBytes(); }));
+  d.serving = d.staged ? static_cast<Engine*>(&*d.staged) : d.learning ? static_cast<Engine*>(&*d.learning) : &*d.reader;
+  if (!o.trace.empty()) d.serving = &d.trace.emplace(*d.serving, *d.manifest, o.trace);
+  if (d.manifest->lookup(0, ControlTree::kName) != kNoEntry)
+    log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");
+}
+
+// Step 5: mount, on every node or none (the job's mount helper waits for node 0's line), then serve until
+// unmounted or signalled. Returns the exit code.
+int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport& report, const sigset_t& ending) {
+  const Entry& root = d.manifest->entry(0);
+  auto counters = [&d]() {
+    nlohmann::json j = nlohmann::json::parse(d.staged     ? d.staged->stats_json()
+                                             : d.learning ? d.learning->stats_json()
+                                                          : d.reader->stats_json());
+    j["log"] = fixed_width(log_destination(), kLogWidth);  // a string of one width: stats keeps one length
+    return j;
+  };
+  auto stats = [counters]() { return counters().dump(2) + "\n"; };
+  auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return openmetrics(counters(), mountpoint); };
+  ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}};
+  if (d.learning) cc.learned = [&d]() { return d.learning->oracle(); };
+  std::optional<MetricsFile> metrics_file;
+  if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
+  ControlTree control(*d.manifest, *d.oracle, std::move(cc));
+  Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(),
+                    FrontendConfig{o.entry_timeout, o.attr_timeout, (d.staged || d.learning) && !o.progress_from_opens});
+  std::optional<MountedSession> session;
+  std::string failure;
+  try {
+    session.emplace(o, frontend, &d.page_cache);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (world) {
+    if (!world->all(failure.empty())) {
+      session.reset();
+      return report.fail(kExitFailure, failure.empty() ? "another node could not mount; unmounted" : failure);
+    }
+    if (world->rank() == 0) log_notice("all " + std::to_string(world->size()) + " nodes mounted");  // the job helper waits for it
+  }
+  if (!failure.empty()) return report.fail(kExitFailure, failure);
+  if (report.detached()) {
+    if (!report.live()) return kExitFailure;  // unmounts on the way out
+    detach_from_terminal(o.log == "stderr");
+  } else if (o.log_given) {
+    log_detached();  // -f or a launcher, with log= given: its target from here on
+  }
+  log_serving();
+  log_notice("mounted " + o.source_abs + " at " + o.mountpoint_abs + " (" + std::to_string(d.manifest->samples().size()) +
+           " samples)");
+  pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
+  const int rc = session->serve();
+  log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");
+  // The cleanup below (unmount, the cache folder, goodbyes to peers) must not be cut short by a second
+  // signal: from here on they stay pending, and the process ends by itself.
+  pthread_sigmask(SIG_BLOCK, &ending, nullptr);
+  return rc == 0 ? 0 : kExitFailure;
+}
+
+// The steps, in order, for one node. Under a launcher a failing step stops every node: before the mount
+// through a collective each node takes part in, after it where every node checks that all mounts are live.
+int start_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& ending) {
+  Options o;
+  if (const auto rc = settle_options(argc, argv, world, o)) return *rc;
+  raise_fd_limit();
+  int report_fd = -1;
+  if (const auto rc = fork_daemon(o, report_fd)) return *rc;
+  StartupReport report(report_fd);
+  pthread_sigmask(SIG_BLOCK, &ending, nullptr);  // the daemon (or -f) from here on; see ending_signals()
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Daemon d;
+  const std::string failure = load_index(o, world, d);
+  if (world && !world->all(failure.empty()))
+    return report.fail(kExitUsage, failure.empty() ? "another node could not start (see its message)" : failure);
+  if (!failure.empty()) return report.fail(kExitUsage, failure);
+  try {
+    start_engine(o, world, d);
+  } catch (const std::exception& e) {
+    if (world) (void)world->all(false);
+    return report.fail(kExitUsage, e.what());
+  }
+  if (o.foreground)
+    log_info(std::string(o.manifest.empty() ? "scanned" : "loaded") + " " + std::to_string(d.manifest->size()) +
+             " entries, " + std::to_string(d.manifest->samples().size()) + " samples in " +
+             std::to_string(d.manifest->classes().size()) + " classes (" +
+             std::to_string(seconds_since(t0)).substr(0, 5) + " s)");
+  return mount_and_serve(o, world, d, report, ending);
+}
+
+// The launch: under a launcher (mpiexec, srun), MPI first, then the start-up steps on every node.
 int run_mount(int argc, char** argv) {
   return_large_buffers();
   const sigset_t ending = ending_signals();
@@ -215,245 +548,30 @@ int run_mount(int argc, char** argv) {
       world->leave(kExitUsage);
     }
   }
+  // A daemon's last words are in its log, whatever ends it short of a signal that kills it outright.
+  std::set_terminate([] {
+    std::string why = "ended by an unexpected failure";
+    if (const std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        why += ": " + std::string(x.what());
+      } catch (...) {
+      }
+    }
+    log_error(why);
+    log_flush();
+    std::abort();
+  });
   int rc = kExitFailure;
   try {
-    rc = mount_and_serve(argc, argv, world ? &*world : nullptr, ending);
+    rc = start_and_serve(argc, argv, world ? &*world : nullptr, ending);
   } catch (const std::exception& e) {  // a start-up collective, stopped by a signal or a failed peer
     log_error(e.what());
   }
+  log_flush();
   if (world) world->leave(rc);  // everything but MPI is gone by now
   return rc;
-}
-
-int mount_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& ending) {
-  Options o;
-  std::string bad;
-  try {
-    o = parse_mount_command(argc, argv);
-  } catch (const HelpRequested& h) {
-    std::fputs(h.what(), stdout);
-    if (!world) return 0;
-    bad = "help";
-  } catch (const UsageError& e) {
-    bad = e.what();
-    log_error(bad);
-  }
-  if (world && bad.empty()) {
-    o.foreground = true;
-    if (o.ranks_per_node > 0 && !o.ranks_given) {  // the ranks of this node, not of node 0
-      const uint64_t first = static_cast<uint64_t>(world->rank()) * o.ranks_per_node;
-      o.ranks.clear();
-      for (uint64_t r = first; r < first + o.ranks_per_node; ++r)
-        if (r < o.world_size) o.ranks.push_back(r);
-      // A node with nothing to serve would stage nothing and divide by its rank count; refused here, on
-      // every node at once, rather than leaving the others waiting for it.
-      if (o.ranks.empty()) {
-        bad = "node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) +
-              " has no training rank: ranks_per_node=" + std::to_string(o.ranks_per_node) + " puts ranks " +
-              std::to_string(first) + "-" + std::to_string(first + o.ranks_per_node - 1) + " on it, past world_size=" +
-              std::to_string(o.world_size) + "; start one daemon per node that runs training ranks";
-        log_error(bad);
-      }
-    }
-  }
-  if (world && !world->all(bad.empty())) {
-    if (bad.empty()) log_error("another node's options are wrong (see its message)");
-    return bad == "help" ? 0 : kExitUsage;
-  }
-  if (!bad.empty()) return kExitUsage;
-  if (world && world->size() > 1) {
-    // Two daemons on one host with one mount point would mount on top of each other (srun -n 2 on one
-    // node, mpiexec without -ppn 1): every node sees the same list, so every node refuses alike.
-    const std::string host = host_name();
-    const uint64_t mine = std::hash<std::string>{}(host + '\0' + o.mountpoint_abs);
-    const auto all = world->allgather({mine});
-    for (int a = 0; a < world->size(); ++a)
-      for (int b = a + 1; b < world->size(); ++b)
-        if (all[static_cast<size_t>(a)] == all[static_cast<size_t>(b)]) {
-          if (world->rank() == a)
-            log_error("nodes " + std::to_string(a) + " and " + std::to_string(b) + " would both mount " + o.mountpoint_abs +
-                      " on " + host + ": start one daemon per node (srun -N NODES -n NODES, mpiexec -ppn 1)");
-          return kExitUsage;
-        }
-  }
-  raise_fd_limit();
-
-  const int node = world ? world->rank() : 0;
-  const int nodes = world ? world->size() : 1;
-
-  int report_fd = -1;
-  if (!o.foreground) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      std::fprintf(stderr, "clairfs: cannot create a pipe: %s\n", std::strerror(errno));
-      return kExitFailure;
-    }
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "clairfs: cannot fork: %s\n", std::strerror(errno));
-      return kExitFailure;
-    }
-    if (pid > 0) {
-      ::close(fds[1]);
-      return wait_for_daemon(fds[0], pid, o);
-    }
-    ::close(fds[0]);
-    ::setsid();
-    report_fd = fds[1];
-  }
-  StartupReport report(report_fd);
-  pthread_sigmask(SIG_BLOCK, &ending, nullptr);  // the daemon (or -f) from here on; see ending_signals()
-
-  std::optional<Manifest> manifest;
-  std::optional<SourceReader> reader;
-  std::optional<Oracle> oracle;
-  std::optional<TraceEngine> trace;
-  FusePageCache page_cache;  // before the engine that pushes into it
-  std::optional<MpiPeers> peers;  // before the engine: the engine calls it; stopped before the engine goes
-  std::optional<ClairvoyantEngine> staged;
-  struct StopPeers {
-    std::optional<MpiPeers>& peers;
-    ~StopPeers() {
-      if (peers) peers->stop();  // completes every fetch while the engine still exists
-    }
-  } stop_peers{peers};
-  Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<uint16_t> owner;
-  {
-    // Node 0 alone reads SOURCE's metadata; the others get the index from it. Under a launcher every
-    // node then says whether it is ready, so one that cannot start stops them all rather than leaving
-    // the others waiting in a collective.
-    std::string failure;
-    int code = kExitUsage;
-    try {
-      if (node == 0) {
-        try {
-          manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
-                                        : Manifest::load(o.manifest, o.extensions, o.source_abs);
-          for (const auto& w : manifest->warnings()) log_warning(w);
-          reader.emplace(*manifest, o.source_abs);
-          if (!o.manifest.empty())
-            if (std::string why = reader->spot_check(kManifestSpotChecks); !why.empty())
-              failure = "manifest '" + o.manifest + "' does not match SOURCE: " + why + "; write it again with 'clairfs index'";
-        } catch (const std::exception& e) {
-          failure = e.what();
-        }
-        if (world) (void)world->broadcast(failure.empty() ? "K" + manifest->serialize() : "E" + failure, 0);
-      } else {
-        std::string bytes = world->broadcast("", 0);
-        if (bytes.empty() || bytes[0] != 'K') {
-          failure = "node 0: " + bytes.substr(std::min<size_t>(1, bytes.size()));
-        } else {
-          manifest = Manifest::deserialize(bytes.substr(1), o.extensions, o.source_abs);
-          reader.emplace(*manifest, o.source_abs);
-        }
-      }
-      if (failure.empty()) oracle.emplace(manifest->samples().size(), schedule_from_options(o, *manifest));
-    } catch (const std::exception& e) {
-      if (failure.empty()) failure = e.what();
-    }
-    if (world && !world->all(failure.empty()))
-      return report.fail(code, failure.empty() ? "another node could not start (see its message)" : failure);
-    if (!failure.empty()) return report.fail(code, failure);
-  }
-  // A failure from here on, under a launcher: the other nodes learn it where they check that every
-  // mount is live, and unmount.
-  auto fail_all = [&](int code, const std::string& message) {
-    if (world) (void)world->all(false);
-    return report.fail(code, message);
-  };
-  try {
-    if (world) {
-      if (nodes > 1) {
-        owner = plan_owners(*manifest, *oracle, o, world->allgather(o.ranks), nodes);
-        MpiPeersConfig pc;
-        pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
-        peers.emplace(*world, *manifest, pc);
-      }
-      log_info("node " + std::to_string(node) + " of " + std::to_string(nodes) + ", serving " +
-               std::to_string(o.ranks.size()) + " training rank(s)");
-    }
-    if (o.ram > 0) {
-      try {
-        EngineConfig c;
-        c.ram = o.ram;
-        c.ranks = o.ranks;
-        c.start_epoch = o.start_epoch;
-        c.epochs = o.epochs;
-        c.depth = static_cast<unsigned>(o.io_depth);
-        // An open may stray from its rank's place by the batches a DataLoader keeps in flight
-        // (prefetch_factor × workers); twice that, counting at least 8 workers (not every job says how
-        // many it runs), and a margin.
-        c.tolerance = 2 * o.prefetch_factor * std::max<uint64_t>(o.workers, 8) * o.batch_size + 64;
-        // A file comes back to this node about every world_size / ranks epochs: plan that far (and one
-        // more), so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
-        c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);
-        c.loader_window = o.prefetch_factor * std::max<uint64_t>(o.workers, 1) * o.batch_size;
-        c.nvme = o.nvme;
-        c.nvme_size = o.nvme_size;
-        c.pagecache = o.pagecache;
-        c.page_cache = &page_cache;
-        c.no_open = !o.progress_from_opens;
-        if (peers) {
-          c.peers = &*peers;
-          c.owner = std::move(owner);
-          c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
-        }
-        staged.emplace(*manifest, *oracle, *reader, std::move(c));
-      } catch (const NvmeError& e) {
-        return fail_all(kExitUsage, e.what());
-      } catch (const std::runtime_error& e) {
-        log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
-      }
-    }
-    if (peers) peers->start(staged ? staged->peer_lookup() : PeerTransport::Lookup([](EntryId) { return PeerBytes(); }));
-    serving = staged ? static_cast<Engine*>(&*staged) : &*reader;
-    if (!o.trace.empty()) serving = &trace.emplace(*serving, *manifest, o.trace);
-    if (manifest->lookup(0, ControlTree::kName) != kNoEntry)
-      log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");
-    if (o.foreground)
-      log_info(std::string(o.manifest.empty() ? "scanned" : "loaded") + " " + std::to_string(manifest->size()) +
-               " entries, " + std::to_string(manifest->samples().size()) + " samples in " +
-               std::to_string(manifest->classes().size()) + " classes (" +
-               std::to_string(seconds_since(t0)).substr(0, 5) + " s)");
-  } catch (const std::exception& e) {
-    return fail_all(kExitUsage, e.what());
-  }
-
-  const Entry& root = manifest->entry(0);
-  auto stats = [&]() { return staged ? staged->stats_json() : reader->stats_json(); };
-  ControlTree control(*manifest, *oracle, ControlConfig{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats});
-  Frontend frontend(*manifest, *serving, control, reader->root_fd(),
-                    FrontendConfig{o.entry_timeout, o.attr_timeout, staged && !o.progress_from_opens});
-  std::optional<MountedSession> session;
-  std::string failure;
-  try {
-    session.emplace(o, frontend, &page_cache);
-  } catch (const std::exception& e) {
-    failure = e.what();
-  }
-  if (world) {
-    // Every node's mount is live, or none stays: the job's mount helper waits for node 0's line.
-    const bool all = world->all(failure.empty());
-    if (!all) {
-      session.reset();
-      return report.fail(kExitFailure, failure.empty() ? "another node could not mount; unmounted" : failure);
-    }
-    if (node == 0) log_info("all " + std::to_string(nodes) + " nodes mounted");
-  }
-  if (!failure.empty()) return report.fail(kExitFailure, failure);
-  if (report.detached()) {
-    if (!report.live()) return kExitFailure;  // unmounts on the way out
-    detach_from_terminal();
-  }
-  pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
-  const int rc = session->serve();
-  // The cleanup below (unmount, the cache folder, goodbyes to peers) must not be cut short by a second
-  // signal: from here on they stay pending, and the process ends by itself.
-  pthread_sigmask(SIG_BLOCK, &ending, nullptr);
-  return rc == 0 ? 0 : kExitFailure;
 }
 
 // The subcommands' "-o GROUP" or "-oGROUP" at argv[i]: the group (i moves past it), or nullopt if

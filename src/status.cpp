@@ -5,11 +5,15 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -20,18 +24,6 @@ std::string bar(double fraction, int width = 30) {
   if (fraction > 1) fraction = 1;
   const int full = static_cast<int>(fraction * width + 0.5);
   return "[" + std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.') + "]";
-}
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f %s", bytes, units[u]);
-  return buf;
 }
 
 uint64_t get(const nlohmann::json& j, std::initializer_list<const char*> path) {
@@ -64,19 +56,46 @@ bool show(const std::string& mountpoint) {
   auto pct = [](uint64_t n, uint64_t of) { return of ? 100.0 * static_cast<double>(n) / static_cast<double>(of) : 0.0; };
   auto fill = [&](const char* label, uint64_t used, uint64_t budget) {
     std::printf("  %-12s %s %s of %s\n", label, bar(budget ? static_cast<double>(used) / static_cast<double>(budget) : 0).c_str(),
-                human(static_cast<double>(used)).c_str(), human(static_cast<double>(budget)).c_str());
+                human_bytes(static_cast<double>(used)).c_str(), human_bytes(static_cast<double>(budget)).c_str());
   };
   std::printf("clairfs at %s\n", mountpoint.c_str());
+  if (j.contains("learned")) {
+    const auto& l = j["learned"];
+    const std::string state = trimmed(l.value("state", std::string()));
+    const std::string seed = trimmed(l.value("seed", std::string()));
+    const auto opens = static_cast<unsigned long long>(l.value("opens_seen", uint64_t{0}));
+    if (state == "learning")
+      std::printf("  seed=auto: learning the job's seed (%llu opens seen); reads go to SOURCE until then\n", opens);
+    else if (state == "found")
+      std::printf("  seed=auto: the job reads as %s (found after %llu opens)\n", seed.c_str(), opens);
+    else if (state == "not found")
+      std::printf("  seed=auto: no likely seed fits the first %llu opens: staging off, reads go to SOURCE (give seed=)\n", opens);
+    else
+      std::printf("  seed=auto: the job reads as %s, but staging could not start (see the log)\n", seed.c_str());
+  }
   if (j.contains("ranks")) {
     for (const auto& r : j["ranks"]) {
       const uint64_t done = r.value("done", uint64_t{0}), total = r.value("total", uint64_t{0});
-      std::printf("  rank %-4llu epoch %-3llu %s %llu / %llu   lead %llu files (%.1f s)%s\n",
-                  static_cast<unsigned long long>(r.value("rank", uint64_t{0})),
+      const std::string verdict = trimmed(r.value("verdict", std::string("following")));
+      std::printf("  rank %-4llu epoch %-3llu %s %llu / %llu   ", static_cast<unsigned long long>(r.value("rank", uint64_t{0})),
                   static_cast<unsigned long long>(r.value("epoch", uint64_t{0})),
                   bar(total ? static_cast<double>(done) / static_cast<double>(total) : 0, 24).c_str(),
-                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                  static_cast<unsigned long long>(r.value("lead_files", uint64_t{0})), r.value("lead_seconds", 0.0),
-                  r.value("live", true) ? "" : "   OFF THE PREDICTED ORDER");
+                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total));
+      if (verdict == "off") {
+        std::printf("OFF THE PLAN: staging for it stopped\n");
+        const std::string why = trimmed(r.value("reads_as", std::string()));
+        std::printf("             %s\n", why.empty() ? "(finding out what order it reads in)" : why.c_str());
+      } else if (verdict == "idle") {
+        std::printf("not reading: staging for it stopped\n");
+      } else {
+        std::printf("lead %llu files (%.1f s)%s\n", static_cast<unsigned long long>(r.value("lead_files", uint64_t{0})),
+                    r.value("lead_seconds", 0.0), verdict == "checking" ? "   (checking its order)" : "");
+        // Following, but another epoch's order than the plan had it in: why. Checking after it was off:
+        // what it read as then.
+        if (const std::string why = trimmed(r.value("reads_as", std::string())); !why.empty())
+          std::printf("             %s the job %s\n",
+                      verdict == "checking" ? "checking whether it is back; before," : "the plan's epoch, not the job's:", why.c_str());
+      }
     }
     fill("RAM", get(j, {"ram", "used"}), get(j, {"ram", "budget"}));
     if (get(j, {"pagecache", "budget"})) fill("pushed pages", get(j, {"pagecache", "used"}), get(j, {"pagecache", "budget"}));
@@ -84,7 +103,7 @@ bool show(const std::string& mountpoint) {
       fill("NVMe", get(j, {"nvme", "used"}), get(j, {"nvme", "capacity"}));
       if (!j["nvme"].value("admitting", true)) std::printf("               NVMe admission stopped (disk full or unwritable)\n");
     }
-  } else {
+  } else if (!j.contains("learned")) {
     std::printf("  staging off (mounted with ram=0)\n");
   }
   std::printf("  opens served ");
@@ -93,12 +112,12 @@ bool show(const std::string& mountpoint) {
     if (n || t == 0 || t == 4) std::printf(" %s %llu (%.1f%%) ", names[t], static_cast<unsigned long long>(n), pct(n, opens));
   }
   std::printf("\n  bytes served  RAM %s   NVMe %s   SOURCE %s\n",
-              human(static_cast<double>(get(j, {"tiers", "ram", "bytes"}))).c_str(),
-              human(static_cast<double>(get(j, {"tiers", "nvme", "bytes"}))).c_str(),
-              human(static_cast<double>(get(j, {"tiers", "source", "bytes"}))).c_str());
+              human_bytes(static_cast<double>(get(j, {"tiers", "ram", "bytes"}))).c_str(),
+              human_bytes(static_cast<double>(get(j, {"tiers", "nvme", "bytes"}))).c_str(),
+              human_bytes(static_cast<double>(get(j, {"tiers", "source", "bytes"}))).c_str());
   if (j.contains("source_traffic"))
     std::printf("  SOURCE read   %s in all (staging and demand)\n",
-                human(static_cast<double>(get(j, {"source_traffic", "bytes"}))).c_str());
+                human_bytes(static_cast<double>(get(j, {"source_traffic", "bytes"}))).c_str());
   if (j.contains("stalls"))
     std::printf("  stalls        %llu opens waited on SOURCE, %.2f s in all\n",
                 static_cast<unsigned long long>(get(j, {"stalls", "opens"})), j["stalls"].value("seconds", 0.0));
@@ -106,6 +125,15 @@ bool show(const std::string& mountpoint) {
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
   if (get(j, {"checksum_failures"}))
     std::printf("  checksum failures  %llu (re-read from SOURCE)\n", static_cast<unsigned long long>(get(j, {"checksum_failures"})));
+  if (const uint64_t changed = get(j, {"source_changed"}))
+    std::printf("  SOURCE changed     %llu files no longer match the scan: their reads fail (EIO); remount to rescan\n",
+                static_cast<unsigned long long>(changed));
+  if (const uint64_t failed = get(j, {"staged", "failures"}))
+    std::printf("  staging failures   %llu reads (served on demand instead)\n", static_cast<unsigned long long>(failed));
+  if (const uint64_t nvme_failed = get(j, {"nvme", "read_failures"}))
+    std::printf("  NVMe read failures %llu (read from SOURCE instead)\n", static_cast<unsigned long long>(nvme_failed));
+  if (const std::string log = trimmed(j.value("log", std::string())); !log.empty())
+    std::printf("  log           %s\n", log.c_str());
   std::fflush(stdout);
   return true;
 }
@@ -120,8 +148,15 @@ int run_status(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--watch") {
       every = 2;
-      if (i + 1 < argc && std::isdigit(static_cast<unsigned char>(argv[i + 1][0]))) every = std::stod(argv[++i]);
-      if (every <= 0) every = 2;
+      if (i + 1 < argc && (std::isdigit(static_cast<unsigned char>(argv[i + 1][0])) || argv[i + 1][0] == '.')) {
+        const std::string v = argv[++i];
+        char* end = nullptr;
+        every = std::strtod(v.c_str(), &end);
+        if (*end != '\0' || !(every >= 0.1) || every > 86400) {
+          std::fprintf(stderr, "clairfs: --watch %s: the interval is seconds from 0.1 to 86400\n", v.c_str());
+          return 2;
+        }
+      }
     } else if (a == "-h" || a == "--help") {
       std::puts("usage: clairfs status MOUNTPOINT [--watch [SECONDS]]");
       return 0;
@@ -138,8 +173,12 @@ int run_status(int argc, char** argv) {
     return 2;
   }
   if (every == 0) return show(mountpoint) ? 0 : 1;
-  for (;;) {
-    std::printf("\033[H\033[2J");  // clear the screen
+  // On a terminal each screen replaces the last; into a pipe or file they follow each other, blank-line
+  // separated, without escape codes.
+  const bool terminal = ::isatty(STDOUT_FILENO) == 1;
+  for (bool first = true;; first = false) {
+    if (terminal) std::printf("\033[H\033[2J");
+    else if (!first) std::printf("\n");
     if (!show(mountpoint)) return 1;
     ::usleep(static_cast<useconds_t>(every * 1e6));
   }

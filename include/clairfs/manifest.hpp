@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace clairfs {
@@ -84,6 +85,12 @@ class Manifest {
   std::vector<std::string_view> components(EntryId id) const;
 
   const std::vector<EntryId>& samples() const { return samples_; }
+  // The path ImageFolder gives sample i (relative to the root): through the symlinks it walked, which
+  // is not path(samples()[i]) for a sample reached through a symlinked directory or a linked file.
+  std::string sample_path(size_t i) const {
+    auto it = sample_paths_.find(static_cast<uint32_t>(i));
+    return it != sample_paths_.end() ? it->second : path(samples_[i]);
+  }
   const std::vector<SampleClass>& classes() const { return classes_; }
   // Warnings from the sample walk (symlink cycles, symlinks leaving SOURCE).
   const std::vector<std::string>& warnings() const { return warnings_; }
@@ -107,6 +114,7 @@ class Manifest {
   std::string names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
   std::vector<EntryId> samples_;
+  std::unordered_map<uint32_t, std::string> sample_paths_;  // sample_path where it is not the entry's
   std::vector<SampleClass> classes_;
   std::vector<std::string> warnings_;
 };

@@ -26,10 +26,12 @@ class UsageError : public std::runtime_error {
   explicit UsageError(const std::string& what) : std::runtime_error(one_line(what)) {}
 };
 
-// --help or --version: what() is the text to print on stdout; exit 0.
+// --help or --version: what() is the text to print on stdout (for --version, `version` is set and the
+// caller prints the versions); exit 0.
 class HelpRequested : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit HelpRequested(const std::string& text, bool version = false) : std::runtime_error(text), version(version) {}
+  bool version;
 };
 
 // Seeds are Python ints; torch accepts [-2^63, 2^64) and the oracle adds the epoch, so 128 bits.
@@ -39,6 +41,8 @@ __extension__ typedef unsigned __int128 SeedUint;
 enum class Order { kTorch, kTorchRandom, kSequential, kList, kClairfs };
 
 const char* order_name(Order order);
+// A seed as Python prints it.
+std::string seed_text(SeedInt seed);
 
 struct Options {
   std::string source;      // as given; absolute path in source_abs
@@ -51,6 +55,7 @@ struct Options {
 
   // Training schedule (consumed by the oracle).
   SeedInt seed = 0;  // Python int semantics; torch accepts [-2^63, 2^64).
+  bool seed_auto = false;  // seed=auto: learned from the job's first reads
   uint64_t batch_size = 1;
   uint64_t world_size = 1;
   std::vector<uint64_t> ranks;  // training ranks this mount serves, sorted, unique
@@ -86,6 +91,12 @@ struct Options {
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
   std::string manifest;
 
+  // Logs and metrics.
+  std::string log;                // syslog, stderr or an absolute path; "": syslog if there is one, else a file
+  bool log_given = false;
+  std::string log_level = "info";  // debug, info, warning or error
+  std::string metrics_file;       // OpenMetrics text written here every few seconds (node_exporter's textfile)
+
   // Kernel caching of names and attributes. The data set is immutable during training, so long.
   double entry_timeout = 86400.0;
   double attr_timeout = 86400.0;
@@ -94,6 +105,7 @@ struct Options {
   bool allow_other = false;
   bool default_permissions = false;
   bool auto_unmount = false;
+  bool nonempty = false;  // mount on a directory that has entries (they are hidden while mounted)
   std::string fsname;  // default: SOURCE
   std::vector<std::string> mount_flags;  // dev, nosuid, noatime, ...: handed to the kernel's mount
 };

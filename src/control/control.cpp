@@ -19,6 +19,7 @@ constexpr uint64_t kRootIno = kBase | 1;   // .clairfs
 constexpr uint64_t kOrderIno = kBase | 2;  // .clairfs/order
 constexpr uint64_t kReadmeIno = kBase | 3;
 constexpr uint64_t kStatsIno = kBase | 4;
+constexpr uint64_t kMetricsIno = kBase | 5;
 constexpr uint64_t kMaxEpoch = (uint64_t{1} << 32) - 1;
 constexpr uint64_t kMaxRank = (uint64_t{1} << 24) - 1;
 // Listings stop here; any epoch or rank still opens by name.
@@ -32,6 +33,8 @@ constexpr size_t kStatsWidth = 24;
 // read asks for them) mostly share one rendering, and a reader polling in a loop costs the engine's lock
 // little; fresh enough for anyone watching.
 constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
+// Live files are padded to a multiple of this (see control.hpp).
+constexpr size_t kLivePage = 4096;
 
 uint64_t kind_of(uint64_t ino) { return (ino >> kKindShift) & 0xf; }
 uint64_t epoch_dir_ino(uint64_t epoch) { return kBase | (kEpochDir << kKindShift) | epoch; }
@@ -52,15 +55,11 @@ std::optional<uint64_t> number_after(std::string_view name, std::string_view pre
 
 ControlAttr dir_attr(uint64_t ino) { return {ino, S_IFDIR | 0555, 0}; }
 
-std::string seed_text(SeedInt seed) {
-  const bool negative = seed < 0;
-  SeedUint v = negative ? -static_cast<SeedUint>(seed) : static_cast<SeedUint>(seed);
-  std::string digits;
-  do {
-    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
-    v /= 10;
-  } while (v != 0);
-  return negative ? "-" + digits : digits;
+// `text` with spaces inserted at `at`, to `size` bytes at least: the next multiple of kLivePage.
+std::string padded(std::string text, size_t at, size_t size) {
+  const size_t want = std::max(size, (text.size() + kLivePage - 1) / kLivePage * kLivePage);
+  text.insert(at, want - text.size(), ' ');
+  return text;
 }
 
 }  // namespace
@@ -71,16 +70,19 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
       "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n"
-      "stats                  what the engine served from where, its budget and lead (JSON).\n\n"
+      "stats                  what the engine served from where, its budget and lead (JSON).\n"
+      "metrics                the same numbers in OpenMetrics text (Prometheus; see metrics_file=).\n\n"
       "Order: " + std::string(order_name(oracle.schedule().order)) + ", seed " +
-      seed_text(oracle.schedule().seed) + ", world_size " +
+      (config_.learned ? std::string("auto (learned from the first reads: see stats; no order files until then)")
+                       : seed_text(oracle.schedule().seed)) +
+      ", world_size " +
       std::to_string(oracle.schedule().world_size) + ", batch_size " + std::to_string(oracle.schedule().batch_size) +
       ", " + std::to_string(oracle.num_samples()) + " samples.\n";
 }
 
 uint64_t ControlTree::root_ino() { return kRootIno; }
 
-bool ControlTree::is_live(uint64_t ino) { return ino == kStatsIno; }
+bool ControlTree::is_live(uint64_t ino) { return ino == kStatsIno || ino == kMetricsIno; }
 
 std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino) const {
   auto c = content(ino);
@@ -93,6 +95,7 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
     if (name == "order") return dir_attr(kOrderIno);
     if (name == "README") return file_attr(kReadmeIno);
     if (name == "stats") return getattr(kStatsIno);
+    if (name == "metrics") return getattr(kMetricsIno);
     return std::nullopt;
   }
   if (dir == kOrderIno) {
@@ -101,7 +104,7 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
   }
   if (kind_of(dir) == kEpochDir && owns(dir)) {
     const uint64_t epoch = dir & kMaxEpoch;
-    if (auto r = number_after(name, "rank-", kMaxRank); r && *r < oracle_.schedule().world_size)
+    if (auto r = number_after(name, "rank-", kMaxRank); r && *r < oracle_.schedule().world_size && order())
       return file_attr(rank_file_ino(epoch, *r));
   }
   return std::nullopt;
@@ -109,9 +112,9 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
 
 std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
   if (ino == kRootIno || ino == kOrderIno) return dir_attr(ino);
-  if (ino == kStatsIno) {
-    const Live l = live(true);
-    return ControlAttr{kStatsIno, S_IFREG | 0444, l.text->size(), l.made_ns};
+  if (is_live(ino)) {
+    const Live l = live(ino, true);
+    return ControlAttr{ino, S_IFREG | 0444, l.text->size(), l.made_ns};
   }
   if (!owns(ino)) return std::nullopt;
   if (kind_of(ino) == kEpochDir) return dir_attr(ino);
@@ -124,6 +127,7 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
     out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_.size()}});
     out.push_back({"order", dir_attr(kOrderIno)});
     out.push_back({"stats", {kStatsIno, S_IFREG | 0444, 0}});
+    out.push_back({"metrics", {kMetricsIno, S_IFREG | 0444, 0}});
   } else if (dir == kOrderIno) {
     const uint64_t end = config_.epochs ? *config_.epochs : config_.start_epoch + kListedEpochs;
     for (uint64_t e = config_.start_epoch; e < end && e < config_.start_epoch + kListedEpochs; ++e)
@@ -131,7 +135,7 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   } else if (owns(dir) && kind_of(dir) == kEpochDir) {
     // Sizes are left 0 here: they would cost a full order per rank; getattr gives the real one.
     const uint64_t epoch = dir & kMaxEpoch;
-    for (uint64_t r = 0; r < oracle_.schedule().world_size && r < kListedRanks; ++r)
+    for (uint64_t r = 0; r < oracle_.schedule().world_size && r < kListedRanks && order(); ++r)
       out.push_back({"rank-" + std::to_string(r), {rank_file_ino(epoch, r), S_IFREG | 0444, 0}});
   } else {
     return std::nullopt;
@@ -141,29 +145,40 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
 
 std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
   if (ino == kReadmeIno) return std::make_shared<const std::string>(readme_);
-  if (ino == kStatsIno) return live(true).text;
+  if (is_live(ino)) return live(ino, true).text;
   if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
   const uint64_t rank = ino & kMaxRank;
   const uint64_t epoch = (ino >> 24) & kMaxEpoch;
-  if (rank >= oracle_.schedule().world_size) return nullptr;
+  if (rank >= oracle_.schedule().world_size || !order()) return nullptr;
   return rank_file(epoch, rank);
 }
 
 std::shared_ptr<const std::string> ControlTree::current(uint64_t ino) const {
-  return ino == kStatsIno ? live(false).text : content(ino);
+  return is_live(ino) ? live(ino, false).text : content(ino);
 }
 
-ControlTree::Live ControlTree::live(bool refresh) const {
+ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
   std::lock_guard<std::mutex> lock(live_mutex_);
+  Live& l = ino == kMetricsIno ? live_metrics_ : live_stats_;
   const auto now = std::chrono::steady_clock::now();
-  if (live_.text && (!refresh || now - live_at_ < kLiveRefresh)) return live_;
-  const std::string json = config_.stats ? config_.stats() : "{}\n";
-  live_.text = std::make_shared<const std::string>(fixed_width_scalars(json, kStatsWidth));
+  if (l.text && (!refresh || now - l.at < kLiveRefresh)) return l;
+  const size_t before = l.text ? l.text->size() : 0;
+  if (ino == kMetricsIno) {  // its numbers from the same counters as stats'
+    std::string text = config_.metrics ? config_.metrics() : "# EOF\n";
+    const size_t help = text.find("# HELP ");
+    const size_t at = help == std::string::npos ? std::string::npos : text.find('\n', help);
+    // No HELP line (a config without metrics): the text is "# EOF", nothing may follow it; left as it is.
+    l.text = std::make_shared<const std::string>(at == std::string::npos ? text : padded(std::move(text), at, before));
+  } else {
+    std::string text = fixed_width_scalars(config_.stats ? config_.stats() : "{}\n", kStatsWidth);
+    const size_t at = text.empty() || text.back() != '\n' ? text.size() : text.size() - 1;
+    l.text = std::make_shared<const std::string>(padded(std::move(text), at, before));
+  }
   const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
-  live_.made_ns = std::max(wall, live_.made_ns + 1);
-  live_at_ = now;
-  return live_;
+  l.made_ns = std::max(wall, l.made_ns + 1);
+  l.at = now;
+  return l;
 }
 
 std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
@@ -178,10 +193,9 @@ std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64
     }
   }
   // Built outside the lock: two threads may build the same file once each, which is harmless.
-  const EpochOrder order = oracle_.epoch(epoch);
+  const EpochOrder order = this->order()->epoch(epoch);
   auto text = std::make_shared<std::string>();
-  const auto& samples = manifest_.samples();
-  for (uint64_t k = 0; k < order.loaded(rank); ++k) append_escaped_line(*text, manifest_.path(samples[order.at(rank, k)]));
+  for (uint64_t k = 0; k < order.loaded(rank); ++k) append_escaped_line(*text, manifest_.sample_path(order.at(rank, k)));
   std::lock_guard<std::mutex> lock(mutex_);
   cache_.emplace_front(key, text);
   if (cache_.size() > kCachedFiles) cache_.pop_back();

@@ -2,6 +2,7 @@
 //
 //   MOUNTPOINT/.clairfs/README                   what these files are
 //   MOUNTPOINT/.clairfs/stats                    the engine's counters (JSON), made afresh when asked
+//   MOUNTPOINT/.clairfs/metrics                  the same in OpenMetrics text (control/metrics.hpp)
 //   MOUNTPOINT/.clairfs/order/epoch-E/rank-R     rank R's samples in epoch E, in the order its DataLoader
 //                                                loads them: one path relative to the mount root a line
 //
@@ -10,11 +11,16 @@
 // file's contents are computed from the oracle when first needed and kept in a small cache, since the
 // kernel asks for the size (getattr) before it reads.
 //
-// stats keeps one length: every number in it is printed right-aligned in a field of kStatsWidth, so its
-// size never changes. That lets it be read without opens (FUSE no-open mode), where the kernel caches its
-// pages like any file's: its attributes are never cached, each read asks for them, a new modification
-// time makes the kernel drop its pages, and a reader reading past the end finds it where the size it was
-// told put it. Made afresh at most every kLiveRefresh (1 ms).
+// The live files (stats, metrics) keep one length from one rendering to the next, because they are read
+// without opens by default (FUSE no-open mode), where the kernel caches their pages like any file's: their
+// attributes are never cached, each read asks for them, a new modification time makes the kernel drop
+// its pages — and a reader whose next read comes after a size change would get another rendering's
+// bytes, or zeros, after the first one's (a JSON reader saw "Extra data"). So every rendering is padded
+// (spaces: after the JSON, at the end of the first HELP line of the OpenMetrics text) to a multiple of
+// kLivePage, never shorter than the last one; it grows only when the content outgrows it (the ranks
+// appearing once seed=auto has learned, say), once in a mount's life or a few times. stats prints every
+// number right-aligned in a field of kStatsWidth, so its size rarely has a reason to grow. Made afresh
+// at most every kLiveRefresh (1 ms).
 #pragma once
 
 #include <sys/types.h>
@@ -49,7 +55,11 @@ struct ControlConfig {
   std::vector<uint64_t> ranks;  // the ranks this mount serves (listed first)
   uid_t uid = 0;                // owner shown for the virtual files (SOURCE's root owner)
   gid_t gid = 0;
-  std::function<std::string()> stats;  // .clairfs/stats (JSON)
+  std::function<std::string()> stats;    // .clairfs/stats (JSON)
+  std::function<std::string()> metrics;  // .clairfs/metrics (OpenMetrics text)
+  // seed=auto: the oracle of the seed learned, nullptr until then (no order files meanwhile). Unset: the
+  // tree's own oracle.
+  std::function<const Oracle*()> learned;
 };
 
 class ControlTree {
@@ -79,6 +89,8 @@ class ControlTree {
 
  private:
   std::shared_ptr<const std::string> rank_file(uint64_t epoch, uint64_t rank) const;
+  // The oracle the order files follow: the learned one (nullptr until then) or the tree's own.
+  const Oracle* order() const { return config_.learned ? config_.learned() : &oracle_; }
   std::optional<ControlAttr> file_attr(uint64_t ino) const;
 
   const Manifest& manifest_;
@@ -90,15 +102,16 @@ class ControlTree {
   mutable std::mutex mutex_;
   mutable std::list<std::pair<uint64_t, std::shared_ptr<const std::string>>> cache_;  // most recent first
 
-  // The latest rendering of stats. live_mutex_ guards live_ and live_at_, and is held while stats render.
+  // The latest rendering of a live file. live_mutex_ guards both, and is held while they render.
   struct Live {
     std::shared_ptr<const std::string> text;
     int64_t made_ns = 0;  // wall clock, strictly increasing: the file's mtime
+    std::chrono::steady_clock::time_point at{};
   };
-  Live live(bool refresh) const;
+  Live live(uint64_t ino, bool refresh) const;
   mutable std::mutex live_mutex_;
-  mutable Live live_;
-  mutable std::chrono::steady_clock::time_point live_at_{};
+  mutable Live live_stats_;
+  mutable Live live_metrics_;
 };
 
 }  // namespace clairfs

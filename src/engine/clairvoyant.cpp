@@ -2,8 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "util/log.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -16,6 +20,8 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
 constexpr uint64_t kLeadScanSteps = 100000;
+// The diagnosis of a rank off the plan, as the stats carry it (cut beyond).
+constexpr size_t kReadsAsWidth = 240;
 
 std::vector<uint64_t> served_ranks(const EngineConfig& c) {
   return c.ranks.empty() ? std::vector<uint64_t>{0} : c.ranks;
@@ -74,7 +80,12 @@ std::unique_ptr<PeerStore> make_peers(const Manifest& manifest, const EngineConf
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceStore& source,
                                      EngineConfig config)
-    : ClairvoyantEngine(manifest, oracle_streams(manifest, oracle, served_ranks(config)), source, config) {}  // a copy: the streams read it
+    : ClairvoyantEngine(manifest, oracle_streams(manifest, oracle, served_ranks(config)), source, config) {  // a copy: the streams read it
+  const Schedule& s = oracle.schedule();
+  diagnoser_ = std::make_unique<Diagnoser>(
+      manifest_, MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance},
+      served_ranks(config_));
+}
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource streams, SourceStore& source,
                                      EngineConfig config)
@@ -85,11 +96,15 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_, mean_size_),
              window_config(config_, mean_size_), ram_) {
+  catch_up(config_.opened_before);
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth});
 }
 
-ClairvoyantEngine::~ClairvoyantEngine() { stager_.reset(); }
+ClairvoyantEngine::~ClairvoyantEngine() {
+  stager_.reset();
+  diagnoser_.reset();
+}
 
 // ---- progress --------------------------------------------------------------------------------------
 
@@ -108,6 +123,8 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   FileBytes data;
   *again = false;
   bool wake = false;
+  ReaderTracker::Seen seen;
+  std::vector<Evidence> evidence;
   {
     MutexLock lock(state_.mutex);
     // A file being staged right now arrives sooner from that read than from a second one.
@@ -117,7 +134,11 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
     data = ram_.get(id);
     *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
     if (handle) state_.window.opened(id);
-    const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, handle);
+    seen = state_.tracker.on_open(id, pid, handle);
+    for (uint64_t r : seen.diagnose) {
+      const Planner::RankProgress p = state_.planner.progress(r);
+      evidence.push_back({served_ranks(config_)[r], p.shifted_from.value_or(p.next_epoch), state_.tracker.recent(r)});
+    }
     if (seen.again) {
       *again = true;
       return data;
@@ -135,7 +156,56 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
                                      !state_.tracker.readahead().empty() || seen.returned);
   }
   if (wake) state_.progress.notify_all();
+  if (!seen.changed.empty() || !evidence.empty()) tell(seen, std::move(evidence));
   return data;
+}
+
+void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
+  if (opens.empty()) return;
+  ReaderTracker::Seen all;
+  {
+    MutexLock lock(state_.mutex);
+    for (const auto& [id, pid] : opens) {
+      const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, true);
+      all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
+      progressed();
+    }
+  }
+  state_.progress.notify_all();
+  if (!all.changed.empty()) tell(all, {});
+}
+
+void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
+  const std::vector<uint64_t> ranks = served_ranks(config_);
+  for (const auto& [index, verdict] : seen.changed) {
+    const uint64_t r = index;  // a name a lambda can capture
+    const std::string rank = "rank " + std::to_string(ranks[r]);
+    switch (verdict) {
+      case ReaderTracker::Verdict::kFollowing:
+        if (auto e = std::find_if(evidence.begin(), evidence.end(), [&](const Evidence& x) { return x.rank == ranks[r]; });
+            e != evidence.end()) {  // back, but in a later epoch than the plan had it in: the diagnosis says why
+          log_warning(rank + " reads the planned order of a later epoch than " + std::to_string(e->epoch) +
+                      ", where the plan had it: staging follows it there");
+        } else {
+          if (diagnoser_) diagnoser_->forget(r);
+          log_info(rank + " reads in the planned order");
+        }
+        break;
+      case ReaderTracker::Verdict::kOff:
+        log_warning(rank + " does not read in the planned order: staging for it stops until it does" +
+                    (diagnoser_ ? " (what it reads as follows when found)" : ""));
+        break;
+      case ReaderTracker::Verdict::kIdle:
+        log_info(rank + " stopped reading: staging for it stops until it reads again");
+        break;
+      case ReaderTracker::Verdict::kChecking:
+        break;
+    }
+  }
+  if (!diagnoser_) return;
+  for (Evidence& e : evidence)
+    for (size_t r = 0; r < ranks.size(); ++r)
+      if (ranks[r] == e.rank) diagnoser_->ask(r, std::move(e));
 }
 
 // ---- Engine ----------------------------------------------------------------------------------------
@@ -216,6 +286,9 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                      {"done", p.done},
                      {"total", p.total},
                      {"live", p.live},
+                     // Strings of one width: the stats file keeps one length (control.hpp).
+                     {"verdict", fixed_width(ReaderTracker::verdict_name(state_.tracker.verdict(r)), 9)},
+                     {"reads_as", fixed_width(diagnoser_ ? diagnoser_->answer(r) : "", kReadsAsWidth)},
                      {"lead_files", lead},
                      {"lead_seconds", rate > 0 ? static_cast<double>(lead) / rate : 0.0},
                      {"files_per_second", rate},
@@ -244,7 +317,8 @@ std::string ClairvoyantEngine::stats_json() const {
   if (nvme_)
     j["nvme"] = {{"dir", nvme_->path()},      {"capacity", nvme_->capacity()},   {"used", nvme_->used()},
                  {"files", nvme_->files()},    {"admitting", nvme_->admitting()}, {"writes", nvme_->writes()},
-                 {"write_failures", nvme_->write_failures()}, {"evictions", counters_.nvme_evictions.load()}};
+                 {"write_failures", nvme_->write_failures()}, {"read_failures", nvme_->read_failures()},
+                 {"evictions", counters_.nvme_evictions.load()}};
   j["checksum_failures"] = nvme_ ? nvme_->checksum_failures() : 0;
   if (config_.peers) {
     PeerTransport& t = *config_.peers;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "clairfs/engine.hpp"
@@ -32,6 +33,7 @@
 #include "clairfs/store.hpp"
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
+#include "engine/diagnosis.hpp"
 #include "engine/state.hpp"
 #include "engine/stager.hpp"
 #include "peer/peer_store.hpp"
@@ -59,6 +61,9 @@ struct EngineConfig {
   PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
   std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
   std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
+  // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
+  // that it does not stage what was read already).
+  std::vector<std::pair<EntryId, pid_t>> opened_before;
 };
 
 class ClairvoyantEngine final : public Engine {
@@ -75,6 +80,10 @@ class ClairvoyantEngine final : public Engine {
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
 
+  // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
+  // order, as if made now, so that it starts where the readers are.
+  void catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.mutex);
+
   // The counters as JSON (.clairfs/stats).
   std::string stats_json() const;
 
@@ -86,6 +95,8 @@ class ClairvoyantEngine final : public Engine {
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
   FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.mutex);
+  // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
+  void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
   // The readers moved: residents and pages of passed uses are re-keyed or dropped.
   void progressed() REQUIRES(state_.mutex);
   uint64_t lead_files(uint64_t rank) const REQUIRES(state_.mutex);
@@ -102,6 +113,7 @@ class ClairvoyantEngine final : public Engine {
   DemandReader demand_;
   const uint64_t mean_size_;        // a sample's mean size: one walk over the samples, for the parts below
   mutable EngineState state_;
+  std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };
 

@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/clock.hpp"
+
 namespace clairfs {
 
 namespace {
@@ -23,11 +25,6 @@ constexpr size_t kRecentFiles = 64;
 constexpr uint64_t kRecentBytes = 16 << 20;
 constexpr uint64_t kRecentFileMax = 8 << 20;
 constexpr size_t kSourceHandles = 16;
-
-uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-}
 
 }  // namespace
 
@@ -53,7 +50,7 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   const auto t0 = Clock::now();
   *from = Origin::kSource;
   const int rc = chain_.fetch(id, buf, from);
-  if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += ns_since(t0);  // a peer or SOURCE: a stall
+  if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += nanoseconds_since(t0);  // a peer or SOURCE: a stall
   if (rc < 0) return rc;
   counters_.served_file(*from);
   if (*from == Origin::kPeer) counters_.demand_peer_files++;
@@ -106,7 +103,7 @@ ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf
   }
   bool opened = false;
   const ssize_t n = source_handles_.read(id, pid, buf, size, offset, &opened);
-  counters_.stall_ns += ns_since(t0);
+  counters_.stall_ns += nanoseconds_since(t0);
   if (opened) counters_.piecewise_files++;
   if (opened && first) counters_.served_file(Origin::kSource);
   if (n > 0) counters_.served_bytes(Origin::kSource, static_cast<uint64_t>(n));
@@ -129,7 +126,7 @@ void OpenFile::load(DemandReader& demand, Clock::time_point t0) {
       demand.counters().served_file(Origin::kSource);
       demand.counters().piecewise_files++;
     }
-    demand.counters().stall_ns += ns_since(t0);
+    demand.counters().stall_ns += nanoseconds_since(t0);
   }
   ready_.store(true, std::memory_order_release);
 }
@@ -152,7 +149,7 @@ ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offse
   }
   if (!source_open_) return error_;
   const ssize_t n = demand.source().read(source_handle_, buf, size, offset);
-  counters.stall_ns += ns_since(t0);
+  counters.stall_ns += nanoseconds_since(t0);
   if (n > 0) counters.served_bytes(Origin::kSource, static_cast<uint64_t>(n));
   return n;
 }

@@ -1,6 +1,7 @@
 #include "engine/planner.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +13,7 @@ EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t
   e.seq = source(epoch);
   if (e.seq.size() != ranks) throw std::logic_error("planner: stream source gave the wrong number of ranks");
   for (const auto& s : e.seq) e.steps = std::max<uint64_t>(e.steps, s.size());
+  e.read.assign(ranks, 0);
   if (e.steps * ranks >= EpochStreams::kAbsent)
     throw std::runtime_error("planner: " + std::to_string(e.steps * ranks) + " opens per epoch on one node is more than it plans for");
   uint64_t items = 0;
@@ -143,10 +145,21 @@ uint64_t Planner::past_silent(const Rank& r, uint64_t rank, uint64_t key) const 
   return key;
 }
 
+size_t Planner::epoch_index(uint64_t key) const {
+  const uint64_t step = key / config_.ranks;
+  for (size_t i = 0; i < epochs_.size(); ++i)
+    if (step >= base_[i] && step < base_[i] + epochs_[i].steps) return i;
+  return epochs_.size();
+}
+
 uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
-  if (key < r.next) return 0;  // opened again (a retry, a second reader): no progress
-  r.silent.erase(key);         // presumed silent, but read through us after all (its pages went)
+  if (key < r.next || r.ahead.count(key)) return 0;  // opened again (a retry, a second reader): no progress
+  r.silent.erase(key);  // presumed silent, but read through us after all (its pages went)
   r.reached = std::max(r.reached, key);
+  auto count_read = [&](uint64_t k) {
+    if (const size_t i = epoch_index(k); i < epochs_.size()) epochs_[i].read[rank]++;
+  };
+  count_read(key);
   if (key == r.next) r.next = following(rank, r.next);
   else r.ahead.insert(key);
   const uint64_t R = config_.ranks;
@@ -157,9 +170,11 @@ uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
       r.ahead.erase(r.ahead.begin());
     } else if (r.next < r.reached && is_silent(r, r.next)) {
       r.silent.erase(r.next);  // its reader went past it: read from the kernel's pages
+      count_read(r.next);
       ++presumed;
-    } else if (r.next < r.reached && (r.reached / R - r.next / R) * 2 > config_.tolerance) {
-      // A hole the readers went past: never opened, step over it.
+    } else if (r.confirmed && r.next < r.reached && (r.reached / R - r.next / R) * 2 > config_.tolerance) {
+      // A hole the readers went past: never opened, step over it (only for a reader known to follow
+      // the plan: one in another order lands ahead by chance).
     } else {
       break;
     }
@@ -184,6 +199,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
   const uint64_t R = config_.ranks;
   const auto tol = static_cast<int64_t>(config_.tolerance);
   Open result;
+  std::vector<std::pair<uint64_t, uint64_t>> extended;  // (lost rank, epoch end): the runs this open went on
   for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
     const uint32_t off = epochs_[i].first_of(id);
     if (off == EpochStreams::kAbsent) continue;
@@ -195,11 +211,12 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
     const uint64_t place = past_silent(r, rank, r.next);
     const int64_t d = key >= r.next && key < place ? 0 : static_cast<int64_t>(key / R) - static_cast<int64_t>(place / R);
     if (r.live && d >= -tol && d <= tol) {
-      // Where it was expected.
-    } else if (!r.live && d >= -tol) {
-      // A lost rank seen at or ahead of where it was: kResync opens in a row close together in one
-      // epoch's stream, and it is back in the order there (one alone may be chance). Each open has a
-      // candidate place in every planned epoch, so the runs are kept per epoch.
+      weigh(r, rank, true);  // where it was expected
+    } else if (!r.live && d >= -tol && i <= epoch_index(r.next) + 1) {
+      // A lost rank seen at or ahead of where it was, in its epoch or the next: enough opens in a row
+      // close together in one epoch's stream (resync_needed), and it is back in the order there (a few
+      // may be chance). Each open has a candidate place in both epochs, so the runs are kept per epoch.
+      const size_t needed = resync_needed(rank);
       const uint64_t epoch_end = epoch_end_key(key);
       bool close = true;
       for (uint64_t k : r.resync)
@@ -209,14 +226,27 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
         r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
                                       [&](uint64_t k) { return epoch_end_key(k) == epoch_end; }),
                        r.resync.end());
-      if (r.resync.size() >= 4 * kResync) r.resync.erase(r.resync.begin(), r.resync.begin() + 2 * kResync);
+      if (r.resync.size() >= 4 * needed) r.resync.erase(r.resync.begin(), r.resync.begin() + static_cast<ptrdiff_t>(2 * needed));
       r.resync.push_back(key);
+      extended.emplace_back(rank, epoch_end);
       std::vector<uint64_t> run;
       for (uint64_t k : r.resync)
         if (epoch_end_key(k) == epoch_end) run.push_back(k);
-      if (run.size() < kResync) continue;
+      if (run.size() < needed) continue;
       r.live = true;
+      r.lost = Lost::kNo;
+      r.evidence = 0;
+      r.evidence_opens = 0;
+      r.confirmed = false;
+      const size_t left = epoch_index(r.next);
       r.next = at_or_after(rank, std::max(*std::min_element(run.begin(), run.end()), cursor_));
+      // Back in a later epoch, having read less than half of the one it left: it reads that epoch's
+      // order where the plan had another (a seed one higher is the next epoch of the mounted seed).
+      const size_t back = epoch_index(r.next);
+      r.shifted_from.reset();
+      if (left < epochs_.size() && back < epochs_.size() && back > left &&
+          2 * epochs_[left].read[rank] < epochs_[left].seq[rank].size())
+        r.shifted_from = epochs_[left].epoch;
       r.ahead.clear();
       r.reached = 0;
       for (uint64_t k : run)
@@ -231,11 +261,28 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
     r.presumed_in_block += presumed;
     result = {true, key, rank, presumed};
   }
+  // Runs are of opens in a row: an open by a lost rank's reader that went on none of its runs in an
+  // epoch ends that epoch's run (a job reading this rank's items in order between others' — another
+  // world size — is not back in the plan).
+  if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end() && !ranks_[it->second].live) {
+    Rank& r = ranks_[it->second];
+    r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
+                                  [&](uint64_t k) {
+                                    return std::find(extended.begin(), extended.end(), std::make_pair(it->second, epoch_end_key(k))) ==
+                                           extended.end();
+                                  }),
+                   r.resync.end());
+  }
   if (!result.expected) {
     ++mispredicted_;
     if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) {
       ++ranks_[it->second].mispredicted;
       ++ranks_[it->second].mispredicted_in_block;
+    }
+    if (const auto rank = blame(id, pid)) {
+      result.rank = *rank;
+      result.blamed = true;
+      if (ranks_[*rank].live) weigh(ranks_[*rank], *rank, false);
     }
   }
   if (opens_ % stale_after_ == 0) {
@@ -245,16 +292,56 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
       // beyond a quarter share) while its own readers rarely strayed: a rank read mostly from pushed
       // pages opens little, and another rank's stray opens can fill a block.
       const bool silent_progress = r.presumed_in_block >= enough && r.mispredicted_in_block < r.expected_in_block;
-      if (r.live && r.expected_in_block < enough && !silent_progress) {
-        r.live = false;
-        r.resync.clear();
-        r.silent.clear();  // the engine drops the pages it pushed for it
-      }
+      if (r.live && r.expected_in_block < enough && !silent_progress)
+        lose(r, r.mispredicted_in_block > r.expected_in_block ? Lost::kOtherOrder : Lost::kIdle);
       r.expected_in_block = r.presumed_in_block = r.mispredicted_in_block = 0;
     }
   }
   update_cursor();
   return result;
+}
+
+void Planner::lose(Rank& r, Lost why) {
+  r.live = false;
+  r.lost = why;
+  r.confirmed = false;
+  r.resync.clear();
+  r.silent.clear();  // the engine drops the pages it pushed for it
+}
+
+double Planner::chance_near(uint64_t rank) const {
+  const size_t i = epoch_index(ranks_[rank].next);
+  const uint64_t items = i < epochs_.size() ? epochs_[i].seq[rank].size() : 0;
+  return std::min(0.9, static_cast<double>(2 * config_.tolerance + 1) / static_cast<double>(std::max<uint64_t>(items, 1)));
+}
+
+size_t Planner::resync_needed(uint64_t rank) const {
+  // Each open after the first lands near the others by chance with p0, in either of two epochs: a run
+  // of n ending at a given open has odds of about 2·p0^(n-1) by chance, and a reader in another order
+  // tries once per open. n is taken so that a whole epoch of such opens comes back by chance less
+  // than once in 100.
+  const double p0 = chance_near(rank);
+  const size_t i = epoch_index(ranks_[rank].next);
+  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
+  return std::max<size_t>(kResync, 1 + static_cast<size_t>(std::ceil(std::log(200.0 * items) / -std::log(p0))));
+}
+
+void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
+  constexpr double p1 = 0.97;
+  const double p0 = chance_near(rank);
+  r.evidence += hit ? std::log(p1 / p0) : std::log((1 - p1) / (1 - p0));
+  r.evidence = std::clamp(r.evidence, -kDecide, kDecide);
+  ++r.evidence_opens;
+  if (r.evidence >= kDecide) r.confirmed = true;
+  if (r.evidence <= -kDecide && r.evidence_opens >= kMinEvidence) lose(r, Lost::kOtherOrder);
+}
+
+std::optional<uint64_t> Planner::blame(EntryId id, pid_t pid) const {
+  if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) return it->second;
+  if (config_.ranks == 1) return 0;
+  for (const EpochStreams& e : epochs_)
+    if (const uint32_t off = e.first_of(id); off != EpochStreams::kAbsent) return off % config_.ranks;
+  return std::nullopt;
 }
 
 void Planner::update_cursor() {
@@ -268,6 +355,8 @@ void Planner::update_cursor() {
   cursor_ = c;
   // Epochs wholly behind the cursor are no longer needed.
   while (epochs_.size() > 1 && (base_[0] + epochs_[0].steps) * config_.ranks <= cursor_) {
+    for (uint64_t rank = 0; rank < config_.ranks; ++rank)
+      if (ranks_[rank].live) ranks_[rank].finished = {epochs_[0].epoch, epochs_[0].seq[rank].size()};
     epochs_.pop_front();
     base_.pop_front();
   }
@@ -284,16 +373,37 @@ Planner::RankProgress Planner::progress(uint64_t rank) const {
   RankProgress p;
   p.next_key = r.next;
   p.live = r.live;
+  p.confirmed = r.confirmed;
+  p.lost = r.lost;
+  p.shifted_from = r.shifted_from;
   p.mispredicted = r.mispredicted;
-  uint64_t base = 0;
-  if (const EpochStreams* e = epoch_of_step(r.next / config_.ranks, &base)) {
-    p.epoch = e->epoch;
-    p.done = r.next / config_.ranks - base;
-    p.total = e->seq[rank].size();
-  } else {
-    p.epoch = epochs_.back().epoch;
-    p.total = p.done = epochs_.back().seq[rank].size();
+  size_t i = epoch_index(r.next);
+  p.next_epoch = i < epochs_.size() ? epochs_[i].epoch : epochs_.back().epoch + 1;
+  if (i == epochs_.size()) {  // past the plan's end: finished
+    const EpochStreams& e = epochs_.back();
+    p.epoch = e.epoch;
+    p.total = p.done = e.seq[rank].size();
+    return p;
   }
+  // Its next item opens an epoch it has read nothing of yet: it is still in (the end of) the one before.
+  if (epochs_[i].read[rank] == 0 && r.next / config_.ranks == base_[i]) {
+    if (i > 0) {
+      p.epoch = epochs_[i - 1].epoch;
+      p.total = p.done = epochs_[i - 1].seq[rank].size();
+      return p;
+    }
+    if (r.finished) {
+      p.epoch = r.finished->first;
+      p.total = p.done = r.finished->second;
+      return p;
+    }
+  }
+  const EpochStreams& e = epochs_[i];
+  p.epoch = e.epoch;
+  p.total = e.seq[rank].size();
+  // Items before its next one, but never more than it read: a reader that lands ahead by chance (in
+  // another order) does not advance it.
+  p.done = std::min<uint64_t>(r.next / config_.ranks - base_[i], e.read[rank]);
   return p;
 }
 

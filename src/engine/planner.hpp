@@ -21,15 +21,31 @@
 // its rank's place is measured from the first use there that is not silent. Reads of files the engine
 // deliberately did not push (beacons) are then the opens that carry progress.
 //
+// Following the plan or not: each open a rank's reader makes is evidence. A reader in the plan's order
+// opens near its rank's place (within the tolerance) nearly always (p1 = 0.97); a reader in any other
+// order lands there only by chance, p0 = (2·tolerance + 1) / the rank's items in the epoch (at most 0.9).
+// The planner keeps, per rank, the log-likelihood ratio of the two (a sequential test): an open near its
+// place adds ln(p1/p0), one elsewhere (or one its processes make that no rank expects) adds
+// ln((1-p1)/(1-p0)). After kMinEvidence opens, a ratio at or below -kDecide (odds of 100 to 1 that the
+// order is another) makes the rank lost at once: typically after the least, 8 opens, when p0 <= 1/2; at
+// most 48 over 50 other orders in planner_test when the tolerance covers three quarters of an epoch
+// (small data sets with large batches). A rank is `confirmed` once its
+// ratio reached +kDecide: only then are holes stepped over (so a reader in another order that lands near
+// its place by chance cannot carry the progress away), and only then is the rank reported as following.
+//
 // Misprediction: an open no live rank expects is counted. The node's opens are taken in blocks of
 // `stale_after`; a rank with fewer than a quarter of its share of them expected in a block is lost (wrong
 // seed, another sampler, finished, or idle — a random reader still lands inside the tolerance now and
 // then, at a rate of about 2·tolerance / its epoch's length) — unless its opens in the block counted a
 // quarter share of silent uses as read while its own processes' opens were mostly expected (a rank read
 // from pushed pages opens little): it no longer holds the cursor back and
-// nothing is staged for it. It is live again on an open near its next key, or after kResync of its
-// opens in a row lie within the tolerance of each other anywhere ahead in its stream (resync) — a
-// random reader does that with a chance of about (2·tolerance / length)^(kResync-1).
+// nothing is staged for it. It is live again after enough of its opens in a row lie within the
+// tolerance of each other ahead in its stream, in its epoch or the next (resync): kResync at least, and
+// as many as a reader in another order reaches by chance less than once in 100 epochs (p0 as above;
+// for an epoch of 3,000 items: 5 opens when p0 = 1/32, 15 when p0 = 0.38, 52 when p0 = 0.77). In a
+// row: an open by one of its processes (known from their expected opens) that lies on none of its runs
+// ends them, so a job that reads this rank's items in order between others' (another world size) stays
+// lost.
 //
 // Thread-compatible: the engine guards it with its own mutex.
 #pragma once
@@ -61,6 +77,7 @@ struct EpochStreams {
   // rank of 64 needs 8 bytes per item rather than 4 per entry, for each epoch planned.
   std::vector<uint32_t> first;
   std::vector<std::pair<EntryId, uint32_t>> sparse;
+  std::vector<uint64_t> read;  // per rank: its items opened or presumed read (filled by the planner)
   static constexpr uint32_t kAbsent = UINT32_MAX;
   uint32_t first_of(EntryId id) const;
 };
@@ -85,6 +102,8 @@ struct PlannerConfig {
 class Planner {
  public:
   static constexpr size_t kResync = 4;
+  static constexpr uint64_t kMinEvidence = 8;
+  static constexpr double kDecide = 4.6;  // ln 100
 
   static EpochStreams build(const StreamSource& source, uint64_t epoch, uint64_t ranks, uint64_t entries);
 
@@ -101,6 +120,7 @@ class Planner {
     uint64_t key = kNever;  // where it was placed (kNever when unexpected)
     uint64_t rank = 0;      // index among the served ranks
     uint64_t presumed = 0;  // silent uses of that rank this open counted as read
+    bool blamed = false;    // unexpected, and counted against `rank` (its process's, or whose file it is)
   };
   Open on_open(EntryId id, pid_t pid);
 
@@ -129,15 +149,25 @@ class Planner {
     return key < r.next || r.ahead.count(key) != 0;
   }
   bool live(uint64_t rank) const { return ranks_[rank].live; }
+  bool confirmed(uint64_t rank) const { return ranks_[rank].confirmed; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
 
+  // Why a rank is not live: its reads follow another order, or it stopped reading (finished, idle).
+  enum class Lost { kNo, kOtherOrder, kIdle };
+  Lost lost(uint64_t rank) const { return ranks_[rank].lost; }
   struct RankProgress {
-    uint64_t epoch = 0;       // the epoch its next item is in
-    uint64_t done = 0;        // items of that epoch before its next one
+    uint64_t epoch = 0;       // the epoch its reader is in: never one it has not read a file of
+    uint64_t done = 0;        // items of that epoch it read (opened, or read from pushed pages)
     uint64_t total = 0;       // items of that epoch
     uint64_t next_key = 0;
+    uint64_t next_epoch = 0;  // the epoch of its next item: where the plan expects it
     bool live = true;
+    bool confirmed = false;   // the evidence says it follows the plan (see above)
+    Lost lost = Lost::kNo;
+    // It came back to the plan in a later epoch than this one, having read little of it: it reads
+    // another epoch's order than the plan expected (another seed or start epoch).
+    std::optional<uint64_t> shifted_from;
     uint64_t mispredicted = 0;  // unexpected opens from this rank's processes
   };
   RankProgress progress(uint64_t rank) const;
@@ -154,6 +184,12 @@ class Planner {
     uint64_t presumed_in_block = 0;      // silent uses its opens counted as read
     uint64_t mispredicted_in_block = 0;  // unexpected opens by processes known to read for it
     bool live = true;
+    Lost lost = Lost::kNo;
+    double evidence = 0;         // the log-likelihood ratio: plan against another order
+    uint64_t evidence_opens = 0; // opens that made it, since it was last placed
+    bool confirmed = false;
+    std::optional<std::pair<uint64_t, uint64_t>> finished;  // the last epoch it finished, and its items
+    std::optional<uint64_t> shifted_from;  // came back in a later epoch than this one, most of it unread
     std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
     uint64_t mispredicted = 0;
   };
@@ -169,6 +205,17 @@ class Planner {
   uint64_t past_silent(const Rank& r, uint64_t rank, uint64_t key) const;
   // Places an open at `key`; returns how many silent uses it counted as read.
   uint64_t consume(Rank& r, uint64_t rank, uint64_t key);
+  // One open of a live rank's reader as evidence: near its place (hit) or not; may make it lost.
+  void weigh(Rank& r, uint64_t rank, bool hit);
+  void lose(Rank& r, Lost why);
+  // The rank an unexpected open counts against: its process's, the only one, or whose stream holds it.
+  std::optional<uint64_t> blame(EntryId id, pid_t pid) const;
+  // The chance that an open in another order lands within the tolerance of the rank's place.
+  double chance_near(uint64_t rank) const;
+  // Opens in a row close together that bring a lost rank back (at least kResync).
+  size_t resync_needed(uint64_t rank) const;
+  // The loaded epoch index holding a key's step (epochs_.size() if none).
+  size_t epoch_index(uint64_t key) const;
   void update_cursor();
 
   const PlannerConfig config_;

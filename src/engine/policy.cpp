@@ -87,8 +87,10 @@ bool StagingPolicy::make_readahead_room(const std::function<bool()>& reserve, co
   for (uint64_t r = 0; r < config_.ranks; ++r) live_ranks += planner_.live(r);
   while (!reserve()) {
     // Room held by files no plan needs (read-ahead files already opened among them), or, when every
-    // rank has left the plan, by anything.
-    const auto far = ram_.farthest_unowned();
+    // rank has left the plan, by anything but read-ahead files not read yet: those are read next, and
+    // one taken for another would be read from SOURCE twice.
+    auto far = ram_.farthest_unowned();
+    if (far && far->first == kReadAheadKey) far = ram_.farthest_unowned_below(kReadAheadKey);
     if (!far || (far->first != kNever && live_ranks > 0)) return false;
     ram_.erase(far->second);
     evict(far->second);

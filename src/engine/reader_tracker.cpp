@@ -1,5 +1,6 @@
 #include "engine/reader_tracker.hpp"
 
+#include <algorithm>
 #include <climits>
 
 namespace clairfs {
@@ -17,7 +18,61 @@ constexpr uint64_t kRateWindow = 64;
 }  // namespace
 
 ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks)
-    : manifest_(manifest), planner_(planner), rates_(ranks), was_live_(ranks, 1) {}  // every rank starts live
+    : manifest_(manifest), planner_(planner), rates_(ranks), was_live_(ranks, 1), verdicts_(ranks) {}  // all live
+
+const char* ReaderTracker::verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kChecking: return "checking";
+    case Verdict::kFollowing: return "following";
+    case Verdict::kOff: return "off";
+    case Verdict::kIdle: return "idle";
+  }
+  return "?";
+}
+
+std::vector<EntryId> ReaderTracker::recent(uint64_t rank) const {
+  const RankVerdict& v = verdicts_[rank];
+  std::vector<EntryId> out(v.recent.begin() + static_cast<ptrdiff_t>(v.recent_at), v.recent.end());
+  out.insert(out.end(), v.recent.begin(), v.recent.begin() + static_cast<ptrdiff_t>(v.recent_at));
+  // Off the plan: only what it read since (opens before may follow the plan, and would mislead).
+  if (v.now == Verdict::kOff && v.opens_off < out.size()) out.erase(out.begin(), out.end() - static_cast<ptrdiff_t>(v.opens_off));
+  return out;
+}
+
+void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
+  if (seen.open.expected || seen.open.blamed) {
+    RankVerdict& v = verdicts_[seen.open.rank];
+    if (v.recent.size() < kRecent) {
+      v.recent.push_back(id);
+    } else {
+      v.recent[v.recent_at] = id;
+      v.recent_at = (v.recent_at + 1) % kRecent;
+    }
+    // Off the plan: diagnosed from the opens since it went off, once there are enough, then again
+    // with more.
+    if (v.now == Verdict::kOff) {
+      ++v.opens_off;
+      if (v.opens_off == kMinDiagnosisOpens || v.opens_off == kRecent || v.opens_off == 4 * kRecent ||
+          v.opens_off == 16 * kRecent)
+        seen.diagnose.push_back(seen.open.rank);
+    }
+  }
+  for (uint64_t r = 0; r < verdicts_.size(); ++r) {
+    Verdict now = Verdict::kChecking;
+    if (!planner_.live(r)) now = planner_.lost(r) == Planner::Lost::kIdle ? Verdict::kIdle : Verdict::kOff;
+    else if (planner_.confirmed(r)) now = Verdict::kFollowing;
+    RankVerdict& v = verdicts_[r];
+    if (now == v.now) continue;
+    v.now = now;
+    // Checking (back, not yet confirmed) is not said; nor is going off again after it (a rank whose
+    // reads fit the plan in part comes back and goes off again, and is said to be off once).
+    if (now == Verdict::kChecking || now == v.said) continue;
+    v.said = now;
+    seen.changed.emplace_back(r, now);
+    if (now == Verdict::kOff) v.opens_off = 0;
+    if (now == Verdict::kFollowing && planner_.progress(r).shifted_from) seen.diagnose.push_back(r);  // which order
+  }
+}
 
 ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
   Seen seen;
@@ -40,8 +95,11 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
     if (live) seen.returned = true;
     else seen.lost.push_back(r);
   }
+  // Read now: no longer to read ahead.
+  if (!readahead_.empty()) readahead_.erase(std::remove(readahead_.begin(), readahead_.end(), id), readahead_.end());
   if (seen.open.expected) note_rate(seen.open.rank, 1 + seen.open.presumed);
   else read_ahead(id, pid);
+  note_verdicts(seen, id);
   return seen;
 }
 
@@ -66,12 +124,17 @@ void ReaderTracker::read_ahead(EntryId id, pid_t pid) {
   }
   const uint32_t i = sample_of_[id];
   if (i == UINT32_MAX) return;
-  auto [it, fresh] = last_unexpected_.try_emplace(pid, i);
-  const uint32_t last = it->second;
-  it->second = i;
-  if (fresh || i != last + 1) return;  // not (yet) sequential
-  // The stager skips those already staged or on their way: the window slides by one sample per open.
-  for (uint32_t j = i + 1; j <= i + kReadAhead && j < samples.size(); ++j) readahead_.push_back(samples[j]);
+  auto [it, fresh] = last_unexpected_.try_emplace(pid, Sequential{i, i});
+  const uint32_t last = it->second.last;
+  uint32_t& queued = it->second.queued_to;
+  it->second.last = i;
+  if (fresh || i != last + 1) {  // not (yet) sequential
+    queued = i;
+    return;
+  }
+  // The window slides by one sample per open: only the samples it newly covers are queued.
+  for (uint32_t j = std::max(i, queued) + 1; j <= i + kReadAhead && j < samples.size(); ++j) readahead_.push_back(samples[j]);
+  queued = std::max(queued, i + kReadAhead);
 }
 
 }  // namespace clairfs

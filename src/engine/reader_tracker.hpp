@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "clairfs/manifest.hpp"
+#include "engine/diagnosis.hpp"
 #include "engine/planner.hpp"
 
 namespace clairfs {
@@ -24,11 +25,17 @@ class ReaderTracker {
   // REQUIRES: manifest and planner outlive the tracker.
   ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks);
 
+  // Whether a rank's reads follow the plan, as the status and the log say it.
+  enum class Verdict { kChecking, kFollowing, kOff, kIdle };
+  static const char* verdict_name(Verdict v);
+
   struct Seen {
     bool again = false;          // without a handle: the reader read its last file again (same use)
     Planner::Open open;          // where the planner placed it
     std::vector<uint64_t> lost;  // ranks that left the plan with this open
     bool returned = false;       // a rank came back to the plan
+    std::vector<std::pair<uint64_t, Verdict>> changed;  // ranks whose verdict changed with this open
+    std::vector<uint64_t> diagnose;  // ranks off the plan with enough new opens to diagnose (see recent)
   };
   // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
   Seen on_open(EntryId id, pid_t pid, bool handle);
@@ -36,6 +43,10 @@ class ReaderTracker {
   // Samples queued for reading ahead (readers off the plan reading in sample order), oldest first.
   std::vector<EntryId>& readahead() { return readahead_; }
   double files_per_second(uint64_t rank) const { return rates_[rank].per_second; }
+  Verdict verdict(uint64_t rank) const { return verdicts_[rank].now; }
+  // The rank's latest opens (up to kRecent), oldest first: what a diagnosis works from.
+  std::vector<EntryId> recent(uint64_t rank) const;
+  static constexpr size_t kRecent = 64;
   uint64_t ranks() const { return rates_.size(); }
 
  private:
@@ -55,8 +66,22 @@ class ReaderTracker {
   };
   std::vector<RankRate> rates_;
   std::vector<uint8_t> was_live_;  // per rank, as of the last open: who got lost or came back
+  struct RankVerdict {
+    Verdict now = Verdict::kChecking;
+    Verdict said = Verdict::kChecking;  // the last verdict logged
+    std::vector<EntryId> recent;  // a ring of its latest opens
+    size_t recent_at = 0;         // where the next goes, once full
+    uint64_t opens_off = 0;       // its opens since it went off the plan
+  };
+  std::vector<RankVerdict> verdicts_;
+  // Records the open as its rank's evidence; fills seen.changed and seen.diagnose.
+  void note_verdicts(Seen& seen, EntryId id);
   std::vector<uint32_t> sample_of_;  // per entry: its sample index, or UINT32_MAX; built on first use
-  std::unordered_map<pid_t, uint32_t> last_unexpected_;
+  struct Sequential {
+    uint32_t last;       // the sample it opened last
+    uint32_t queued_to;  // the last sample queued for it
+  };
+  std::unordered_map<pid_t, Sequential> last_unexpected_;
   std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
   std::vector<EntryId> readahead_;
 };

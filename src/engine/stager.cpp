@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "util/clock.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
 
@@ -18,6 +19,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kPushesPerTurn = 64;
 // Demand-read files waiting for their NVMe write at most.
 constexpr size_t kMaxToWrite = 4096;
+// Samples queued for read-ahead at most (32 for each of 32 sequential readers).
+constexpr size_t kMaxReadAheadQueued = 1024;
 // How often the allocator's free pages go back to the system (util/memory.hpp).
 constexpr auto kReturnFreePages = std::chrono::seconds(1);
 // How long an idle stager sleeps before looking again (woken sooner by readers' progress), and while
@@ -26,8 +29,6 @@ constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kDropWait = std::chrono::milliseconds(1);
 // How long a turn waits for a peer's answer when it has nothing else to do.
 constexpr auto kPeerPoll = std::chrono::milliseconds(1);
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
 
@@ -209,14 +210,14 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id)) continue;
     const bool room_found = state_.policy.make_readahead_room(
         [&] { return ram_.reserve(e.size); }, [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
-    if (!room_found) {  // drop the rest
-      n = queue.size();
-      break;
-    }
+    if (!room_found) break;  // the rest waits for room (read files make it)
     picks.push_back(Pick{id, kReadAheadKey, true, nvme_ && nvme_->find(id) ? Origin::kNvme : Origin::kSource});
     state_.in_flight.insert(id);
   }
   queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+  // Readers that went elsewhere leave their samples behind: the oldest go first.
+  if (queue.size() > kMaxReadAheadQueued)
+    queue.erase(queue.begin(), queue.end() - static_cast<std::ptrdiff_t>(kMaxReadAheadQueued));
 }
 
 void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {

@@ -38,7 +38,8 @@ MountedSession::MountedSession(const Options& o, Frontend& frontend, FusePageCac
 }
 
 void MountedSession::start(const Options& o, Frontend& frontend) {
-  std::string mount_opts = "ro,subtype=clairfs,fsname=" + escape(o.fsname);
+  // nosuid, nodev: a setuid file or a device node in SOURCE is data here, whoever mounts it and however.
+  std::string mount_opts = "ro,nosuid,nodev,subtype=clairfs,fsname=" + escape(o.fsname);
   if (o.allow_other) mount_opts += ",allow_other";
   if (o.default_permissions) mount_opts += ",default_permissions";
   if (o.auto_unmount) mount_opts += ",auto_unmount";
@@ -79,7 +80,7 @@ int MountedSession::serve() {
   fuse_loop_cfg_destroy(config);
   // libfuse's handler leaves the signal's number as the loop's result: a stop asked for, not a failure.
   if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP) {
-    log_info(std::string("stopped by SIG") + sigabbrev_np(rc) + "; unmounting");
+    log_notice(std::string("stopped by SIG") + sigabbrev_np(rc) + "; unmounting");
     return 0;
   }
   return rc;

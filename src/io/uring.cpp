@@ -11,6 +11,16 @@
 
 namespace clairfs {
 
+std::string liburing_version() {
+#if defined(IO_URING_VERSION_MAJOR)
+  return std::to_string(io_uring_major_version()) + "." + std::to_string(io_uring_minor_version());
+#elif defined(CLAIRFS_LIBURING_VERSION)
+  return CLAIRFS_LIBURING_VERSION " (built against)";
+#else
+  return "unknown";
+#endif
+}
+
 namespace {
 
 struct Request {

@@ -16,6 +16,9 @@
 
 namespace clairfs {
 
+// liburing's version, as loaded when it can say (2.4 on), else as built against (--version).
+std::string liburing_version();
+
 class Ring {
  public:
   struct Completion {

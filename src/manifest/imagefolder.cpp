@@ -84,6 +84,7 @@ EntryId Manifest::resolve(EntryId id) const {
 
 void Manifest::compute_samples(const std::vector<std::string>& extensions) {
   samples_.clear();
+  sample_paths_.clear();
   classes_.clear();
   warnings_.clear();
   auto followed_dir = [&](EntryId id) {
@@ -99,7 +100,8 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
   const Entry& root = entries_[0];
   struct WalkDir {
     std::string path;
-    EntryId dir;  // resolved directory
+    EntryId dir;    // resolved directory
+    bool via_link;  // reached through a symlinked directory: its path is not the entry's
   };
   std::vector<WalkDir> dirs;
   std::vector<EntryId> stack;  // resolved directories on the current walk path, for cycle detection
@@ -117,15 +119,16 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
       EntryId dir;
       std::string path;
       size_t depth;
+      bool via_link;
     };
-    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0}};
+    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0, S_ISLNK(entries_[c].mode)}};
     stack.clear();
     while (!todo.empty()) {
       Frame f = std::move(todo.back());
       todo.pop_back();
       stack.resize(f.depth);
       stack.push_back(f.dir);
-      dirs.push_back({f.path, f.dir});
+      dirs.push_back({f.path, f.dir, f.via_link});
       const Entry& d = entries_[f.dir];
       for (EntryId k = d.first_child + d.child_count; k-- > d.first_child;) {
         const EntryId sub = followed_dir(k);
@@ -135,7 +138,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
             warnings_.push_back("symlink cycle at '" + path(k) + "': ImageFolder would list its files repeatedly; clairfs lists them once");
           continue;
         }
-        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1});
+        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1, f.via_link || S_ISLNK(entries_[k].mode)});
       }
     }
     std::sort(dirs.begin(), dirs.end(), [](const WalkDir& a, const WalkDir& b) { return a.path < b.path; });
@@ -146,6 +149,10 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
         if (!has_extension(name(k), extensions)) continue;
         const EntryId target = resolve(k);
         if (target == kNoEntry) warn_outside(k);
+        // ImageFolder names a sample by the path it walked: through symlinked directories, and the
+        // link itself for a linked file. Kept where that is not the entry's own path.
+        if (w.via_link || S_ISLNK(entries_[k].mode))
+          sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         samples_.push_back(target == kNoEntry ? k : target);
       }
     }

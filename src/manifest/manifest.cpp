@@ -112,8 +112,10 @@ std::string Manifest::path(EntryId id) const {
 }
 
 size_t Manifest::memory_bytes() const {
-  return entries_.capacity() * sizeof(Entry) + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
+  size_t bytes = entries_.capacity() * sizeof(Entry) + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
          classes_.capacity() * sizeof(SampleClass);
+  for (const auto& [i, p] : sample_paths_) bytes += 48 + p.capacity();  // a node and its string
+  return bytes;
 }
 
 Manifest Manifest::from_parts(std::vector<Entry> entries, std::string names,

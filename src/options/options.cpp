@@ -1,23 +1,29 @@
 // The mount command line, parsed with libfuse's option parser (fuse_opt_parse).
 //
-// Each option has one template in kTemplates below and a key; the processing callback converts the value
-// and stores it in Options. libfuse's parser is C, so the callback never throws through it: it records the
-// first error and returns -1, and parse_mount_command rethrows it as a UsageError. Cross-option checks
+// The templates, and the code that checks and stores each value, come from the option table (table.cpp);
+// the processing callback here dispatches to it. libfuse's parser is C, so the callback never throws
+// through it: it records the first error and returns -1, and parse_mount_command rethrows it as a
+// UsageError. Cross-option checks
 // (a rank below world_size, order_file with order=list, ...) and path checks run after the parse.
+#include <dirent.h>
 #include <fcntl.h>
 #include <fuse_opt.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include "clairfs/options.hpp"
 #include "options/parse.hpp"
+#include "options/table.hpp"
 #include "util/mounts.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -45,110 +51,44 @@ std::string one_line(const std::string& text) {
 
 namespace {
 
-enum Key : int {
-  kForeground = 1,
-  kDebug,
-  kHelp,
-  kVersion,
-  kSeed,
-  kBatchSize,
-  kWorldSize,
-  kRanks,
-  kRanksPerNode,
-  kEpochs,
-  kStartEpoch,
-  kDropLast,
-  kDropLastValue,
-  kLoaderDropLast,
-  kLoaderDropLastValue,
-  kWorkers,
-  kPrefetchFactor,
-  kOrder,
-  kOrderFile,
-  kExtensions,
-  kRam,
-  kNvme,
-  kNvmeSize,
-  kPageCache,
-  kPeerTimeout,
-  kIoDepth,
-  kProgress,
-  kManifest,
-  kTorchVersion,
-  kSharedGenerator,
-  kSharedGeneratorValue,
-  kPersistentWorkers,
-  kPersistentWorkersValue,
-  kTrace,
-  kEntryTimeout,
-  kAttrTimeout,
-  kTimeout,
-  kAllowOther,
-  kDefaultPermissions,
-  kAutoUnmount,
-  kFsname,
-  kMountFlag,  // forwarded to the kernel mount
-  kIgnored,    // accepted for mount(8) and fstab compatibility, no effect
+// libfuse's templates, made from the option table: an option's key is kOptionKey + its row, a flag's
+// kFlagKey + its row. `name=` matches name=VALUE, `name` the bare word.
+constexpr int kOptionKey = 1000, kFlagKey = 2000;
+
+struct Templates {
+  std::vector<std::string> words;  // what templ points into
+  std::vector<fuse_opt> opts;
+  Templates() {
+    const auto& table = option_table();
+    std::vector<std::pair<std::string, int>> all;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const int key = kOptionKey + static_cast<int>(i);
+      if (table[i].takes != Takes::kNothing) all.emplace_back(std::string(table[i].name) + "=", key);
+      if (table[i].takes != Takes::kValue) all.emplace_back(table[i].name, key);
+    }
+    const auto& flags = flag_table();
+    for (size_t i = 0; i < flags.size(); ++i)
+      for (const char* s : flags[i].spellings) all.emplace_back(s, kFlagKey + static_cast<int>(i));
+    words.reserve(all.size());
+    for (auto& [word, key] : all) {
+      words.push_back(word);
+      opts.push_back(fuse_opt FUSE_OPT_KEY(nullptr, key));
+      opts.back().templ = words.back().c_str();
+    }
+    opts.push_back(fuse_opt FUSE_OPT_END);
+  }
 };
 
-// Kernel mount flags libfuse understands; forwarded unchanged.
-const char* const kMountFlags[] = {"dev",     "nodev",     "suid",       "nosuid",     "exec",
-                                   "noexec",  "atime",     "noatime",    "relatime",   "norelatime",
-                                   "diratime", "nodiratime", "strictatime", "lazytime", "async",
-                                   "sync",    "dirsync"};
-// What mount(8), mount.fuse3 and fstab may hand us that means nothing here. "rw" is accepted because
-// mount(8) adds it by default; the mount stays read-only regardless.
-const char* const kIgnoredFlags[] = {"ro", "rw", "defaults", "_netdev", "nofail", "auto", "noauto",
-                                     "user", "users", "nouser", "owner", "group", "nosymfollow"};
+const fuse_opt* templates() {
+  static const Templates t;
+  return t.opts.data();
+}
 
-#define CLAIRFS_OPT(templ, key) FUSE_OPT_KEY(templ, key)
-const fuse_opt kTemplates[] = {
-    CLAIRFS_OPT("-f", kForeground),
-    CLAIRFS_OPT("-d", kDebug),
-    CLAIRFS_OPT("debug", kDebug),
-    CLAIRFS_OPT("-h", kHelp),
-    CLAIRFS_OPT("--help", kHelp),
-    CLAIRFS_OPT("-V", kVersion),
-    CLAIRFS_OPT("--version", kVersion),
-    CLAIRFS_OPT("seed=", kSeed),
-    CLAIRFS_OPT("batch_size=", kBatchSize),
-    CLAIRFS_OPT("world_size=", kWorldSize),
-    CLAIRFS_OPT("ranks=", kRanks),
-    CLAIRFS_OPT("ranks_per_node=", kRanksPerNode),
-    CLAIRFS_OPT("epochs=", kEpochs),
-    CLAIRFS_OPT("start_epoch=", kStartEpoch),
-    CLAIRFS_OPT("drop_last", kDropLast),
-    CLAIRFS_OPT("drop_last=", kDropLastValue),
-    CLAIRFS_OPT("loader_drop_last", kLoaderDropLast),
-    CLAIRFS_OPT("loader_drop_last=", kLoaderDropLastValue),
-    CLAIRFS_OPT("workers=", kWorkers),
-    CLAIRFS_OPT("prefetch_factor=", kPrefetchFactor),
-    CLAIRFS_OPT("order=", kOrder),
-    CLAIRFS_OPT("order_file=", kOrderFile),
-    CLAIRFS_OPT("extensions=", kExtensions),
-    CLAIRFS_OPT("ram=", kRam),
-    CLAIRFS_OPT("nvme=", kNvme),
-    CLAIRFS_OPT("pagecache=", kPageCache),
-    CLAIRFS_OPT("peer_timeout=", kPeerTimeout),
-    CLAIRFS_OPT("io_depth=", kIoDepth),
-    CLAIRFS_OPT("progress=", kProgress),
-    CLAIRFS_OPT("nvme_size=", kNvmeSize),
-    CLAIRFS_OPT("manifest=", kManifest),
-    CLAIRFS_OPT("torch_version=", kTorchVersion),
-    CLAIRFS_OPT("shared_generator", kSharedGenerator),
-    CLAIRFS_OPT("shared_generator=", kSharedGeneratorValue),
-    CLAIRFS_OPT("persistent_workers", kPersistentWorkers),
-    CLAIRFS_OPT("persistent_workers=", kPersistentWorkersValue),
-    CLAIRFS_OPT("trace=", kTrace),
-    CLAIRFS_OPT("entry_timeout=", kEntryTimeout),
-    CLAIRFS_OPT("attr_timeout=", kAttrTimeout),
-    CLAIRFS_OPT("timeout=", kTimeout),
-    CLAIRFS_OPT("allow_other", kAllowOther),
-    CLAIRFS_OPT("default_permissions", kDefaultPermissions),
-    CLAIRFS_OPT("auto_unmount", kAutoUnmount),
-    CLAIRFS_OPT("fsname=", kFsname),
-    FUSE_OPT_END,
-};
+bool is_one_of(const std::vector<const char*>& words, const std::string& key) {
+  for (const char* w : words)
+    if (key == w) return true;
+  return false;
+}
 
 struct ParseState {
   Options* options;
@@ -158,25 +98,6 @@ struct ParseState {
   bool version = false;
   std::set<std::string> seen;  // option keys given, for conflict checks
 };
-
-std::string value_of(const char* arg) {
-  const char* eq = std::strchr(arg, '=');
-  return eq ? std::string(eq + 1) : std::string();
-}
-
-std::string key_of(const char* arg) {
-  const char* eq = std::strchr(arg, '=');
-  return eq ? std::string(arg, eq) : std::string(arg);
-}
-
-Order parse_order(const std::string& value) {
-  if (value == "torch") return Order::kTorch;
-  if (value == "torch-random" || value == "torch_random") return Order::kTorchRandom;
-  if (value == "sequential") return Order::kSequential;
-  if (value == "list") return Order::kList;
-  if (value == "clairfs") return Order::kClairfs;
-  bad_value("order", value, "use torch, torch-random, sequential, list or clairfs");
-}
 
 }  // namespace
 
@@ -200,103 +121,19 @@ std::vector<std::string> parse_extensions(const std::string& value) {
 namespace {
 
 void handle(ParseState& st, int key, const char* arg) {
-  Options& o = *st.options;
-  const std::string v = value_of(arg);
-  const std::string k = key_of(arg);
-  st.seen.insert(k);
-  switch (key) {
-    case kForeground: o.foreground = true; break;
-    case kDebug: o.debug = true; o.foreground = true; break;
-    case kHelp: st.help = true; break;
-    case kVersion: st.version = true; break;
-    case kSeed: o.seed = parse_seed(k, v); break;
-    case kBatchSize:
-      o.batch_size = parse_u64(k, v);
-      if (o.batch_size == 0) bad_value(k, v, "must be at least 1");
-      break;
-    case kWorldSize:
-      o.world_size = parse_u64(k, v);
-      if (o.world_size == 0) bad_value(k, v, "must be at least 1");
-      break;
-    case kRanks: o.ranks = parse_rank_list(k, v); o.ranks_given = true; break;
-    case kRanksPerNode:
-      o.ranks_per_node = parse_u64(k, v);
-      if (o.ranks_per_node == 0) bad_value(k, v, "must be at least 1");
-      break;
-    case kEpochs:
-      o.epochs = parse_u64(k, v);
-      if (*o.epochs == 0) bad_value(k, v, "must be at least 1");
-      break;
-    case kStartEpoch: o.start_epoch = parse_u64(k, v); break;
-    case kDropLast: o.drop_last = true; break;
-    case kDropLastValue: o.drop_last = parse_bool(k, v); break;
-    case kLoaderDropLast: o.loader_drop_last = true; break;
-    case kLoaderDropLastValue: o.loader_drop_last = parse_bool(k, v); break;
-    case kWorkers: o.workers = parse_u64(k, v); break;
-    case kPrefetchFactor:
-      o.prefetch_factor = parse_u64(k, v);
-      if (o.prefetch_factor == 0) bad_value(k, v, "must be at least 1");
-      break;
-    case kOrder: o.order = parse_order(v); break;
-    case kOrderFile:
-      if (v.empty()) bad_value(k, v, "empty path");
-      o.order_file = v;
-      break;
-    case kExtensions: o.extensions = parse_extensions(v); break;
-    case kRam:
-      o.ram = parse_size(k, v);
-      o.ram_given = true;
-      break;
-    case kIoDepth:
-      o.io_depth = parse_u64(k, v);
-      if (o.io_depth < 1 || o.io_depth > 4096) bad_value(k, v, "use 1 to 4096");
-      break;
-    case kProgress:
-      if (v != "reads" && v != "opens") bad_value(k, v, "use reads or opens");
-      o.progress_from_opens = v == "opens";
-      o.progress_given = true;
-      break;
-    case kPeerTimeout:
-      o.peer_timeout = parse_seconds(k, v);
-      if (o.peer_timeout <= 0) bad_value(k, v, "must be above 0");
-      break;
-    case kPageCache:
-      o.pagecache = parse_size(k, v);
-      o.pagecache_given = true;
-      break;
-    case kNvme:
-      if (v.empty()) bad_value(k, v, "empty path");
-      o.nvme = v;
-      break;
-    case kNvmeSize: o.nvme_size = parse_size(k, v); break;
-    case kTorchVersion:
-      o.torch_version = parse_u64(k, v);
-      if (o.torch_version != 1 && o.torch_version != 2) bad_value(k, v, "use 1 (torch 1.x) or 2 (torch 2.x)");
-      break;
-    case kSharedGenerator: o.shared_generator = true; break;
-    case kSharedGeneratorValue: o.shared_generator = parse_bool(k, v); break;
-    case kPersistentWorkers: o.persistent_workers = true; break;
-    case kPersistentWorkersValue: o.persistent_workers = parse_bool(k, v); break;
-    case kTrace:
-      if (v.empty()) bad_value(k, v, "empty path");
-      o.trace = v;
-      break;
-    case kManifest:
-      if (v.empty()) bad_value(k, v, "empty path");
-      o.manifest = v;
-      break;
-    case kEntryTimeout: o.entry_timeout = parse_seconds(k, v); break;
-    case kAttrTimeout: o.attr_timeout = parse_seconds(k, v); break;
-    case kTimeout: o.entry_timeout = o.attr_timeout = parse_seconds(k, v); break;
-    case kAllowOther: o.allow_other = true; break;
-    case kDefaultPermissions: o.default_permissions = true; break;
-    case kAutoUnmount: o.auto_unmount = true; break;
-    case kFsname:
-      if (v.empty()) bad_value(k, v, "empty name");
-      o.fsname = v;
-      break;
-    default: break;
+  if (key >= kFlagKey) {
+    switch (flag_table()[static_cast<size_t>(key - kFlagKey)].action) {
+      case FlagAction::kForeground: st.options->foreground = true; break;
+      case FlagAction::kDebug: st.options->debug = st.options->foreground = true; break;
+      case FlagAction::kHelp: st.help = true; break;
+      case FlagAction::kVersion: st.version = true; break;
+    }
+    return;
   }
+  const char* eq = std::strchr(arg, '=');
+  GivenOption given{eq ? std::string(arg, eq) : std::string(arg), eq ? std::string(eq + 1) : std::string(), eq != nullptr};
+  st.seen.insert(given.key);
+  option_table()[static_cast<size_t>(key - kOptionKey)].store(*st.options, given);
 }
 
 int process(void* data, const char* arg, int key, fuse_args* /*outargs*/) {
@@ -310,12 +147,13 @@ int process(void* data, const char* arg, int key, fuse_args* /*outargs*/) {
       return 0;
     }
     if (key == FUSE_OPT_KEY_OPT) {
-      const std::string k = key_of(arg);
-      const bool has_value = std::strchr(arg, '=') != nullptr;
-      for (const char* flag : kMountFlags)
-        if (!has_value && k == flag) { st.options->mount_flags.push_back(k); return 0; }
-      for (const char* flag : kIgnoredFlags)
-        if (!has_value && k == flag) return 0;
+      const char* eq = std::strchr(arg, '=');
+      const std::string k = eq ? std::string(arg, eq) : std::string(arg);
+      if (!eq && is_one_of(kernel_mount_flags(), k)) {
+        st.options->mount_flags.push_back(k);
+        return 0;
+      }
+      if (!eq && is_one_of(ignored_mount_words(), k)) return 0;
       if (k.rfind("x-", 0) == 0 || k.rfind("comment=", 0) == 0) return 0;  // for other tools
       if (arg[0] == '-') throw UsageError("unknown flag '" + std::string(arg) + "' (see clairfs --help)");
       throw UsageError("unknown option '" + std::string(arg) + "' (see clairfs --help)");
@@ -339,6 +177,17 @@ void require_path(const std::string& what, const std::string& path, mode_t type,
                      std::strerror(errno));
 }
 
+// Entries in a directory, "." and ".." aside (0 if it cannot be read: the mount then says why).
+size_t entries_in(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  size_t n = 0;
+  while (const dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ++n;
+  ::closedir(d);
+  return n;
+}
+
 // Two daemons never share a mount point: one mounted on top of a live clairfs mount hides it from the
 // job halfway through, and one on top of a dead mount leaves the dead one behind when it ends.
 void refuse_clairfs_mountpoint(const std::string& mountpoint) {
@@ -360,23 +209,60 @@ std::string absolute(const std::string& path) {
   return out;
 }
 
-// A quarter of the node's memory: room for a good part of a data set ahead of the readers, while the
-// job keeps the rest.
-uint64_t default_ram_budget() {
+// The memory this process may use: the node's, or less where its cgroup (v2) or one above it says so
+// (a Slurm job's --mem). UINT64_MAX when neither is known.
+uint64_t memory_limit() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return uint64_t{1} << 30;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+  uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    for (std::string path = line.substr(3); !path.empty() && path != "/"; path = path.substr(0, path.rfind('/'))) {
+      std::ifstream max("/sys/fs/cgroup" + path + "/memory.max");
+      std::string v;
+      if (max >> v && v != "max" && !v.empty() && std::isdigit(static_cast<unsigned char>(v[0])))
+        limit = std::min<uint64_t>(limit, std::strtoull(v.c_str(), nullptr, 10));
+    }
+  }
+  return limit;
+}
+
+// A quarter of the memory this process may use: room for a good part of a data set ahead of the
+// readers, while the job keeps the rest.
+uint64_t default_ram_budget() {
+  const uint64_t limit = memory_limit();
+  return limit == UINT64_MAX ? uint64_t{1} << 30 : limit / 4;
+}
+
+// A RAM budget the node cannot hold is refused at mount, rather than a daemon the OOM killer ends
+// mid-job. (An NVMe budget above the disk's free space is only warned of, at start-up: a full disk
+// stops admission and nothing else, and space may come free.)
+void refuse_budgets_beyond_the_node(const Options& o) {
+  const uint64_t memory = memory_limit();
+  if (o.ram > 0 && memory != UINT64_MAX && o.ram + o.pagecache > memory)
+    throw UsageError("ram=" + human_bytes(static_cast<double>(o.ram)) +
+                     (o.pagecache ? " (with pagecache=" + human_bytes(static_cast<double>(o.pagecache)) + ")" : "") +
+                     " is more than the " + human_bytes(static_cast<double>(memory)) +
+                     " of memory this node (or this job's cgroup) has; give less (the default is a quarter of it)");
 }
 
 void check_paths(Options& o) {
   require_path("SOURCE", o.source, S_IFDIR, R_OK | X_OK);
   refuse_clairfs_mountpoint(o.mountpoint);
   require_path("MOUNTPOINT", o.mountpoint, S_IFDIR, 0);
+  if (!o.nonempty)
+    if (const size_t n = entries_in(o.mountpoint))
+      throw UsageError("MOUNTPOINT '" + o.mountpoint + "' is not empty: the mount would hide its " + std::to_string(n) +
+                       (n == 1 ? " entry" : " entries") + "; mount on an empty directory, or give -o nonempty");
   o.source_abs = absolute(o.source);
   o.mountpoint_abs = absolute(o.mountpoint);
   if (!o.manifest.empty()) require_path("manifest", o.manifest, S_IFREG, R_OK);
   if (!o.order_file.empty()) require_path("order_file", o.order_file, S_IFREG, R_OK);
   if (!o.nvme.empty()) require_path("nvme", o.nvme, S_IFDIR, R_OK | W_OK | X_OK);
+  if (!o.metrics_file.empty()) {
+    const std::string dir = o.metrics_file.substr(0, std::max<size_t>(1, o.metrics_file.rfind('/')));
+    require_path("metrics_file's folder", dir, S_IFDIR, W_OK | X_OK);
+  }
   if (!o.trace.empty()) {
     const int fd = ::open(o.trace.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) throw UsageError("trace '" + o.trace + "': " + std::strerror(errno));
@@ -426,6 +312,11 @@ void check_combinations(ParseState& st) {
   if (o.progress_given && !o.progress_from_opens && !o.trace.empty())
     throw UsageError("progress=reads cannot go with trace= (the kernel would not send the opens it records)");
   if (!o.progress_given) o.progress_from_opens = o.ram == 0 || !o.trace.empty();
+  if (o.seed_auto && o.order != Order::kTorch)
+    throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle only (order=torch), not order=") +
+                     order_name(o.order) + "; give seed=");
+  if (o.seed_auto && o.ram == 0) throw UsageError("seed=auto needs staging on (ram= above 0): it learns the order to stage by");
+  refuse_budgets_beyond_the_node(o);
   if (o.extensions.empty()) o.extensions = default_extensions();
   if (o.fsname.empty()) o.fsname = o.source_abs.empty() ? o.source : o.source_abs;
 }
@@ -433,13 +324,22 @@ void check_combinations(ParseState& st) {
 }  // namespace
 
 bool is_known_flag(const std::string& key) {
-  for (const fuse_opt* t = kTemplates; t->templ; ++t)
-    if (key == t->templ) return true;
-  for (const char* flag : kMountFlags)
-    if (key == flag) return true;
-  for (const char* flag : kIgnoredFlags)
-    if (key == flag) return true;
-  return key.rfind("x-", 0) == 0;
+  if (const OptionSpec* o = find_option(key)) return o->takes != Takes::kValue;
+  for (const auto& f : flag_table())
+    for (const char* s : f.spellings)
+      if (key == s) return true;
+  return is_one_of(kernel_mount_flags(), key) || is_one_of(ignored_mount_words(), key) || key.rfind("x-", 0) == 0;
+}
+
+std::string seed_text(SeedInt seed) {
+  const bool negative = seed < 0;
+  SeedUint v = negative ? -static_cast<SeedUint>(seed) : static_cast<SeedUint>(seed);
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
+  return negative ? "-" + digits : digits;
 }
 
 const char* order_name(Order order) {
@@ -491,12 +391,12 @@ Options parse_mount_command(int argc, const char* const* argv) {
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(cargv.size()), cargv.data());
   Options options;
   ParseState st{&options, {}, {}, false, false, {}};
-  const int rc = fuse_opt_parse(&args, &st, kTemplates, process);
+  const int rc = fuse_opt_parse(&args, &st, templates(), process);
   fuse_opt_free_args(&args);
   if (!st.error.empty()) throw UsageError(st.error);
   if (rc != 0) throw UsageError("cannot parse the command line");
   if (st.help) throw HelpRequested(usage_text());
-  if (st.version) throw HelpRequested(std::string("clairfs ") + CLAIRFS_VERSION + "\n");
+  if (st.version) throw HelpRequested("", true);
   if (st.positional.size() < 2)
     throw UsageError("missing " + std::string(st.positional.empty() ? "SOURCE and MOUNTPOINT" : "MOUNTPOINT") +
                      " (usage: clairfs SOURCE MOUNTPOINT [-f] [-o OPTIONS])");
@@ -516,60 +416,12 @@ std::string usage_text() {
 
 Shows the directory SOURCE read-only at MOUNTPOINT, byte for byte, and stages files ahead of a training
 job that reads them in an order it can predict from the seed. Without -f, returns once the mount is live
-(exit 0) or has failed (exit 1; exit 2 for a bad option or path). See docs/options.md for details.
+(exit 0) or has failed (exit 1; exit 2 for a bad option or path). See man clairfs for details.
 
-'-' and '_' in option names are the same; sizes take K, M, G, T (powers of 1024).
+'-' and '_' in option names are the same; sizes are bytes or take K, M, G, T or P (powers of 1024;
+KB and KiB alike; 1.5G works).
 
-Training schedule (what the job's sampler and DataLoader use):
-  seed=N               sampler seed (DistributedSampler seed / generator seed); default 0
-  batch_size=N         DataLoader batch size per rank; default 1
-  world_size=N         training ranks in the job; default 1
-  ranks=LIST           training ranks this mount serves: 3, 0-3, 0,2,5 or 0:2:5; default all if world_size=1
-  ranks_per_node=N     serve N consecutive ranks per node instead of ranks=
-  epochs=N             the job runs epochs start_epoch .. N-1; default unbounded
-  start_epoch=N        first epoch (after a restart); default 0
-  drop_last[=BOOL]     the sampler's drop_last; default off
-  loader_drop_last[=BOOL]  the DataLoader's drop_last; default off
-  workers=N            DataLoader num_workers; default 0
-  prefetch_factor=N    DataLoader prefetch_factor; default 2
-  order=NAME           torch (default), torch-random, sequential, list, clairfs
-  order_file=FILE      the order for order=list
-  torch_version=N      1 or 2: the torch.randperm the job's torch uses (differs from 214,748,364 samples); default 2
-  shared_generator[=BOOL]    torch-random: the DataLoader gets the sampler's generator too; default on
-  persistent_workers[=BOOL]  torch-random: DataLoader(persistent_workers=True); default off
-  extensions=LIST      file extensions that are samples, ':'-separated; default ImageFolder's
-
-Caches:
-  ram=SIZE             RAM budget for staged files (a hard limit); default 1/4 of memory; 0: no staging
-  pagecache=SIZE       staged files pushed into the kernel's page cache ahead of the readers, at most;
-                       default 1/4 of ram=, up to 1G; 0: no pushes
-  nvme=DIR             local directory for the NVMe tier (clairfs makes and removes its own folder in it)
-  nvme_size=SIZE       NVMe tier budget; default 90% of the free space in DIR; needs nvme=
-  io_depth=N           opens, reads and writes the stager keeps in flight; default 32
-  progress=reads|opens how the engine follows the readers: reads (the kernel opens files without asking,
-                       so pushed files cost no request; default) or opens (every open goes to the daemon)
-  peer_timeout=SECS    under mpiexec/srun: a peer that has not answered in this long is not asked again
-                       (its files come from SOURCE); default 5
-  manifest=FILE        mount from an index written by 'clairfs index' instead of scanning SOURCE
-  trace=FILE           append one line per file opened ("PID PATH") to FILE
-
-Kernel and FUSE:
-  entry_timeout=SECS   how long the kernel caches names; default 86400
-  attr_timeout=SECS    how long the kernel caches attributes; default 86400
-  timeout=SECS         both of the above
-  allow_other          let other users read the mount
-  default_permissions  let the kernel check permissions against the mirrored modes
-  auto_unmount         unmount when the daemon exits
-  fsname=NAME          the name shown in /proc/mounts; default SOURCE
-  dev, nodev, suid, nosuid, exec, noexec, noatime, ...   mount flags, passed to the kernel
-  ro, rw, defaults, _netdev, nofail, x-*               accepted from fstab/mount(8); the mount is always read-only
-
-Flags:
-  -f                   stay in the foreground
-  -d                   foreground with FUSE debug output
-  -h, --help           this text
-  -V, --version        the version
-)";
+)" + options_help();
 }
 
 }  // namespace clairfs

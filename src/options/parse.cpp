@@ -10,6 +10,7 @@
 #include <set>
 
 #include "clairfs/options.hpp"
+#include "options/table.hpp"
 
 namespace clairfs {
 
@@ -21,7 +22,10 @@ std::string lower(std::string s) {
 }
 
 // Options whose value is a list; a bare token after them continues the list. See split_option_string.
-bool is_list_option(const std::string& key) { return key == "ranks" || key == "extensions"; }
+bool is_list_option(const std::string& key) {
+  const OptionSpec* o = find_option(key);
+  return o && o->list;
+}
 
 bool looks_like_rank_item(const std::string& token) {
   return !token.empty() &&

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +150,18 @@ void MpiWorld::wait(void* request, const char* what) {
       }
     std::this_thread::sleep_for(kCollectivePoll);
   }
+}
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string line(text, static_cast<size_t>(std::max(length, 0)));
+  if (const size_t nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+  for (char& c : line)
+    if (c == '\t') c = ' ';
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line;
 }
 
 std::string MpiWorld::broadcast(const std::string& data, int root) {

@@ -40,6 +40,9 @@ struct Launch {
 };
 Launch detect_launch();
 
+// The MPI library's version line ("MPICH Version: 4.0.2"); callable before MPI starts (--version).
+std::string mpi_library_version();
+
 class MpiWorld {
  public:
   // MPI_Init_thread with MPI_THREAD_MULTIPLE. Throws std::runtime_error with one line if MPI cannot start.

@@ -48,6 +48,12 @@ class NextUseIndex {
     if (by_key_.empty()) return std::nullopt;
     return *std::prev(by_key_.end());
   }
+  // (key, id) of the resident needed last among those needed before `limit`, if any.
+  std::optional<std::pair<uint64_t, EntryId>> farthest_below(uint64_t limit) const {
+    auto it = by_key_.lower_bound({limit, 0});
+    if (it == by_key_.begin()) return std::nullopt;
+    return *std::prev(it);
+  }
   size_t size() const { return key_.size(); }
 
  private:
@@ -82,6 +88,7 @@ class TierIndex {
   }
   // The resident needed last of the rest (for read-ahead, which takes only what no plan needs).
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned() const { return rest_.farthest(); }
+  std::optional<std::pair<uint64_t, EntryId>> farthest_unowned_below(uint64_t limit) const { return rest_.farthest_below(limit); }
   size_t size() const { return rest_.size() + owned_.size(); }
   size_t owned() const { return owned_.size(); }
 

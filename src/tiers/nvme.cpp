@@ -131,11 +131,23 @@ void NvmeTier::damaged(EntryId id, const char* instead) {
   erase(id);
 }
 
+void NvmeTier::unreadable(EntryId id, int error, const char* instead) {
+  if (!find(id)) return;  // evicted between the lookup and the open: not a failure
+  read_failures_++;
+  if (!unreadable_logged_.exchange(true))
+    log_warning("NVMe copy of '" + manifest_.path(id) + "' cannot be read (" + std::strerror(-error) + "); " + instead +
+                " (more such copies are counted in the stats, nvme.read_failures)");
+  erase(id);
+}
+
 int NvmeTier::fetch(EntryId id, const Buffer& buf) {
   const auto held = find(id);
   if (!held) return -ENOENT;
   UniqueFd fd(::openat(dir_.get(), name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) return -ENOENT;
+  if (!fd) {
+    unreadable(id, -errno, "not served, read elsewhere");
+    return -EIO;
+  }
   if (held->size != buf->size() || pread_full(fd.get(), buf->data(), buf->size(), 0) != static_cast<ssize_t>(buf->size()) ||
       checksum(buf->data(), buf->size()) != held->checksum) {
     damaged(id, "not served, SOURCE is read instead");
@@ -148,7 +160,7 @@ void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
   if (!find(id)) return done(-ENOENT);
   io.open(dir_.get(), name(id), [this, &io, id, buf, done](int64_t opened) {
     if (opened < 0) {
-      damaged(id, "staged from SOURCE instead");
+      unreadable(id, static_cast<int>(opened), "staged from elsewhere");
       return done(-EIO);
     }
     auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));

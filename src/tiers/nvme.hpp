@@ -86,10 +86,15 @@ class NvmeTier final : public Store {
   uint64_t writes() const { return writes_; }
   uint64_t write_failures() const { return write_failures_; }
   uint64_t checksum_failures() const { return checksum_failures_; }
+  // Copies that could not be opened or read (gone from the disk, an I/O error): each is forgotten and
+  // read elsewhere; the first is logged.
+  uint64_t read_failures() const { return read_failures_; }
 
  private:
   // A copy found damaged (short, unreadable, or its checksum differs): removed, counted, logged.
   void damaged(EntryId id, const char* instead);
+  // A copy still in the index that could not be opened: forgotten, counted, the first one logged.
+  void unreadable(EntryId id, int error, const char* instead);
   // A write failed with `error` (-errno, or 0 for a short write).
   void write_failed(EntryId id, uint64_t size, int error);
 
@@ -97,8 +102,8 @@ class NvmeTier final : public Store {
   std::string path_;
   UniqueFd dir_;
   uint64_t capacity_;
-  std::atomic<uint64_t> writes_{0}, write_failures_{0}, checksum_failures_{0};
-  std::atomic<bool> full_logged_{false};
+  std::atomic<uint64_t> writes_{0}, write_failures_{0}, checksum_failures_{0}, read_failures_{0};
+  std::atomic<bool> full_logged_{false}, unreadable_logged_{false};
   mutable Mutex mutex_;
   std::unordered_map<EntryId, Held> held_ GUARDED_BY(mutex_);
   uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;

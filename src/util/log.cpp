@@ -1,34 +1,194 @@
 #include "util/log.hpp"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <mutex>
 #include <string>
 
 namespace clairfs {
 
 namespace {
-std::atomic<bool> g_syslog{false};
-std::string g_name = "clairfs";  // written once at start-up, before other threads (set_log_origin)
-}  // namespace
 
-void set_log_origin(const std::string& origin) { g_name = "clairfs[" + origin + "]"; }
+using Clock = std::chrono::steady_clock;
 
-void log_to_syslog() {
-  ::openlog("clairfs", LOG_PID, LOG_DAEMON);
-  g_syslog = true;
+// The same line again within this long is counted, not written.
+constexpr auto kFoldFor = std::chrono::seconds(60);
+
+enum class Kind { kStderr, kSyslog, kFile };
+
+struct Sink {
+  Kind kind = Kind::kStderr;
+  int fd = STDERR_FILENO;
+  std::string path;
+};
+
+std::mutex g_mutex;
+std::string g_name = "clairfs";  // written at start-up, before other threads
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+Sink g_target;  // after log_detached()
+Sink g_now;     // where lines go now
+bool g_stamps = false;
+std::string g_last;  // the last line written, its level and when
+LogLevel g_last_level = LogLevel::kInfo;
+Clock::time_point g_last_at;
+size_t g_repeats = 0;  // the same line since, not written
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
 }
 
-void log_line(LogLevel level, const std::string& message) {
-  if (g_syslog) {
-    const int priority = level == LogLevel::kError ? LOG_ERR : level == LogLevel::kWarning ? LOG_WARNING : LOG_INFO;
+void write_line(LogLevel level, const std::string& message) {
+  if (g_now.kind == Kind::kSyslog) {
+    const int priority = level == LogLevel::kError     ? LOG_ERR
+                         : level == LogLevel::kNotice  ? LOG_NOTICE
+                         : level == LogLevel::kWarning ? LOG_WARNING
+                         : level == LogLevel::kInfo    ? LOG_INFO
+                                                       : LOG_DEBUG;
     ::syslog(priority, "%s", message.c_str());
     return;
   }
   // An error is the one line a command ends with ("clairfs: MOUNTPOINT ... is not a directory"): untagged.
-  const char* tag = level == LogLevel::kWarning ? "warning: " : "";
-  std::fprintf(stderr, "%s: %s%s\n", g_name.c_str(), tag, message.c_str());
+  const char* tag = level == LogLevel::kWarning ? "warning: " : level == LogLevel::kDebug ? "debug: " : "";
+  std::string line = g_stamps || g_now.kind == Kind::kFile ? utc_now() + " " : "";
+  line += g_name + ": " + tag + message + "\n";
+  // One write: lines of several threads (and, in a shared file, several daemons) do not mix.
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(g_now.fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+void flush_repeats() {
+  if (g_repeats == 0) return;
+  const size_t n = g_repeats;
+  g_repeats = 0;
+  write_line(g_last_level, "the last line came " + std::to_string(n) + " more time" + (n == 1 ? "" : "s"));
+}
+
+bool connects(int type) {
+  const int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, "/dev/log", sizeof addr.sun_path - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Opens a log file for appending; "" or why not.
+std::string open_file(const std::string& path, Sink& sink) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+  if (fd < 0) return "cannot log to '" + path + "': " + std::strerror(errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return "cannot log to '" + path + "': not a regular file";
+  }
+  sink = Sink{Kind::kFile, fd, path};
+  return "";
+}
+
+}  // namespace
+
+void set_log_origin(const std::string& origin) { g_name = "clairfs[" + origin + "]"; }
+
+void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+
+bool syslog_reachable() { return connects(SOCK_DGRAM) || connects(SOCK_STREAM); }
+
+std::string default_log_file(const std::string& mountpoint) {
+  std::string name;
+  for (char c : mountpoint) name += c == '/' ? '-' : c;
+  while (!name.empty() && name.front() == '-') name.erase(name.begin());
+  if (name.empty()) name = "root";
+  return "/var/tmp/clairfs-" + std::to_string(::getuid()) + "/" + name + ".log";
+}
+
+std::string set_log_target(const std::string& target, const std::string& mountpoint) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (target == "stderr") {
+    g_target = Sink{};
+    return "";
+  }
+  if (target == "syslog") {
+    if (!syslog_reachable()) return "log=syslog: this node has no syslog (nothing answers at /dev/log); give log=FILE";
+    g_target = Sink{Kind::kSyslog, -1, ""};
+    return "";
+  }
+  if (target.empty()) {
+    if (syslog_reachable()) {
+      g_target = Sink{Kind::kSyslog, -1, ""};
+      return "";
+    }
+    // No syslog here: the documented file, in a folder of the user's own.
+    const std::string path = default_log_file(mountpoint);
+    const std::string dir = path.substr(0, path.rfind('/'));
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return "cannot make '" + dir + "' for the log: " + std::strerror(errno);
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
+      return "'" + dir + "' (for the log: this node has no syslog) is not a folder of this user's; give log=FILE";
+    return open_file(path, g_target);
+  }
+  if (target[0] != '/') return "log=" + target + ": give syslog, stderr or an absolute path";
+  return open_file(target, g_target);
+}
+
+void log_detached() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  flush_repeats();
+  if (g_target.kind == Kind::kSyslog) ::openlog("clairfs", LOG_PID, LOG_DAEMON);
+  g_now = g_target;
+}
+
+void log_serving() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_stamps = true;
+}
+
+std::string log_destination() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_now.kind == Kind::kSyslog ? "syslog" : g_now.kind == Kind::kFile ? g_now.path : "stderr";
+}
+
+void log_flush() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  flush_repeats();
+}
+
+void log_line(LogLevel level, const std::string& message) {
+  if (level < LogLevel::kNotice && static_cast<int>(level) < g_level.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto now = Clock::now();
+  if (message == g_last && level == g_last_level && now - g_last_at < kFoldFor) {
+    ++g_repeats;
+    return;
+  }
+  flush_repeats();
+  write_line(level, message);
+  g_last = message;
+  g_last_level = level;
+  g_last_at = now;
 }
 
 }  // namespace clairfs

@@ -1,23 +1,57 @@
-// One-line diagnostics. In the foreground they go to stderr; once the daemon has detached they go to
-// syslog (facility daemon, ident "clairfs"), since nobody is left to read its stderr.
+// One-line diagnostics, and where they go.
+//
+// Before the daemon detaches (and always in the foreground, -f, or under a launcher) lines go to stderr.
+// Once it detaches they go where `log=` says: syslog (facility daemon, ident "clairfs"), a FILE, or
+// stderr (kept open: for a supervisor that captures it). Without `log=`: syslog when the node has one
+// (/dev/log accepts a connection), else the file default_log_file() names — a node without syslog loses
+// no line. Lines of the daemon's life (after the mount is up) carry a UTC timestamp on stderr and in
+// files; syslog adds its own. A line the same as the one before, within a minute, is not repeated: the
+// count is said with the next different line or at exit ("the last line came N more times").
+//
+// Levels: debug < info < warning < error; `log_level=` drops what is below it. Errors and notices (the
+// daemon's life: mounted, stopped and why) always go.
+//
+// Thread-safe: every thread may log; configuration (set_log_*) happens at start-up, before other threads.
 #pragma once
 
 #include <string>
 
 namespace clairfs {
 
-enum class LogLevel { kInfo, kWarning, kError };
+// kNotice: the daemon's life (mounted, stopped and why): written whatever log_level= says.
+enum class LogLevel { kDebug, kInfo, kWarning, kNotice, kError };
 
 void log_line(LogLevel level, const std::string& message);
+inline void log_debug(const std::string& m) { log_line(LogLevel::kDebug, m); }
 inline void log_info(const std::string& m) { log_line(LogLevel::kInfo, m); }
 inline void log_warning(const std::string& m) { log_line(LogLevel::kWarning, m); }
+inline void log_notice(const std::string& m) { log_line(LogLevel::kNotice, m); }
 inline void log_error(const std::string& m) { log_line(LogLevel::kError, m); }
 
 // Names where the lines come from, "clairfs[ORIGIN]: ...": under a launcher, the node and host, since the
-// job sees every node's lines mixed in one stream. REQUIRES: called before a second thread logs.
+// job sees every node's lines mixed in one stream.
 void set_log_origin(const std::string& origin);
+// Lines below `level` are dropped.
+void set_log_level(LogLevel level);
 
-// Switch to syslog (called after the daemon detaches from its terminal).
-void log_to_syslog();
+// Where lines go once the daemon detaches: "syslog", "stderr", or a file path; "" for the default.
+// Returns a one-line reason when it cannot be used (a file that cannot be opened for appending), "" if
+// it can. Does not switch yet.
+std::string set_log_target(const std::string& target, const std::string& mountpoint);
+// Switches to the target (the daemon detached from its terminal).
+void log_detached();
+// From here on lines carry timestamps (the mount is up: the daemon's life, not the command's words).
+void log_serving();
+// Where lines go now, as the stats show it ("syslog", "stderr" or the file's path).
+std::string log_destination();
+// Says a pending count of repeated lines (at exit).
+void log_flush();
+
+// The file a mount of `mountpoint` logs to when the node has no syslog and log= is not given:
+// /var/tmp/clairfs-UID/MOUNTPOINT.log, the mount point's '/' written as '-' ("/mnt/train" ->
+// "mnt-train.log").
+std::string default_log_file(const std::string& mountpoint);
+// True when syslog can be reached here (a socket at /dev/log that accepts a connection).
+bool syslog_reachable();
 
 }  // namespace clairfs

@@ -2,6 +2,7 @@
 // reader, and the fixed layout of .clairfs/stats.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,32 @@ inline std::string unescape_line(std::string_view line) {
     }
   }
   return out;
+}
+
+// `text` cut or padded with spaces to exactly `width` characters: a string in .clairfs/stats, which
+// keeps one length (see control.hpp). Readers strip the spaces.
+// A fixed_width() string as it was: the padding spaces at its end removed.
+inline std::string trimmed(std::string s) {
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// Bytes for people: "23.4 GiB" (powers of 1024, one decimal).
+inline std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+inline std::string fixed_width(std::string text, size_t width) {
+  text.resize(width, ' ');
+  return text;
 }
 
 // Rewrites JSON text so that every scalar outside a string (number, true, false, null) fills `width`

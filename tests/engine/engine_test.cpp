@@ -172,36 +172,77 @@ TEST(Engine, AFailingSourceGivesErrorsNotBytes) {
   }
 }
 
-TEST(Engine, DamagedNvmeCopiesAreReadFromSourceInstead) {
-  MemoryTree tree(sizes(100, 1000, 3000));
-  MemorySource source(tree);
-  const auto streams = one_rank(tree);
-  char dir[] = "/tmp/clairfs-engine-nvme.XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  {
-    EngineConfig c = config(30 << 10);  // ~15% of the data set: epoch 1 comes from NVMe
+// An engine with an NVMe tier in a fresh temporary directory, after epoch 0 has been read and more than
+// 50 files written to the tier. RAM holds ~15% of the data set, so epoch 1 comes from NVMe.
+struct NvmeRun {
+  explicit NvmeRun(const MemoryTree& tree) : source(tree), streams(one_rank(tree)) {
+    if (!::mkdtemp(dir)) throw std::runtime_error("mkdtemp");
+    EngineConfig c = config(30 << 10);
     c.nvme = dir;
     c.nvme_size = 1 << 20;
-    ClairvoyantEngine e(tree.manifest, streams, source, c);
-    EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
-    ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["nvme"]["files"].get<uint64_t>() > 50; }));
-    // Damage every copy on the disk.
-    size_t damaged = 0;
-    for (const auto& folder : std::filesystem::directory_iterator(dir))
-      for (const auto& f : std::filesystem::directory_iterator(folder.path())) {
-        std::fstream out(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-        out.seekp(0);
-        out.write("XXXX", 4);
-        ++damaged;
-      }
-    ASSERT_GT(damaged, 50u);
-    EXPECT_EQ(read_epoch(e, tree, streams(1)[0]), 0u);
-    const auto s = stats(e);
-    EXPECT_GT(s["checksum_failures"].get<uint64_t>(), 0u);
-    EXPECT_GT(s["staged"]["source_bytes"].get<uint64_t>() + s["tiers"]["source"]["bytes"].get<uint64_t>(), tree.total());
+    engine = std::make_unique<ClairvoyantEngine>(tree.manifest, streams, source, c);
+    EXPECT_EQ(read_epoch(*engine, tree, streams(0)[0]), 0u);
+    staged = wait_for(*engine, [&](const nlohmann::json& s) { return s["nvme"]["files"].get<uint64_t>() > 50; });
   }
-  EXPECT_TRUE(std::filesystem::is_empty(dir));  // the tier removed its folder
-  std::filesystem::remove_all(dir);
+  // Ends the engine; true if its tier removed its folder.
+  bool end() {
+    engine.reset();
+    const bool clean = std::filesystem::is_empty(dir);
+    std::filesystem::remove_all(dir);
+    return clean;
+  }
+  ~NvmeRun() {
+    if (engine) end();
+  }
+  char dir[32] = "/tmp/clairfs-engine-nvme.XXXXXX";
+  MemorySource source;
+  StreamSource streams;
+  std::unique_ptr<ClairvoyantEngine> engine;
+  bool staged = false;
+};
+
+TEST(Engine, DamagedNvmeCopiesAreReadFromSourceInstead) {
+  MemoryTree tree(sizes(100, 1000, 3000));
+  NvmeRun run(tree);
+  ASSERT_TRUE(run.staged);
+  // Damage every copy on the disk.
+  size_t damaged = 0;
+  for (const auto& folder : std::filesystem::directory_iterator(run.dir))
+    for (const auto& f : std::filesystem::directory_iterator(folder.path())) {
+      std::fstream out(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+      out.seekp(0);
+      out.write("XXXX", 4);
+      ++damaged;
+    }
+  ASSERT_GT(damaged, 50u);
+  EXPECT_EQ(read_epoch(*run.engine, tree, run.streams(1)[0]), 0u);
+  const auto s = stats(*run.engine);
+  EXPECT_GT(s["checksum_failures"].get<uint64_t>(), 0u);
+  EXPECT_GT(s["staged"]["source_bytes"].get<uint64_t>() + s["tiers"]["source"]["bytes"].get<uint64_t>(), tree.total());
+  EXPECT_TRUE(run.end());  // the tier removed its folder
+}
+
+TEST(Engine, ANvmeTierThatFailsSendsReadsToSource) {
+  // The disk under the tier goes away mid-run (its folder removed, as by a node's cleanup or a lost
+  // device): reads of copies fail, are counted, and go on to SOURCE; bytes stay right.
+  MemoryTree tree(sizes(100, 1000, 3000));
+  NvmeRun run(tree);
+  ASSERT_TRUE(run.staged);
+  // The stager may be writing into it meanwhile: remove until the folder itself is gone.
+  for (int tries = 0; tries < 100 && !std::filesystem::is_empty(run.dir); ++tries) {
+    std::error_code ignored;
+    for (const auto& folder : std::filesystem::directory_iterator(run.dir))
+      std::filesystem::remove_all(folder.path(), ignored);
+  }
+  ASSERT_TRUE(std::filesystem::is_empty(run.dir));
+  const uint64_t before = run.source.bytes_read();
+  EXPECT_EQ(read_epoch(*run.engine, tree, run.streams(1)[0]), 0u);
+  EXPECT_EQ(read_epoch(*run.engine, tree, run.streams(2)[0]), 0u);
+  const auto s = stats(*run.engine);
+  EXPECT_GT(s["nvme"]["read_failures"].get<uint64_t>(), 0u);
+  EXPECT_EQ(s["checksum_failures"].get<uint64_t>(), 0u);  // gone is not damaged
+  EXPECT_GT(run.source.bytes_read() - before, tree.total() / 2);  // what NVMe held came from SOURCE again
+  EXPECT_TRUE(run.end());
 }
 
 // Two nodes: node 0 keeps every file for both; node 1 starts once node 0 has staged them all (a keeper

@@ -168,6 +168,11 @@ def stats(mnt):
 MEASURED = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
 
 
+def source_bytes(s):
+    """What SOURCE served, by a mount's stats: all its traffic when staging (staging included), else its reads."""
+    return s["source_traffic"]["bytes"] if "source_traffic" in s else s["tiers"]["source"]["bytes"]
+
+
 def within_memory_bound(pids, budget, files, label=""):
     """Checks the daemons' peak memory (VmHWM) against ram + 64 MiB + 100 B/file (not under a sanitizer)."""
     peak = 0

@@ -37,7 +37,9 @@ with h.tempdir() as tmp:
             h.check(open(mnt + "/c/a.png", "rb").read() == b"fstab bytes", what + ": bytes served")
             with open("/proc/self/mounts") as f:
                 line = [l for l in f if os.path.realpath(mnt) in l][0]
-            h.check(" fuse.clairfs ro," in line, what + ": type fuse.clairfs, read-only")
+            flags = line.split()[3].split(",")
+            h.check(" fuse.clairfs ro," in line and "nosuid" in flags and "nodev" in flags,
+                    what + ": type fuse.clairfs, read-only, nosuid, nodev (%s)" % line.split()[3])
         h.unmount(mnt)
 
     fstab = tmp + "/fstab"
@@ -67,6 +69,15 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 0 and os.access(stage + "/usr/local/bin/clairfs", os.X_OK)
             and os.access(stage + "/sbin/mount.fuse.clairfs", os.X_OK),
             "meson install puts clairfs in bin and mount.fuse.clairfs in /sbin " + r.stderr.strip()[-200:])
+    man = stage + "/usr/local/share/man/man1/clairfs.1"
+    completion = stage + "/usr/local/share/bash-completion/completions/clairfs"
+    h.check(os.path.exists(man) and os.path.exists(completion),
+            "meson install puts the man page and bash completion in place")
+    r = subprocess.run(["man", "--warnings", "-l", man], capture_output=True, text=True, env=dict(os.environ, MANWIDTH="100"))
+    text = r.stdout.replace("\u2010", "-").replace("\u2212", "-")
+    h.check(r.returncode == 0 and not r.stderr.strip() and all(w in text for w in ("seed=N|auto", "metrics_file=FILE",
+                                                                                  "nosuid", "EXIT STATUS")),
+            "man clairfs renders without warnings, the options in it: %s" % r.stderr.strip()[:300])
     subprocess.run(["mount", "--bind", stage + "/usr/local/bin", "/usr/local/bin"], check=True)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "lowerdir=%s/sbin:/usr/sbin" % stage, "/usr/sbin"],
                    check=True)
@@ -82,4 +93,14 @@ with h.tempdir() as tmp:
 
 os.unlink(bindir + "/clairfs")
 os.rmdir(bindir)
+
+# The systemd mount unit docs/mounting.md gives verifies (it once had an ordering cycle).
+with open(os.path.join(os.environ.get("CLAIRFS_SOURCE_ROOT", "."), "docs", "mounting.md")) as f:
+    doc = f.read()
+unit = doc.split("# /etc/systemd/system/mnt-train.mount\n", 1)[1].split("```", 1)[0]
+with h.tempdir() as tmp:
+    with open(tmp + "/mnt-train.mount", "w") as f:
+        f.write(unit)
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", tmp + "/mnt-train.mount"], capture_output=True, text=True)
+    h.check(r.returncode == 0 and "cycle" not in r.stderr, "systemd-analyze verify passes the docs' unit: %s" % r.stderr.strip()[:300])
 h.finish()

@@ -55,7 +55,9 @@ with h.tempdir() as tmp:
     r = h.run_clairfs(["--help"])
     h.check(r.returncode == 0 and "seed=" in r.stdout and "batch_size=" in r.stdout, "--help exits 0 and lists options")
     r = h.run_clairfs(["--version"])
-    h.check(r.returncode == 0 and r.stdout.startswith("clairfs "), "--version: " + r.stdout.strip())
+    h.check(r.returncode == 0 and r.stdout.startswith("clairfs ") and "(commit " in r.stdout
+            and all(("\n" + lib) in r.stdout for lib in ("libfuse 3.", "liburing 2.", "MPI: MPICH", "xxHash 0.")),
+            "--version names the commit and the libraries: " + r.stdout.strip().replace("\n", "; "))
 
     # Foreground mode stays until unmounted; the spellings of fstab and mount(8) are accepted.
     p = subprocess.Popen([h.CLAIRFS, src, mnt, "-f", "-o", "rw,nodev,nosuid,_netdev,x-systemd.automount,batch-size=4"],

@@ -11,57 +11,24 @@
 """
 import os
 import random
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
+from oracle_pipe import Oracle, random_seed  # noqa: E402
+from torch_side import WhoLoads  # noqa: E402  (the class test_torch2 asks torch 2.x with)
 from trees import build, torch_samples  # noqa: E402
 
 import torch  # noqa: E402
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler  # noqa: E402
 
-DUMP = os.environ.get("CLAIRFS_ORACLE_DUMP")
 rnd = random.Random(1234)
-
-
-class Oracle:
-    """Talks to tests/tools/oracle_dump over a pipe."""
-
-    def __init__(self):
-        self.p = subprocess.Popen([DUMP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def ask(self, cmd, order, n, world, rank, seed, epoch, drop_last=0, batch=1, loader_drop_last=0, workers=0,
-            shared=1, persistent=0, start=0, kind="classic"):
-        self.p.stdin.write("%s %s %d %d %d %d %d %d %d %d %d %d %d %d %s\n" % (
-            cmd, order, n, world, rank, seed, epoch, drop_last, batch, loader_drop_last, workers, shared, persistent,
-            start, kind))
-        self.p.stdin.flush()
-        if cmd == "rank":
-            return [int(x) for x in self.p.stdout.readline().split()]
-        out = []
-        while True:
-            line = self.p.stdout.readline().strip()
-            if line == ".":
-                return out
-            out.append([int(x) for x in line.split()])
 
 
 def torch_rank_sequence(n, world, rank, seed, epoch, drop_last, shuffle, batch, loader_drop_last):
     s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     s.set_epoch(epoch)
     return [i for b in BatchSampler(s, batch, loader_drop_last) for i in b]
-
-
-def random_seed(epoch):
-    kind = rnd.randrange(4)
-    if kind == 0:
-        return rnd.randrange(0, 1000)
-    if kind == 1:
-        return -rnd.randrange(1, 2**40)
-    if kind == 2:
-        return rnd.randrange(2**32, 2**63)
-    return rnd.randrange(2**63, 2**64 - epoch)  # still within manual_seed's range after adding the epoch
 
 
 oracle = Oracle()
@@ -73,7 +40,7 @@ for _ in range(400):
     world = rnd.choice([1, 2, 3, 4, 5, 8, 16])
     rank = rnd.randrange(world)
     epoch = rnd.choice([0, 1, 2, rnd.randrange(0, 1000)])
-    seed = random_seed(epoch)
+    seed = random_seed(rnd, epoch)
     drop_last = rnd.random() < 0.4
     shuffle = rnd.random() < 0.85
     batch = rnd.choice([1, 2, 3, 32])
@@ -125,17 +92,6 @@ del loader  # stops the persistent workers now; left to interpreter exit, their 
 
 
 # 3. Which worker loads what: torch's own get_worker_info().
-class WhoLoads(torch.utils.data.Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i, torch.utils.data.get_worker_info().id
-
-
 bad = cases = 0
 for _ in range(6):
     n = rnd.randrange(50, 400)
@@ -168,7 +124,7 @@ with h.tempdir() as tmp:
         samples = [p for _, p in torch_samples(root)]
         for _ in range(4):
             world = rnd.choice([1, 2, 3, 5])
-            seed = random_seed(50)
+            seed = random_seed(rnd, 50)
             drop_last = rnd.random() < 0.5
             batch = rnd.choice([1, 2, 4])
             ldl = rnd.random() < 0.5
@@ -192,6 +148,5 @@ with h.tempdir() as tmp:
     h.check(bad == 0, "published .clairfs/order files: %d/%d (tree, options, epoch, rank) cases equal torch" % (
         cases - bad, cases))
 
-oracle.p.stdin.close()
-oracle.p.wait()
+oracle.close()
 h.finish()

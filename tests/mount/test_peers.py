@@ -88,7 +88,10 @@ with h.tempdir() as tmp:
                 "nodes fetched %d files from each other, %d staged ahead and %d on demand (served %d)" % (
                     staged + demand, staged, demand, served))
         traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
-        h.check(traffic <= 1.05, "SOURCE read %.3f× the data set over the run, with 45%% of it per node: %s" % (traffic, [(x["peers"], x["staged"], x["nvme"]["files"], x["ram"]["files"]) for x in s]))
+        # A file needed soon goes to SOURCE when the peers answer over 4x slower (policy.cpp, PeerModel):
+        # under a sanitizer the MPI thread is slow enough for that to happen (1.008-1.052x in 6 runs).
+        ceiling = 1.10 if os.environ.get("CLAIRFS_SANITIZED") else 1.05
+        h.check(traffic <= ceiling, "SOURCE read %.3f× the data set over the run, with 45%% of it per node: %s" % (traffic, [(x["peers"], x["staged"], x["nvme"]["files"], x["ram"]["files"]) for x in s]))
         h.check(all(x["ram"]["used"] <= x["ram"]["budget"] for x in s), "every node within its RAM budget")
         h.check(all(x["peers"]["timeouts"] == 0 and x["peers"]["usable"] == NODES - 1 for x in s),
                 "no peer timed out: %s" % [x["peers"]["timeouts"] for x in s])

@@ -40,7 +40,7 @@ def job_script(tmp, data, nvme, reader_args, opts_extra=""):
                        "srun /usr/bin/python3 %s --data \"$MNT\" --digests %s/digests.json %s" % (READER, tmp, reader_args), text)
     assert (n1, n2, n3, n4) == (1, 1, 1, 1), "examples/slurm_job.sh changed shape: %s" % ((n1, n2, n3, n4),)
     if opts_extra:
-        text = text.replace('OPTS="$OPTS,ram=64G', 'OPTS="$OPTS,%s,ram=64G' % opts_extra)
+        text = text.replace('OPTS="$OPTS,nvme=', 'OPTS="$OPTS,%s,nvme=' % opts_extra)
     path = "%s/job-%d.sh" % (tmp, time.monotonic_ns())
     with open(path, "w") as f:
         f.write(text)

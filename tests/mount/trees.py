@@ -58,16 +58,9 @@ def build(root, rnd):
 
 
 def torch_samples(root):
-    """ImageFolder(root).samples as (class index, path relative to root), each path written the way
-    clairfs names the file: resolved inside SOURCE, or the link itself when it leads outside or nowhere."""
-    real_root = os.path.realpath(root)
-    out = []
-    for path, cls in ImageFolder(root).samples:
-        real = os.path.realpath(path)
-        if not (real.startswith(real_root + "/") and os.path.exists(real)):
-            real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-        out.append((cls, os.path.relpath(real, real_root)))
-    return out
+    """ImageFolder(root).samples as (class index, path relative to root), exactly as it yields them:
+    through symlinked directories, and a linked file by its link."""
+    return [(cls, os.path.relpath(path, root)) for path, cls in ImageFolder(root).samples]
 
 
 def torch_order(root):

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     size_t c = 0;
     for (size_t i = 0; i < m.samples().size(); ++i) {
       while (c + 1 < classes.size() && classes[c + 1].first_sample <= i) ++c;
-      std::printf("%zu\t%s\n", c, m.path(m.samples()[i]).c_str());
+      std::printf("%zu\t%s\n", c, m.sample_path(i).c_str());
     }
     for (const auto& w : m.warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   } catch (const std::exception& e) {

@@ -119,8 +119,9 @@ TEST(Planner, ReadersMoveIntoTheNextEpochAndOldEpochsAreDropped) {
     const auto seq = src(e);
     for (EntryId id : seq[0]) EXPECT_TRUE(p.on_open(id, 1).expected) << "epoch " << e;
     load_all_wanted(p, src, 1, 10);
-    EXPECT_EQ(p.progress(0).epoch, e + 1);
-    EXPECT_EQ(p.progress(0).done, 0u);
+    // Finished, and nothing of the next read yet: the epoch shows complete.
+    EXPECT_EQ(p.progress(0).epoch, e);
+    EXPECT_EQ(p.progress(0).done, 10u);
   }
   EXPECT_EQ(p.cursor(), 40u);
   EXPECT_EQ(p.take_passed().size(), 40u);
@@ -155,9 +156,11 @@ TEST(Planner, AWrongOrderIsDetectedWithinBoundedOpensAndResyncs) {
     ++opens;
     if (!p.live(0)) break;
   }
+  // The evidence decides after kMinEvidence opens (p0 = 9/400: each miss is strong evidence).
   EXPECT_FALSE(p.live(0));
-  EXPECT_LE(opens, 30u);
-  EXPECT_GE(p.progress(0).mispredicted, 15u);
+  EXPECT_EQ(p.progress(0).lost, Planner::Lost::kOtherOrder);
+  EXPECT_LE(opens, Planner::kMinEvidence);
+  EXPECT_GE(p.progress(0).mispredicted, 2u);
   // Back in the order further on: kResync opens close together make the rank live there.
   const uint64_t before = p.cursor();
   for (uint64_t k = 200; k < 200 + Planner::kResync - 1; ++k) {
@@ -168,7 +171,105 @@ TEST(Planner, AWrongOrderIsDetectedWithinBoundedOpensAndResyncs) {
   EXPECT_TRUE(p.live(0));
   p.on_open(seq[200 + Planner::kResync], 1);
   EXPECT_GE(p.cursor(), before);
-  EXPECT_EQ(p.progress(0).done, 200u + Planner::kResync + 1);
+  EXPECT_EQ(p.progress(0).next_key, 200u + Planner::kResync + 1);
+  // Progress shows what it read of the epoch, not where it came back.
+  EXPECT_EQ(p.progress(0).done, 10u + Planner::kResync + 1);
+}
+
+// A DataLoader's opens: batches of `batch` in order, up to `window` items out of order.
+std::vector<EntryId> loader_like(const std::vector<EntryId>& seq, uint64_t window, uint32_t seed) {
+  std::vector<EntryId> out(seq);
+  std::mt19937 g(seed);
+  for (size_t i = 0; i + window <= out.size(); i += window) std::shuffle(out.begin() + i, out.begin() + i + window, g);
+  return out;
+}
+
+TEST(Planner, AReaderInTheOrderIsConfirmedAndNeverLostEvenWithAWideTolerance) {
+  // 3,000 items, a tolerance of 1,088 steps (batch 32, prefetch 2, 8 workers assumed): the tolerance
+  // covers most of the epoch, so each open in place is weak evidence.
+  const auto src = shuffled(3000, 1);
+  Planner p(config(3000, 1, 1088), src);
+  const auto opens = loader_like(src(0)[0], 512, 7);
+  uint64_t confirmed_at = 0;
+  for (uint64_t k = 0; k < opens.size(); ++k) {
+    EXPECT_TRUE(p.on_open(opens[k], 1).expected);
+    if (!confirmed_at && p.progress(0).confirmed) confirmed_at = k + 1;
+  }
+  EXPECT_TRUE(p.live(0));
+  EXPECT_GT(confirmed_at, 0u);
+  EXPECT_LE(confirmed_at, 20u);
+}
+
+TEST(Planner, AReaderInAnotherOrderIsLostWithinAFewBatchesAndDoesNotAdvance) {
+  // The worst case for the test: the same wide tolerance; 50 other orders, the most opens any needed.
+  const auto src = shuffled(3000, 1);
+  uint64_t most = 0;
+  for (uint64_t other = 100; other < 150; ++other) {
+    Planner p(config(3000, 1, 1088), src);
+    const auto wrong = src(other)[0];
+    uint64_t opens = 0, hits = 0;
+    while (p.live(0) && opens < wrong.size()) hits += p.on_open(wrong[opens++], 1).expected;
+    EXPECT_FALSE(p.live(0));
+    EXPECT_EQ(p.progress(0).lost, Planner::Lost::kOtherOrder);
+    EXPECT_EQ(p.progress(0).epoch, 0u);
+    EXPECT_LE(p.progress(0).done, hits);  // never ahead of what it read in the plan
+    most = std::max(most, opens);
+  }
+  EXPECT_LE(most, 48u);  // a batch and a half of 32
+  // With a tolerance that is small against the epoch, kMinEvidence opens decide.
+  Planner p(config(3000, 1, 64), src);
+  const auto wrong = src(100)[0];
+  for (EntryId id : wrong) {
+    p.on_open(id, 1);
+    if (!p.live(0)) break;
+  }
+  EXPECT_FALSE(p.live(0));
+  EXPECT_EQ(p.opens(), Planner::kMinEvidence);
+}
+
+TEST(Planner, AJobOfAnotherWorldSizeStaysLostThoughItReadsTheRanksItemsInOrder) {
+  // Mounted as rank 0 of 2; the job is one rank and reads the whole shuffled order: every other open is
+  // this rank's next item. Runs are of opens in a row, so the rank is lost once and stays so.
+  const uint64_t n = 3000;
+  const auto whole = shuffled(n, 1);
+  const StreamSource half = [&](uint64_t epoch) {
+    return std::vector<std::vector<EntryId>>{shuffled(n, 2)(epoch)[0]};
+  };
+  auto c = config(n, 1, 64);
+  c.end_epoch = 3;
+  Planner p(c, half);
+  load_all_wanted(p, half, 1, n);
+  const std::vector<EntryId> job = whole(0)[0];
+  uint64_t lost_at = 0, back = 0;
+  for (uint64_t k = 0; k < n; ++k) {
+    p.on_open(job[k], 1);
+    if (!lost_at && !p.live(0)) lost_at = k + 1;
+    if (lost_at && p.live(0)) ++back;
+  }
+  EXPECT_GT(lost_at, 0u);
+  EXPECT_LE(lost_at, 16u);
+  EXPECT_EQ(back, 0u);
+  EXPECT_EQ(p.progress(0).epoch, 0u);
+  // The same job told right (its own order) is followed throughout.
+  Planner q(config(n, 1, 64), whole);
+  for (EntryId id : job) q.on_open(id, 1);
+  EXPECT_TRUE(q.live(0));
+}
+
+TEST(Planner, AFinishedEpochShowsComplete) {
+  const auto src = shuffled(100, 1);
+  auto c = config(100, 1, 8);
+  c.end_epoch = 3;
+  Planner p(c, src);
+  load_all_wanted(p, src, 1, 100);
+  const auto epoch0 = src(0)[0];
+  for (EntryId id : epoch0) p.on_open(id, 1);
+  EXPECT_EQ(p.progress(0).epoch, 0u);  // epoch 1 not begun
+  EXPECT_EQ(p.progress(0).done, 100u);
+  EXPECT_EQ(p.progress(0).total, 100u);
+  p.on_open(src(1)[0][0], 1);
+  EXPECT_EQ(p.progress(0).epoch, 1u);
+  EXPECT_EQ(p.progress(0).done, 1u);
 }
 
 TEST(Planner, ALostRankNoLongerHoldsTheCursorBack) {

@@ -1,0 +1,231 @@
+#include "control/metrics.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "util/log.hpp"
+#include "util/text.hpp"
+
+#ifndef CLAIRFS_VERSION
+#define CLAIRFS_VERSION "unknown"
+#endif
+
+namespace clairfs {
+
+namespace {
+
+// A label value as OpenMetrics writes it: backslash, quote and newline escaped.
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+double at(const nlohmann::json& j, std::initializer_list<const char*> path, bool* found = nullptr) {
+  const nlohmann::json* p = &j;
+  for (const char* k : path) {
+    if (!p->is_object() || !p->contains(k)) {
+      if (found) *found = false;
+      return 0;
+    }
+    p = &(*p)[k];
+  }
+  if (found) *found = p->is_number();
+  return p->is_number() ? p->get<double>() : 0;
+}
+
+// Writes families one after another: header lines, then samples.
+class Writer {
+ public:
+  void family(const std::string& name, const char* type, const char* help, const char* unit = nullptr) {
+    out_ += "# TYPE " + name + " " + type + "\n";
+    if (unit) out_ += "# UNIT " + name + " " + unit + "\n";
+    out_ += "# HELP " + name + " " + help + "\n";
+  }
+  void sample(const std::string& name, const std::string& labels, double v) {
+    out_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number(v) + "\n";
+  }
+  // A family of one sample, if the stats have its number.
+  void single(const std::string& name, const char* type, const char* help, const nlohmann::json& j,
+              std::initializer_list<const char*> path, const char* unit = nullptr) {
+    bool found = true;
+    const double v = at(j, path, &found);
+    if (!found) return;
+    family(name, type, help, unit);
+    sample(std::string(type) == std::string("counter") ? name + "_total" : name, "", v);
+  }
+  std::string done() { return out_ + "# EOF\n"; }
+
+ private:
+  std::string out_;
+};
+
+uint64_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) {
+  Writer w;
+  w.family("clairfs_build", "info", "The clairfs daemon serving this mount.");
+  w.sample("clairfs_build_info", "version=\"" + label(CLAIRFS_VERSION) + "\",mountpoint=\"" + label(mountpoint) + "\"", 1);
+
+  if (j.contains("ranks") && j["ranks"].is_array()) {
+    struct Gauge {
+      const char* name;
+      const char* key;
+      const char* help;
+      const char* unit;
+    };
+    const Gauge gauges[] = {
+        {"clairfs_rank_epoch", "epoch", "The epoch the rank's reader is in.", nullptr},
+        {"clairfs_rank_files_done", "done", "Files of that epoch the rank read.", nullptr},
+        {"clairfs_rank_files_in_epoch", "total", "Files the rank reads in that epoch.", nullptr},
+        {"clairfs_rank_lead_files", "lead_files", "Files staged ahead of the rank's reader, in a row.", nullptr},
+        {"clairfs_rank_lead_seconds", "lead_seconds", "The lead in seconds of reading at the rank's rate.", "seconds"},
+        {"clairfs_rank_files_per_second", "files_per_second", "The rank's reading rate.", nullptr},
+    };
+    for (const Gauge& g : gauges) {
+      w.family(g.name, "gauge", g.help, g.unit);
+      for (const auto& r : j["ranks"])
+        w.sample(g.name, "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\"", r.value(g.key, 0.0));
+    }
+    w.family("clairfs_rank_verdict", "stateset", "Whether the rank reads in the planned order.");
+    for (const auto& r : j["ranks"]) {
+      const std::string verdict = trimmed(r.value("verdict", std::string()));
+      for (const char* state : {"following", "checking", "off", "idle"})
+        w.sample("clairfs_rank_verdict",
+                 "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\",clairfs_rank_verdict=\"" + state + "\"",
+                 verdict == state ? 1 : 0);
+    }
+    w.family("clairfs_rank_mispredicted_opens", "counter", "The rank's opens the plan did not expect.");
+    for (const auto& r : j["ranks"])
+      w.sample("clairfs_rank_mispredicted_opens_total", "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\"",
+               r.value("mispredicted_opens", 0.0));
+  }
+
+  // Opens and bytes served, by where they came from.
+  w.family("clairfs_served_files", "counter", "Files the readers opened, by the tier that served them.");
+  const char* tiers[][2] = {{"page_cache", "pagecache"}, {"ram", "ram"}, {"nvme", "nvme"}, {"peer", "peer"}, {"source", "source"}};
+  for (const auto& t : tiers) {
+    bool found = true;
+    const double v = at(j, {"tiers", t[1], "files"}, &found);
+    if (found) w.sample("clairfs_served_files_total", std::string("tier=\"") + t[0] + "\"", v);
+  }
+  w.family("clairfs_served_bytes", "counter", "Bytes the readers read, by the tier that served them (pushed pages: not seen).",
+           "bytes");
+  for (const auto& t : tiers) {
+    bool found = true;
+    const double v = at(j, {"tiers", t[1], "bytes"}, &found);
+    if (found) w.sample("clairfs_served_bytes_total", std::string("tier=\"") + t[0] + "\"", v);
+  }
+
+  // What SOURCE saw: reads for the readers and for staging.
+  bool staged = true;
+  const double staged_files = at(j, {"staged", "files"}, &staged) - at(j, {"staged", "from_nvme"}) - at(j, {"staged", "from_peer"});
+  w.family("clairfs_source_read_bytes", "counter", "Bytes read from SOURCE, for any reason.", "bytes");
+  w.sample("clairfs_source_read_bytes_total", "",
+           j.contains("source_traffic") ? at(j, {"source_traffic", "bytes"}) : at(j, {"tiers", "source", "bytes"}));
+  w.family("clairfs_source_opens", "counter", "Files opened in SOURCE, for any reason.");
+  w.sample("clairfs_source_opens_total", "", at(j, {"tiers", "source", "files"}) + (staged ? staged_files : 0));
+
+  w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j, {"stalls", "seconds"},
+           "seconds");
+  w.single("clairfs_mispredicted_opens", "counter", "Opens no rank's plan expected.", j, {"mispredicted_opens"});
+  w.single("clairfs_source_changed", "counter", "Files found changed in SOURCE since the mount (reads refused).", j,
+           {"source_changed"});
+  w.single("clairfs_staging_failures", "counter", "Files the stager could not read.", j, {"staged", "failures"});
+  w.single("clairfs_peer_timeouts", "counter", "Requests to peer nodes that timed out.", j, {"peers", "timeouts"});
+  w.single("clairfs_ram_used_bytes", "gauge", "Bytes of files held in the RAM tier.", j, {"ram", "used"}, "bytes");
+  w.single("clairfs_ram_budget_bytes", "gauge", "The RAM tier's budget (ram=).", j, {"ram", "budget"}, "bytes");
+  w.single("clairfs_pagecache_used_bytes", "gauge", "Bytes pushed into the kernel's page cache, not yet read.", j,
+           {"pagecache", "used"}, "bytes");
+  w.single("clairfs_nvme_used_bytes", "gauge", "Bytes held in the NVMe tier.", j, {"nvme", "used"}, "bytes");
+  w.single("clairfs_nvme_capacity_bytes", "gauge", "The NVMe tier's budget.", j, {"nvme", "capacity"}, "bytes");
+  w.family("clairfs_resident_memory_bytes", "gauge", "The daemon's resident memory.", "bytes");
+  w.sample("clairfs_resident_memory_bytes", "", static_cast<double>(resident_bytes()));
+  return w.done();
+}
+
+MetricsFile::MetricsFile(std::string path, std::function<std::string()> text, std::chrono::milliseconds every)
+    : path_(std::move(path)), text_(std::move(text)), every_(every) {
+  write_once();
+  thread_ = std::thread([this] { run(); });
+}
+
+MetricsFile::~MetricsFile() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  ::unlink(path_.c_str());  // stale numbers would read as a live mount's
+}
+
+void MetricsFile::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, every_, [this] { return stop_; })) {
+    lock.unlock();
+    write_once();
+    lock.lock();
+  }
+}
+
+bool MetricsFile::write_once() {
+  const std::string tmp = path_ + ".tmp";
+  std::string text;
+  try {
+    text = text_();
+  } catch (const std::exception&) {  // the stats could not be made this time: tried again next time
+    text.clear();
+  }
+  bool ok = !text.empty();
+  int error = ok ? 0 : EINVAL;
+  if (ok) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    ok = fd >= 0;
+    if (ok) {
+      ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ok = ::close(fd) == 0 && ok;
+    }
+    ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
+    if (!ok) {
+      error = errno;
+      ::unlink(tmp.c_str());
+    }
+  }
+  if (!ok && !failing_)
+    log_warning("cannot write metrics_file '" + path_ + "': " + std::strerror(error) + " (tried again every few seconds)");
+  if (ok && failing_) log_info("metrics_file '" + path_ + "' written again");
+  failing_ = !ok;
+  return ok;
+}
+
+}  // namespace clairfs

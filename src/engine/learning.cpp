@@ -1,0 +1,187 @@
+#include "engine/learning.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "util/log.hpp"
+#include "util/text.hpp"
+
+namespace clairfs {
+
+namespace {
+
+// Handles of files opened before the engine was there are SOURCE's, marked by their low bit (both kinds
+// are pointers to objects aligned to at least 8).
+constexpr uint64_t kSourceHandle = 1;
+
+// The opens at which the next try is made: 16, 24, 32, 48, 64, 96, ... (each try shuffles the data set
+// a few hundred times, so tries grow apart as the opens do).
+size_t next_try(size_t tried) {
+  if (tried < kMinDiagnosisOpens) return kMinDiagnosisOpens;
+  size_t step = kMinDiagnosisOpens;
+  while (step * 2 <= tried) step *= 2;
+  return tried < step + step / 2 ? step + step / 2 : 2 * step;
+}
+
+}  // namespace
+
+LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
+                               Start start)
+    : manifest_(manifest), reader_(reader), schedule_(std::move(schedule)), question_(std::move(question)),
+      start_(std::move(start)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+LearningEngine::~LearningEngine() {
+  {
+    MutexLock lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  engine_.reset();  // before the oracle it reads
+}
+
+ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid) {
+  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
+  bool wake = false;
+  {
+    MutexLock lock(mutex_);
+    if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
+    if (opens_.size() < kMaxOpens && state_ == "learning") {
+      opens_.emplace_back(id, pid);
+      wake = opens_.size() >= next_try(tried_at_);
+    }
+  }
+  if (wake) wake_.notify_all();
+  return nullptr;
+}
+
+int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
+  if (ClairvoyantEngine* e = keep(id, pid)) return e->open(id, pid, handle);
+  const int rc = reader_.open(id, pid, handle);
+  if (rc == 0) *handle |= kSourceHandle, ++source_files_;
+  return rc;
+}
+
+ssize_t LearningEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+  if (handle & kSourceHandle) {
+    const ssize_t n = reader_.read(handle & ~kSourceHandle, buf, size, offset);
+    if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
+    return n;
+  }
+  return engine_ready_.load(std::memory_order_acquire)->read(handle, buf, size, offset);
+}
+
+void LearningEngine::release(uint64_t handle) {
+  if (handle & kSourceHandle) return reader_.release(handle & ~kSourceHandle);
+  engine_ready_.load(std::memory_order_acquire)->release(handle);
+}
+
+ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
+  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e->read_unopened(id, pid, buf, size, offset);
+  if (offset == 0) {
+    // The first read of a file is its open; the same reader reading its file from the start again is not.
+    bool fresh = false;
+    {
+      MutexLock lock(mutex_);
+      if (last_unopened_.size() > 4096) last_unopened_.clear();
+      auto [it, added] = last_unopened_.try_emplace(pid, id);
+      fresh = added || it->second != id;
+      it->second = id;
+    }
+    if (fresh) {
+      if (ClairvoyantEngine* e = keep(id, pid)) return e->read_unopened(id, pid, buf, size, offset);
+      ++source_files_;
+    }
+  }
+  const ssize_t n = reader_.read_unopened(id, pid, buf, size, offset);
+  if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
+  return n;
+}
+
+void LearningEngine::run() {
+  // Shuffles of the whole data set are background work: below the threads that serve reads.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    std::vector<EntryId> ids;
+    std::vector<std::pair<EntryId, pid_t>> kept;
+    {
+      MutexLock lock(mutex_);
+      while (!stop_ && state_ == "learning" && opens_.size() < next_try(tried_at_) && opens_.size() < kMaxOpens)
+        lock.wait(wake_);
+      if (stop_ || state_ != "learning") return;
+      if (opens_.size() >= kMaxOpens && tried_at_ == opens_.size()) {
+        state_ = "not found";
+        log_warning("seed=auto: no likely seed fits the first " + std::to_string(opens_.size()) +
+                    " opens; staging stays off, reads go to SOURCE as on a plain mount (give seed=)");
+        return;
+      }
+      tried_at_ = opens_.size();
+      kept = opens_;
+      for (const auto& o : opens_) ids.push_back(o.first);
+    }
+    std::optional<Learned> found;
+    try {
+      found = learn_seed(manifest_, question_, ids);
+    } catch (const std::exception& e) {
+      log_warning(std::string("seed=auto: ") + e.what());
+    }
+    if (!found) continue;
+    // Found: the oracle and the engine, placed where the opens tried put the job, then the opens kept
+    // since, then the switch (under the lock, so that no open falls between the two).
+    Schedule s = schedule_;
+    s.seed = found->seed;
+    const size_t placed = kept.size();
+    log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
+             std::to_string(question_.start_epoch) + " (found after " + std::to_string(ids.size()) + " opens, " +
+             std::to_string(found->candidates) + " orders tried); staging follows it");
+    std::string failure;
+    try {
+      oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
+      engine_ = start_(*oracle_, std::move(kept));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    MutexLock lock(mutex_);
+    found_ = "seed=" + seed_text(found->seed);
+    found_after_ = ids.size();
+    if (!failure.empty()) {
+      state_ = "failed";
+      log_warning("seed=auto: staging could not start: " + failure + "; reads go to SOURCE as on a plain mount");
+      engine_.reset();
+      return;
+    }
+    engine_->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
+    state_ = "found";
+    oracle_ready_.store(oracle_.get(), std::memory_order_release);
+    engine_ready_.store(engine_.get(), std::memory_order_release);
+    opens_.clear();
+    opens_.shrink_to_fit();
+    return;
+  }
+}
+
+std::string LearningEngine::stats_json() const {
+  ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire);
+  nlohmann::json j = nlohmann::json::parse(e ? e->stats_json() : reader_.stats_json());
+  if (e) {  // what was read before the engine was there counts as SOURCE's
+    j["source_traffic"]["bytes"] = j["source_traffic"].value("bytes", uint64_t{0}) + source_bytes_.load();
+    j["tiers"]["source"]["bytes"] = j["tiers"]["source"].value("bytes", uint64_t{0}) + source_bytes_.load();
+    j["tiers"]["source"]["files"] = j["tiers"]["source"].value("files", uint64_t{0}) + source_files_.load();
+    j["stalls"]["opens"] = j["stalls"].value("opens", uint64_t{0}) + source_files_.load();
+  }
+  MutexLock lock(mutex_);
+  // Strings of one width: the stats file keeps one length (control.hpp).
+  j["learned"] = {{"state", fixed_width(state_, 9)},
+                  {"seed", fixed_width(found_, 48)},
+                  {"after_opens", found_after_},
+                  {"opens_seen", e ? found_after_ : opens_.size()},
+                  {"source_bytes", source_bytes_.load()},  // read before the engine was there (counted in
+                  {"source_files", source_files_.load()}};  // source_traffic, tiers.source and stalls too)
+  return j.dump(2) + "\n";
+}
+
+}  // namespace clairfs

@@ -1,0 +1,89 @@
+// seed=auto: a mount that learns the job's seed from its first reads, then stages by it.
+//
+// Until the seed is known, every read goes to SOURCE as on a plain mount (ram=0) and the opens are
+// kept. A thread of its own tries the likely seeds against them (learn_seed) each time their count
+// passes the next step (16, 24, 32, 48, 64, ...). When one fits, it builds the oracle for that seed and
+// the clairvoyant engine, hands the engine every open kept so far (so the plan starts where the job
+// is), and from then on every call goes to the engine. Files opened before keep reading from SOURCE.
+// When no seed fits the first kMaxOpens opens, it stops trying, says so once, and the mount stays plain:
+// never more SOURCE reads than a plain mount's.
+//
+// Threads: the request threads call the Engine methods and stats_json; the learning thread builds the
+// engine. One mutex guards the kept opens and the switch; once the engine is there, calls take no lock.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "clairfs/engine.hpp"
+#include "clairfs/oracle.hpp"
+#include "engine/clairvoyant.hpp"
+#include "engine/diagnosis.hpp"
+#include "engine/source_reader.hpp"
+#include "util/thread_annotations.hpp"
+
+namespace clairfs {
+
+class LearningEngine final : public Engine {
+ public:
+  // Builds the engine for an oracle of the seed found, given the opens so far (on the learning thread;
+  // may throw).
+  using Start = std::function<std::unique_ptr<ClairvoyantEngine>(const Oracle&, std::vector<std::pair<EntryId, pid_t>>)>;
+
+  static constexpr size_t kMaxOpens = 65536;
+
+  // REQUIRES: manifest and reader outlive it. `schedule`: the mount's, its seed to be learned.
+  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question, Start start);
+  ~LearningEngine() override;
+
+  int open(EntryId id, pid_t pid, uint64_t* handle) override;
+  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
+  void release(uint64_t handle) override;
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
+
+  // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
+  std::string stats_json() const;
+  // The oracle of the seed found; nullptr until then.
+  const Oracle* oracle() const { return oracle_ready_.load(std::memory_order_acquire); }
+
+ private:
+  // Keeps an open for learning; returns the engine instead once there is one.
+  ClairvoyantEngine* keep(EntryId id, pid_t pid) EXCLUDES(mutex_);
+  void run() EXCLUDES(mutex_);
+
+  const Manifest& manifest_;
+  SourceReader& reader_;
+  const Schedule schedule_;
+  const LearnQuestion question_;
+  const Start start_;
+
+  mutable Mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::pair<EntryId, pid_t>> opens_ GUARDED_BY(mutex_);
+  std::unordered_map<pid_t, EntryId> last_unopened_ GUARDED_BY(mutex_);  // no-open mode: a reader's last file
+  size_t tried_at_ GUARDED_BY(mutex_) = 0;  // opens the last try saw
+  std::string state_ GUARDED_BY(mutex_) = "learning";  // learning, found, not found, failed
+  std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found
+  size_t found_after_ GUARDED_BY(mutex_) = 0;
+  bool stop_ GUARDED_BY(mutex_) = false;
+
+  std::unique_ptr<Oracle> oracle_;              // written once, by the learning thread, before engine_
+  std::unique_ptr<ClairvoyantEngine> engine_;   // likewise
+  std::atomic<uint64_t> source_bytes_{0};  // read from SOURCE for the engine's callers before it was there
+  std::atomic<uint64_t> source_files_{0};  // files opened there then
+  std::atomic<const Oracle*> oracle_ready_{nullptr};
+  std::atomic<ClairvoyantEngine*> engine_ready_{nullptr};
+  std::thread thread_;  // last: started once the rest is set up
+};
+
+}  // namespace clairfs

@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""A PyTorch job that may disagree with its mount, as users' jobs do: ImageFolder + DistributedSampler +
+DataLoader over the mount, with the seed, world size, rank and epochs given here (not the mount's), and
+optionally the mistakes people make: no sampler.set_epoch(e), shuffle=False. Reads every file whole and
+checks it against SOURCE's digests. After each epoch (and with --stats-after N, once after N files) it
+prints the mount's stats for that moment as one JSON line: "STATS {...}".
+
+    mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
+                    [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
+                    [--stats-after N] [--watch-batches N]
+
+--watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
+"""
+import argparse
+import hashlib
+import json
+import os
+
+import torch  # noqa: F401
+from torch.utils.data import DataLoader, DistributedSampler
+from torchvision import datasets
+
+ROOT = None
+
+
+def digest_of(path):
+    with open(path, "rb") as f:
+        return os.path.relpath(path, ROOT), hashlib.sha256(f.read()).hexdigest()
+
+
+def stats(root):
+    with open(os.path.join(root, ".clairfs", "stats")) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--digests", required=True)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--first-epoch", type=int, default=0)
+    ap.add_argument("--no-set-epoch", action="store_true")
+    ap.add_argument("--no-shuffle", action="store_true")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--stats-after", type=int, default=0)
+    ap.add_argument("--watch-batches", type=int, default=0)
+    args = ap.parse_args()
+    global ROOT
+    ROOT = args.data
+    with open(args.digests) as f:
+        want = json.load(f)
+    dataset = datasets.ImageFolder(args.data, loader=digest_of)
+    sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank, shuffle=not args.no_shuffle,
+                                 seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    read = wrong = batches = 0
+    for epoch in range(args.first_epoch, args.first_epoch + args.epochs):
+        if not args.no_set_epoch:
+            sampler.set_epoch(epoch)
+        for (rels, digests), _labels in loader:
+            for rel, digest in zip(rels, digests):
+                read += 1
+                wrong += digest != want[rel]
+            batches += 1
+            if batches <= args.watch_batches:
+                ranks = stats(args.data).get("ranks")  # none with ram=0
+                if ranks:
+                    print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"].strip()), flush=True)
+            if args.stats_after and read - len(rels) < args.stats_after <= read:
+                print("STATS " + json.dumps({"after": read, "stats": stats(args.data)}), flush=True)
+        print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": stats(args.data)}), flush=True)
+    print("DONE %d files, %d wrong" % (read, wrong), flush=True)
+
+
+if __name__ == "__main__":
+    main()

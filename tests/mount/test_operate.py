@@ -1,0 +1,192 @@
+"""What an operator meets: the log (where it goes without syslog, log=FILE, log_level=, timestamps,
+repeated lines folded, the daemon's last words), OpenMetrics at .clairfs/metrics and metrics_file=
+(checked with python3-prometheus-client's OpenMetrics parser, against the stats), and clairfs status
+naming the log. This machine has no syslog (/dev/log), as many compute nodes have none.
+"""
+import os
+import re
+import signal
+import json
+import subprocess
+import sys
+import threading
+import time
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z clairfs: ")
+
+
+def lines(path):
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(fams, family, sample, **labels):
+    for s in fams[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return None
+
+
+def read_in_two(path):
+    """A reader that takes the file in two reads with a pause between: the second finds its end (no
+    handle holds one rendering: the kernel opens files itself, and asks for the size again)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        first = os.read(fd, 1 << 20)
+        time.sleep(0.003)
+        return (first + os.read(fd, 1 << 20)).decode()
+    finally:
+        os.close(fd)
+
+
+def status(mnt):
+    return subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+
+
+with h.tempdir() as tmp:
+    data, mnt = tmp + "/data", tmp + "/mnt"
+    os.mkdir(mnt)
+    h.make_dataset(data, 200, 4, 8, 5)
+    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs)
+    rel = [os.path.relpath(p, data) for p in files]
+    have_syslog = os.path.exists("/dev/log")
+
+    # No log= on a node without syslog: the documented file, named by status, with the daemon's life.
+    default = "/var/tmp/clairfs-%d/%s.log" % (os.getuid(), mnt.strip("/").replace("/", "-"))
+    if not have_syslog:
+        if os.path.exists(default):
+            os.unlink(default)
+        with h.mounted(data, mnt, "seed=1,ram=16M"):
+            text = status(mnt)
+            h.check("log           " + default in text, "status names the log: %s" % text.splitlines()[-1:])
+        got = lines(default) if os.path.exists(default) else []
+        h.check(any("clairfs: mounted %s at %s" % (data, mnt) in l for l in got) and all(STAMP.match(l) for l in got)
+                and got and got[-1].endswith("the mount ended; the daemon exits"),
+                "no syslog: %s holds the daemon's life, timestamped: %s" % (default, got[:1] + got[-1:]))
+        if os.path.exists(default):
+            os.unlink(default)
+    else:
+        print("skip: this node has syslog; the default file is not used")
+
+    # log=FILE; a file changed in SOURCE read five times: one warning and a count; the last words after
+    # SIGTERM. A plain mount (ram=0): every read goes to SOURCE, where the change shows.
+    log = tmp + "/clairfs.log"
+    changed = files[3]
+    with h.mounted(data, mnt, "seed=1,ram=0,log=" + log):
+        with open(changed, "ab") as f:
+            f.write(b"more")  # its size no longer matches the scan: reads fail (EIO), each with the same warning
+        eio = [h.expect_errno(lambda: open(os.path.join(mnt, rel[3]), "rb").read(), 5) for _ in range(5)]
+        h.check(all(eio), "a changed file reads EIO, five times")
+        for p in h.daemon_pids(mnt):
+            os.kill(p, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while h.is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    got = lines(log)
+    warned = [l for l in got if rel[3] in l]
+    h.check(len(warned) == 1 and any("the last line came 4 more times" in l for l in got),
+            "the same warning five times: written once, then counted: %s" % [l[25:] for l in got])
+    h.check(all(STAMP.match(l) for l in got) and any("stopped by SIGTERM" in l for l in got)
+            and got[-1].endswith("the mount ended; the daemon exits"), "the last words name the signal: %s" % got[-2:])
+    # log_level=error: no warnings, but the daemon's life is still there.
+    log = tmp + "/quiet.log"
+    os.truncate(changed, os.path.getsize(changed) - 4)
+    with h.mounted(data, mnt, "seed=1,ram=0,log_level=error,log=" + log):
+        with open(changed, "ab") as f:
+            f.write(b"more")
+        h.check(h.expect_errno(lambda: open(os.path.join(mnt, rel[3]), "rb").read(), 5), "a changed file reads EIO")
+    got = lines(log)
+    h.check(not [l for l in got if "warning" in l] and any("clairfs: mounted" in l for l in got),
+            "log_level=error: no warning, the mount and its end still said: %s" % [l[25:] for l in got])
+    os.truncate(changed, os.path.getsize(changed) - 4)
+
+    # Bad logs are refused at mount, with one line.
+    for options, words in (("log=relative.log", "log=relative.log"), ("log=/nonexistent-dir/x.log", "cannot log to"),
+                           ("log_level=loud", "log_level"), ("metrics_file=/nonexistent-dir/m.prom", "metrics_file")):
+        r = h.run_clairfs([data, mnt, "-o", "seed=1," + options])
+        h.check(r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+                and not h.is_mounted(mnt), "%s refused: %s" % (options, r.stderr.strip()))
+    if not have_syslog:
+        r = h.run_clairfs([data, mnt, "-o", "seed=1,log=syslog"])
+        h.check(r.returncode == 2 and "no syslog" in r.stderr, "log=syslog without syslog refused: %s" % r.stderr.strip())
+
+    # Metrics: parsed as OpenMetrics, the numbers the stats have; metrics_file written, then removed.
+    prom = tmp + "/clairfs.prom"
+    with h.mounted(data, mnt, "seed=1,ram=16M,metrics_file=" + prom):
+        for r in rel[:50]:
+            with open(os.path.join(mnt, r), "rb") as f:
+                f.read()
+        text = open(mnt + "/.clairfs/metrics").read()
+        stats = h.stats(mnt)
+        try:
+            fams = families(text)
+        except Exception as e:  # noqa: BLE001 - what the parser says is the finding
+            fams = {}
+            h.check(False, "metrics parse as OpenMetrics: %s" % e)
+        want = ("clairfs_build", "clairfs_rank_epoch", "clairfs_rank_verdict", "clairfs_served_files", "clairfs_served_bytes",
+                "clairfs_source_read_bytes", "clairfs_source_opens", "clairfs_stall_seconds", "clairfs_mispredicted_opens",
+                "clairfs_ram_used_bytes", "clairfs_resident_memory_bytes")
+        h.check(all(f in fams for f in want), "metrics has %s (missing: %s)" % (len(want), [f for f in want if f not in fams]))
+        if fams:
+            served = sum(value(fams, "clairfs_served_files", "clairfs_served_files_total", tier=t) or 0
+                         for t in ("page_cache", "ram", "nvme", "peer", "source"))
+            in_stats = sum(stats["tiers"][t]["files"] for t in ("pagecache", "ram", "nvme", "peer", "source"))
+            h.check(served > 0 and abs(served - in_stats) <= 2, "files served: metrics %d, stats %d" % (served, in_stats))
+            h.check(value(fams, "clairfs_rank_verdict", "clairfs_rank_verdict", rank="0",
+                          clairfs_rank_verdict=stats["ranks"][0]["verdict"].strip()) == 1,
+                    "the rank's verdict is set: %s" % stats["ranks"][0]["verdict"].strip())
+            h.check(value(fams, "clairfs_resident_memory_bytes", "clairfs_resident_memory_bytes") > 1e6, "resident memory given")
+        # Read while they change (a reader in another thread): each read is one rendering, whole.
+        stop = threading.Event()
+
+        def busy():
+            while not stop.is_set():
+                for r in rel:
+                    with open(os.path.join(mnt, r), "rb") as f:
+                        f.read()
+
+        t = threading.Thread(target=busy)
+        t.start()
+        torn = {"stats": 0, "metrics": 0}
+        for _ in range(300):
+            try:
+                json.loads(read_in_two(mnt + "/.clairfs/stats"))
+            except ValueError:
+                torn["stats"] += 1
+            try:
+                families(read_in_two(mnt + "/.clairfs/metrics"))
+            except ValueError:
+                torn["metrics"] += 1
+        stop.set()
+        t.join()
+        h.check(torn == {"stats": 0, "metrics": 0}, "300 reads each of stats and metrics in two parts while a reader "
+                "reads: none torn %s" % torn)
+        time.sleep(0.5)
+        first = os.stat(prom).st_mtime if os.path.exists(prom) else 0
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline and os.path.exists(prom) and os.stat(prom).st_mtime == first:
+            time.sleep(0.5)
+        ok = os.path.exists(prom) and os.stat(prom).st_mtime != first
+        h.check(ok and "clairfs_served_files_total" in open(prom).read() and families(open(prom).read()),
+                "metrics_file written and rewritten within 12 s")
+        h.check(not [n for n in os.listdir(tmp) if n.endswith(".tmp")], "no temporary file left beside it")
+    h.check(not os.path.exists(prom), "metrics_file removed when the mount ended")
+
+    # A plain mount: SOURCE's numbers only, still valid OpenMetrics.
+    with h.mounted(data, mnt, "seed=1,ram=0"):
+        with open(os.path.join(mnt, rel[0]), "rb") as f:
+            f.read()
+        fams = families(open(mnt + "/.clairfs/metrics").read())
+        h.check("clairfs_rank_epoch" not in fams and value(fams, "clairfs_served_files", "clairfs_served_files_total",
+                                                          tier="source") >= 1, "ram=0: SOURCE's numbers, no ranks")
+
+h.finish()

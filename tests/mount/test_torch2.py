@@ -1,0 +1,167 @@
+"""The oracle and the published order against real torch 2.x: Debian 13's python3-torch and
+python3-torchvision, in the chroot scripts/torch2-chroot makes (scripts/test makes it before the suite).
+torch runs in the chroot (tests/mount/torch_side.py answers questions over a pipe); the oracle and the
+mounts run here.
+
+1. DistributedSampler (+ BatchSampler), shuffled and not, over random sample counts, world sizes, ranks,
+   seeds (negative, >= 2^32, >= 2^63) and epochs: the oracle's sequence equals torch's.
+2. DataLoader(shuffle=True, generator=g), and a RandomSampler with g, over several epochs.
+3. Which DataLoader worker loads which sample.
+4. The published order: MOUNTPOINT/.clairfs/order/epoch-E/rank-R through a real mount, for order=torch and
+   order=torch-random, on awkward trees (symlinked directories and files), equals torch 2.x's
+   ImageFolder(mount).samples taken in its sampler's order — paths and all.
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from oracle_pipe import Oracle, random_seed  # noqa: E402
+from trees import build  # noqa: E402
+
+CHROOT = os.environ.get("CLAIRFS_TORCH2_ROOT", "/var/cache/clairfs/trixie")
+rnd = random.Random(2026)
+
+
+class Torch2:
+    """torch_side.py run by the chroot's python3."""
+
+    def __init__(self, work):
+        shutil.copy(os.path.join(os.path.dirname(__file__), "torch_side.py"), work)
+        inside = "/" + os.path.relpath(work, CHROOT) + "/torch_side.py"
+        self.p = subprocess.Popen(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+
+    def ask(self, **q):
+        self.p.stdin.write(json.dumps(q) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("torch_side.py in the chroot stopped")
+        return json.loads(line)
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=60)
+
+
+if not os.path.isfile(os.path.join(CHROOT, "usr/lib/python3/dist-packages/torch/__init__.py")):
+    h.check(False, "a torch 2.x chroot at %s (make it with scripts/torch2-chroot)" % CHROOT)
+    h.finish()
+
+proc_mounted = False
+work = os.path.join(CHROOT, "mnt", "clairfs-torch2-%d" % os.getpid())
+os.makedirs(work)
+# Trees here hold absolute symlinks (host paths under CHROOT): inside the chroot, CHROOT's own path leads
+# back to its root, so they lead where they lead outside it.
+loop = os.path.join(CHROOT, os.path.relpath(CHROOT, "/"))
+made_loop = not os.path.lexists(loop)
+if made_loop:
+    os.makedirs(os.path.dirname(loop), exist_ok=True)
+    os.symlink("/", loop)
+try:
+    # DataLoader workers need /proc and a /dev/shm in the chroot.
+    if not os.path.ismount(os.path.join(CHROOT, "proc")):
+        subprocess.run(["mount", "-t", "proc", "proc", os.path.join(CHROOT, "proc")], check=True)
+        proc_mounted = True
+    os.makedirs(os.path.join(CHROOT, "dev", "shm"), exist_ok=True)
+    torch2, oracle = Torch2(work), Oracle()
+    versions = torch2.ask(q="version")
+    h.check(versions[0].startswith("2."), "the chroot's torch is 2.x: torch %s, torchvision %s" % tuple(versions))
+
+    # 1. DistributedSampler.
+    cases = bad = 0
+    for _ in range(300):
+        n = rnd.choice([1, 2, 3, 7, 10, 64, 100, 257, 1000, rnd.randrange(1, 5000)])
+        world = rnd.choice([1, 2, 3, 4, 5, 8, 16])
+        rank = rnd.randrange(world)
+        epoch = rnd.choice([0, 1, 2, rnd.randrange(0, 1000)])
+        seed = random_seed(rnd, epoch)
+        drop_last, shuffle, ldl = rnd.random() < 0.4, rnd.random() < 0.85, rnd.random() < 0.4
+        batch = rnd.choice([1, 2, 3, 32])
+        want = torch2.ask(q="dist", n=n, world=world, rank=rank, seed=seed, epoch=epoch, drop_last=drop_last,
+                          shuffle=shuffle, batch=batch, ldl=ldl)
+        got = oracle.ask("rank", "torch" if shuffle else "sequential", n, world, rank, seed, epoch, drop_last, batch, ldl)
+        cases += 1
+        if want != got:
+            bad += 1
+            if bad <= 3:
+                print("differs: n=%d world=%d rank=%d seed=%d epoch=%d shuffle=%d: torch %s, oracle %s" % (
+                    n, world, rank, seed, epoch, shuffle, want[:8], got[:8]))
+    h.check(bad == 0, "torch %s DistributedSampler: %d/%d random cases bit-exact" % (versions[0], cases - bad, cases))
+
+    # 2. DataLoader(shuffle=True, generator=g) over epochs.
+    cases = bad = 0
+    for trial in range(24):
+        n = rnd.choice([1, 2, 5, 100, 1000, rnd.randrange(2, 3000)])
+        seed = rnd.choice([0, 7, rnd.randrange(0, 2**40), -5])
+        batch, ldl, shared = rnd.choice([1, 4, 16]), rnd.random() < 0.5, trial % 2 == 0
+        want = torch2.ask(q="random", n=n, seed=seed, batch=batch, ldl=ldl, shared=shared, epochs=4)
+        for epoch in range(4):
+            cases += 1
+            got = oracle.ask("rank", "torch-random", n, 1, 0, seed, epoch, 0, batch, ldl, 0, int(shared), 0, 0)
+            if want[epoch] != got:
+                bad += 1
+                if bad <= 3:
+                    print("torch-random differs: n=%d seed=%d epoch=%d shared=%d" % (n, seed, epoch, shared))
+    h.check(bad == 0, "torch %s DataLoader(shuffle=True, generator=g): %d/%d epochs bit-exact (shared and not)" % (
+        versions[0], cases - bad, cases))
+
+    # 3. Workers.
+    cases = bad = 0
+    for _ in range(4):
+        n, world = rnd.randrange(50, 400), rnd.choice([1, 2, 3])
+        rank, workers, batch = rnd.randrange(world), rnd.choice([2, 3]), rnd.choice([1, 5, 8])
+        ldl, seed, epoch = rnd.random() < 0.5, rnd.randrange(1000), rnd.randrange(5)
+        want = torch2.ask(q="workers", n=n, world=world, rank=rank, seed=seed, epoch=epoch, batch=batch, ldl=ldl,
+                          workers=workers)
+        cases += 1
+        bad += want != oracle.ask("workers", "torch", n, world, rank, seed, epoch, 0, batch, ldl, workers)
+    h.check(bad == 0, "torch %s DataLoader workers: %d/%d cases load the predicted samples" % (versions[0], cases - bad, cases))
+
+    # 4. The published order through real mounts, read by torch 2.x's ImageFolder through the mount.
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    cases = bad = 0
+    for t in range(3):
+        root = os.path.join(work, "t%d" % t)
+        build(root, random.Random(300 + t))
+        for order in ("torch", "torch-random"):
+            world = rnd.choice([1, 2, 3]) if order == "torch" else 1
+            seed, batch, ldl = random_seed(rnd, 10), rnd.choice([1, 2, 4]), rnd.random() < 0.5
+            opts = "order=%s,seed=%d,world_size=%d,ranks=0-%d,batch_size=%d,loader_drop_last=%d" % (
+                order, seed, world, world - 1, batch, ldl)
+            with h.mounted(root, mnt, opts):
+                samples = torch2.ask(q="imagefolder", root="/" + os.path.relpath(mnt, CHROOT))
+                for epoch in range(3):
+                    rank = rnd.randrange(world)
+                    with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
+                        got = f.read().splitlines()
+                    if order == "torch":
+                        idx = torch2.ask(q="dist", n=len(samples), world=world, rank=rank, seed=seed, epoch=epoch,
+                                         drop_last=False, shuffle=True, batch=batch, ldl=ldl)
+                    else:
+                        idx = torch2.ask(q="random", n=len(samples), seed=seed, batch=batch, ldl=ldl, shared=True,
+                                         epochs=epoch + 1)[epoch]
+                    cases += 1
+                    if got != [samples[i] for i in idx]:
+                        bad += 1
+                        print("published order differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
+    h.check(bad == 0 and cases > 0, "torch %s: published .clairfs/order files equal ImageFolder + sampler through the "
+            "mount: %d/%d (tree, order, epoch) cases" % (versions[0], cases - bad, cases))
+    torch2.close()
+    oracle.close()
+finally:
+    mnt = os.path.join(work, "mnt")
+    if h.is_mounted(mnt):
+        h.unmount(mnt)
+    shutil.rmtree(work, ignore_errors=True)
+    if proc_mounted:
+        subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
+    if made_loop:
+        os.unlink(loop)
+h.finish()
