@@ -460,7 +460,8 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));
   Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(),
-                    FrontendConfig{o.entry_timeout, o.attr_timeout, (d.staged || d.learning) && !o.progress_from_opens});
+                    FrontendConfig{o.entry_timeout, o.attr_timeout, (d.staged || d.learning) && !o.progress_from_opens,
+                                   o.default_permissions});
   std::optional<MountedSession> session;
   std::string failure;
   try {

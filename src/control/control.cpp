@@ -53,7 +53,26 @@ std::optional<uint64_t> number_after(std::string_view name, std::string_view pre
   return v;
 }
 
-ControlAttr dir_attr(uint64_t ino) { return {ino, S_IFDIR | 0555, 0}; }
+ControlAttr dir_attr(uint64_t ino, mode_t who = 0777) { return {ino, S_IFDIR | (0555 & who), 0}; }
+
+// Who may read the order files, as permission classes of the root's owner and group (0777: all): an
+// order file names every sample, so it is for those who could list every directory of SOURCE (read and
+// search), as the kernel judges by the modes copied from it (default_permissions).
+mode_t who_lists_everything(const Manifest& m) {
+  const Entry& root = m.entry(0);
+  mode_t who = 0777;
+  for (size_t i = 0; i < m.size() && who != 0; ++i) {
+    const Entry& e = m.entry(static_cast<EntryId>(i));
+    if (!S_ISDIR(e.mode)) continue;
+    const bool others = (e.mode & 05) == 05;
+    const bool group = others || (e.gid == root.gid && (e.mode & 050) == 050);
+    const bool owner = group || (e.uid == root.uid && (e.mode & 0500) == 0500);
+    if (!others) who &= ~mode_t{07};
+    if (!group) who &= ~mode_t{070};
+    if (!owner) who &= ~mode_t{0700};
+  }
+  return who;
+}
 
 // `text` with spaces inserted at `at`, to `size` bytes at least: the next multiple of kLivePage.
 std::string padded(std::string text, size_t at, size_t size) {
@@ -65,7 +84,7 @@ std::string padded(std::string text, size_t at, size_t size) {
 }  // namespace
 
 ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
-    : manifest_(manifest), oracle_(oracle), config_(std::move(config)) {
+    : manifest_(manifest), oracle_(oracle), config_(std::move(config)), order_who_(who_lists_everything(manifest)) {
   readme_ =
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
@@ -87,19 +106,19 @@ bool ControlTree::is_live(uint64_t ino) { return ino == kStatsIno || ino == kMet
 std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino) const {
   auto c = content(ino);
   if (!c) return std::nullopt;
-  return ControlAttr{ino, S_IFREG | 0444, c->size()};
+  return ControlAttr{ino, static_cast<mode_t>(S_IFREG | (0444 & (kind_of(ino) == kRankFile ? order_who_ : 0777))), c->size()};
 }
 
 std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view name) const {
   if (dir == kRootIno) {
-    if (name == "order") return dir_attr(kOrderIno);
+    if (name == "order") return dir_attr(kOrderIno, order_who_);
     if (name == "README") return file_attr(kReadmeIno);
     if (name == "stats") return getattr(kStatsIno);
     if (name == "metrics") return getattr(kMetricsIno);
     return std::nullopt;
   }
   if (dir == kOrderIno) {
-    if (auto e = number_after(name, "epoch-", kMaxEpoch)) return dir_attr(epoch_dir_ino(*e));
+    if (auto e = number_after(name, "epoch-", kMaxEpoch)) return dir_attr(epoch_dir_ino(*e), order_who_);
     return std::nullopt;
   }
   if (kind_of(dir) == kEpochDir && owns(dir)) {
@@ -111,13 +130,14 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
 }
 
 std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
-  if (ino == kRootIno || ino == kOrderIno) return dir_attr(ino);
+  if (ino == kRootIno) return dir_attr(ino);
+  if (ino == kOrderIno) return dir_attr(ino, order_who_);
   if (is_live(ino)) {
     const Live l = live(ino, true);
     return ControlAttr{ino, S_IFREG | 0444, l.text->size(), l.made_ns};
   }
   if (!owns(ino)) return std::nullopt;
-  if (kind_of(ino) == kEpochDir) return dir_attr(ino);
+  if (kind_of(ino) == kEpochDir) return dir_attr(ino, order_who_);
   return file_attr(ino);
 }
 
@@ -125,18 +145,18 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   std::vector<std::pair<std::string, ControlAttr>> out;
   if (dir == kRootIno) {
     out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_.size()}});
-    out.push_back({"order", dir_attr(kOrderIno)});
+    out.push_back({"order", dir_attr(kOrderIno, order_who_)});
     out.push_back({"stats", {kStatsIno, S_IFREG | 0444, 0}});
     out.push_back({"metrics", {kMetricsIno, S_IFREG | 0444, 0}});
   } else if (dir == kOrderIno) {
     const uint64_t end = config_.epochs ? *config_.epochs : config_.start_epoch + kListedEpochs;
     for (uint64_t e = config_.start_epoch; e < end && e < config_.start_epoch + kListedEpochs; ++e)
-      out.push_back({"epoch-" + std::to_string(e), dir_attr(epoch_dir_ino(e))});
+      out.push_back({"epoch-" + std::to_string(e), dir_attr(epoch_dir_ino(e), order_who_)});
   } else if (owns(dir) && kind_of(dir) == kEpochDir) {
     // Sizes are left 0 here: they would cost a full order per rank; getattr gives the real one.
     const uint64_t epoch = dir & kMaxEpoch;
     for (uint64_t r = 0; r < oracle_.schedule().world_size && r < kListedRanks && order(); ++r)
-      out.push_back({"rank-" + std::to_string(r), {rank_file_ino(epoch, r), S_IFREG | 0444, 0}});
+      out.push_back({"rank-" + std::to_string(r), {rank_file_ino(epoch, r), static_cast<mode_t>(S_IFREG | (0444 & order_who_)), 0}});
   } else {
     return std::nullopt;
   }

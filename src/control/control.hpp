@@ -97,6 +97,7 @@ class ControlTree {
   const Oracle& oracle_;
   ControlConfig config_;
   std::string readme_;
+  const mode_t order_who_;  // the permission classes that may read order/ (who could list all of SOURCE)
 
   // Recently built rank files. Guards cache_; never held while the oracle computes.
   mutable std::mutex mutex_;

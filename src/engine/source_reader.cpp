@@ -43,9 +43,11 @@ SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
 }
 
 int SourceReader::open_verified(EntryId id) {
-  int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY);
+  // O_NONBLOCK: a FIFO put in the file's place must not hold this thread (verify() refuses it).
+  int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY | O_NONBLOCK);
   if (fd < 0) {
-    if (fd == -ENOENT || fd == -ELOOP || fd == -EXDEV || fd == -ENOTDIR) {
+    // ENXIO: a socket in the file's place.
+    if (fd == -ENOENT || fd == -ELOOP || fd == -EXDEV || fd == -ENOTDIR || fd == -ENXIO) {
       counters_.changed++;
       log_warning("'" + manifest_.path(id) + "' is gone from SOURCE or was replaced; read refused (EIO)");
     } else {
@@ -56,6 +58,10 @@ int SourceReader::open_verified(EntryId id) {
   }
   UniqueFd owned(fd);
   if (const int rc = verify(id, fd); rc < 0) return rc;
+  if (make_blocking(fd) < 0) {
+    counters_.errors++;
+    return -EIO;
+  }
   return owned.release();
 }
 
@@ -147,8 +153,8 @@ void SourceReader::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
       log_warning("cannot stage '" + manifest_.path(id) + "': " + std::strerror(static_cast<int>(-opened)));
       return done(static_cast<int>(opened));
     }
-    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
-    if (verify(id, fd->get()) < 0) return done(-EIO);
+    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));  // opened O_NONBLOCK (see Ring)
+    if (verify(id, fd->get()) < 0 || make_blocking(fd->get()) < 0) return done(-EIO);
     start_read(io, id, std::move(fd), buf, done);
   });
 }

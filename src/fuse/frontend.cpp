@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "util/fs.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -121,6 +122,14 @@ struct Handlers {
     // A new mtime in fresh attributes drops a file's cached pages: only stats' ever changes (and its
     // attributes are never cached), which is how readers without opens see it anew.
     if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+    if (fe.config_.acls) {
+      if (conn->capable & FUSE_CAP_POSIX_ACL) {
+        conn->want |= FUSE_CAP_POSIX_ACL;
+        fe.acls_ = true;
+      } else {
+        log_warning("this kernel cannot check POSIX ACLs of FUSE files; only SOURCE's mode bits are checked");
+      }
+    }
     if (fe.config_.no_open) {
       if (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) fe.no_open_ = true;
       else log_warning("this kernel cannot open FUSE files without asking the daemon (no-open support); opens are sent as with progress=opens");
@@ -347,7 +356,23 @@ struct Handlers {
     fuse_reply_err(req, 0);
   }
 
-  static void getxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { reply_error(req, ENOSYS); }
+  // SOURCE's POSIX ACLs, for the kernel to enforce with default_permissions; no other attribute is shown
+  // (security.capability and the like bear privileges). Without ACLs: ENOSYS, and the kernel asks no more.
+  static void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+    Frontend& fe = self(req);
+    if (!fe.acls_) return reply_error(req, ENOSYS);
+    const bool acl = std::strcmp(name, "system.posix_acl_access") == 0 || std::strcmp(name, "system.posix_acl_default") == 0;
+    if (!acl || ControlTree::owns(ino) || !valid(fe, ino)) return reply_error(req, ENODATA);
+    const EntryId id = id_of(ino);
+    if (!S_ISREG(fe.manifest_.entry(id).mode) && !S_ISDIR(fe.manifest_.entry(id).mode)) return reply_error(req, ENODATA);
+    std::string value;
+    const ssize_t n = xattr_beneath(fe.root_fd_, fe.manifest_.components(id), name, &value);
+    // None, or the file is gone or replaced (it reads EIO then): the mode bits decide.
+    if (n < 0) return reply_error(req, ENODATA);
+    if (size == 0) return (void)fuse_reply_xattr(req, value.size());
+    if (size < value.size()) return reply_error(req, ERANGE);
+    fuse_reply_buf(req, value.data(), value.size());
+  }
   static void listxattr(fuse_req_t req, fuse_ino_t, size_t) { reply_error(req, ENOSYS); }
 
   // Everything that would change the tree or a file.

@@ -21,6 +21,9 @@ struct FrontendConfig {
   // whose pages it holds is read with no request at all. Reads come without handles
   // (Engine::read_unopened). Ignored, with a warning, by a kernel without no-open support.
   bool no_open = false;
+  // default_permissions: the kernel also checks SOURCE's POSIX ACLs (FUSE_CAP_POSIX_ACL), which it asks
+  // for with getxattr once per inode it holds.
+  bool acls = false;
 };
 
 class Frontend {
@@ -46,7 +49,8 @@ class Frontend {
   FrontendConfig config_;
   std::atomic<uint64_t> erofs_{0};
   std::atomic<uint64_t> errors_{0};
-  std::atomic<bool> no_open_{false};  // opens are answered ENOSYS (set once the session is initialised)
+  std::atomic<bool> no_open_{false};
+  std::atomic<bool> acls_{false};  // the kernel enforces POSIX ACLs (set once the session is initialised)  // opens are answered ENOSYS (set once the session is initialised)
 };
 
 }  // namespace clairfs

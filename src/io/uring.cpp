@@ -4,6 +4,7 @@
 #include <linux/openat2.h>
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -23,11 +24,21 @@ std::string liburing_version() {
 
 namespace {
 
+// One read or write asks for at most this much (an sqe's length has 32 bits); a longer transfer goes on
+// in pieces like a short one.
+constexpr size_t kMaxPiece = size_t{1} << 30;
+// An open that fails with EAGAIN (a rename racing RESOLVE_BENEATH's walk; with O_NONBLOCK, a lease
+// another process holds) is tried this many times.
+constexpr unsigned kOpenTries = 64;
+
+unsigned piece(size_t left) { return static_cast<unsigned>(std::min(left, kMaxPiece)); }
+
 struct Request {
   int fd = -1;
   char* buf = nullptr;
   size_t len = 0;
   size_t done = 0;
+  unsigned tries = 0;  // opens
   uint64_t tag = 0;
   enum class Op { kRead, kWrite, kOpen } op = Op::kRead;
   std::string path;  // opens: kept alive until the kernel has read it
@@ -46,11 +57,9 @@ struct Ring::Impl {
     if (r.op == Request::Op::kOpen)
       io_uring_prep_openat2(sqe, r.fd, r.path.c_str(), &r.how);
     else if (r.op == Request::Op::kWrite)
-      io_uring_prep_write(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
-                          static_cast<__u64>(r.done));
+      io_uring_prep_write(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), static_cast<__u64>(r.done));
     else
-      io_uring_prep_read(sqe, r.fd, r.buf + r.done, static_cast<unsigned>(r.len - r.done),
-                         static_cast<__u64>(r.done));
+      io_uring_prep_read(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), static_cast<__u64>(r.done));
     io_uring_sqe_set_data64(sqe, id);
     // Straight to the kernel's workers: tried inline first, an open or read of a FUSE or network file
     // that then blocks would hold up the submitting thread, and with it every other request.
@@ -110,7 +119,8 @@ void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
   r.tag = tag;
   r.op = Request::Op::kOpen;
   r.path = std::move(path);
-  r.how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+  // O_NONBLOCK: a FIFO in a file's place would hold an io-wq worker, and the ring's teardown with it.
+  r.how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
   r.how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
   impl_->requests.emplace(id, std::move(r));  // node-based map: the path stays put
   start(id);
@@ -140,7 +150,7 @@ std::vector<Ring::Completion> Ring::reap(bool wait) {
     if (it != impl_->requests.end()) {
       Request& r = it->second;
       const bool is_open = r.op == Request::Op::kOpen;
-      if (is_open && res != -EINTR && res != -EAGAIN) {
+      if (is_open && res != -EINTR && (res != -EAGAIN || ++r.tries >= kOpenTries)) {
         done.push_back({r.tag, res});
         impl_->requests.erase(it);
         --in_flight_;

@@ -217,10 +217,12 @@ void Manifest::save(const std::string& file) const {
 
 Manifest Manifest::load(const std::string& file, const std::vector<std::string>& extensions,
                         const std::string& source) {
-  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: refused, not waited on
   if (!fd) throw std::runtime_error("cannot open manifest '" + file + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw std::runtime_error("cannot stat manifest '" + file + "'");
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error("manifest '" + file + "' is not a regular file");
+  if (make_blocking(fd.get()) < 0) throw std::runtime_error("cannot read manifest '" + file + "'");
   std::string data(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
   while (got < data.size()) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,14 +25,19 @@ UniqueFd::~UniqueFd() {
 
 namespace {
 
+// EAGAIN means the kernel could not rule out an escape through a concurrent rename: tried again a few
+// times. (With O_NONBLOCK it also means a lease another process holds: not waited for.)
+constexpr int kEagainTries = 64;
+
 int openat2_beneath(int dir_fd, const char* path, int flags) {
   open_how how{};
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOFOLLOW);
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  for (;;) {
+  for (int again = 0;;) {
     long fd = ::syscall(SYS_openat2, dir_fd, path, &how, sizeof(how));
     if (fd >= 0) return static_cast<int>(fd);
-    if (errno != EINTR && errno != EAGAIN) return -errno;
+    if (errno == EAGAIN && ++again < kEagainTries) continue;
+    if (errno != EINTR) return -errno;
   }
 }
 
@@ -62,6 +68,32 @@ int open_beneath(int root_fd, const std::vector<std::string_view>& components, i
   }
   const std::string last(components.back());
   return openat2_beneath(at, last.c_str(), flags);
+}
+
+ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out) {
+  const int fd = open_beneath(root_fd, components, O_PATH);  // no rights needed on the file itself
+  if (fd < 0) return fd;
+  UniqueFd held(fd);
+  // A descriptor opened O_PATH has no fgetxattr; its /proc link reaches the same inode.
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  for (int tries = 0; tries < 4; ++tries) {
+    const ssize_t size = ::getxattr(link.c_str(), name, nullptr, 0);
+    if (size < 0) return -errno;
+    out->resize(static_cast<size_t>(size));
+    const ssize_t got = ::getxattr(link.c_str(), name, out->data(), out->size());
+    if (got >= 0) {
+      out->resize(static_cast<size_t>(got));
+      return got;
+    }
+    if (errno != ERANGE) return -errno;  // ERANGE: it grew between the two calls
+  }
+  return -EIO;
+}
+
+int make_blocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) return -errno;
+  return 0;
 }
 
 ssize_t pread_full(int fd, char* buf, size_t size, off_t offset) {

@@ -36,6 +36,16 @@ class UniqueFd {
 // the joined path would exceed PATH_MAX. Returns the fd, or -errno.
 int open_beneath(int root_fd, const std::vector<std::string_view>& components, int flags);
 
+// Opening a SOURCE file that someone replaced with a FIFO (or a device) must not block: such files are
+// opened O_NONBLOCK, their kind checked with fstat, and only then made blocking again (make_blocking): a
+// read of a regular file through io_uring with O_NONBLOCK set fails with EAGAIN where the page cache
+// misses. make_blocking returns 0 or -errno.
+int make_blocking(int fd);
+
+// The extended attribute `name` of the entry at `components` beneath root_fd (the entry itself, not
+// what a symlink there names), into *out: its size, or -errno (-ENODATA: it has none).
+ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out);
+
 // Reads up to `size` bytes at `offset`, going on after short reads and EINTR: the bytes read (fewer
 // only at end of file), or -errno.
 ssize_t pread_full(int fd, char* buf, size_t size, off_t offset);

@@ -116,6 +116,22 @@ def tempdir(prefix="clairfs-test-", base=None):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def other_user(name="clairfs-other"):
+    """A second user for permission checks, made for the test and removed after: yields a function that
+    runs a command as that user (no groups of ours), returning the CompletedProcess."""
+    subprocess.run(["userdel", name], stderr=subprocess.DEVNULL)
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+
+    def run_as(cmd, timeout=30):
+        return subprocess.run(["setpriv", "--reuid=" + name, "--regid=" + name, "--clear-groups"] + list(cmd),
+                              capture_output=True, text=True, errors="replace", timeout=timeout)
+    try:
+        yield run_as
+    finally:
+        subprocess.run(["userdel", name], stderr=subprocess.DEVNULL)
+
+
 def expect_errno(fn, code):
     try:
         fn()

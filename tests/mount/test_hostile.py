@@ -1,0 +1,118 @@
+"""What a user who can write SOURCE (or give odd values) can do to a mount, hardening round two: special
+files put in a regular file's place after the scan (a FIFO, a socket) are refused with EIO at once, by
+the request threads and by the stager alike, and the daemon ends cleanly after; every other file still
+reads right. With allow_other,default_permissions, as a second user made by the test: a POSIX ACL
+that denies the user a file denies it through the mount, and the order files are not readable by a user
+who could not list every directory of SOURCE (they name every sample). A manifest= that is a FIFO is
+refused at once.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+
+def cat(path, timeout=15):
+    """(rc, stderr) of `cat path > /dev/null`; rc None if it had not ended after `timeout` s."""
+    p = subprocess.Popen(["cat", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=timeout)
+        return p.returncode, err.strip()
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None, "still blocked after %d s" % timeout
+
+
+def special_files(data, rel):
+    """Puts FIFOs and a socket where three files were; returns their relative paths."""
+    fifos, sock = rel[:2], rel[2]
+    for r in fifos:
+        os.unlink(os.path.join(data, r))
+        os.mkfifo(os.path.join(data, r))
+    os.unlink(os.path.join(data, sock))
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.path.join(data, sock))
+    s.close()
+    return fifos + [sock]
+
+
+with h.tempdir() as tmp:
+    data, mnt = tmp + "/data", tmp + "/mnt"
+    os.mkdir(mnt)
+    # Mounted three ways: a plain mount (reads go to SOURCE), staging with progress from reads (the stager
+    # opens files through io_uring), and staging with opens. The staging mounts hold about 60 files, so
+    # the files swapped (100 files into the job's order) are met by the stager while the job reads.
+    for options in ("seed=1,ram=0", "seed=1,batch_size=4,ram=512K", "seed=1,batch_size=4,ram=512K,progress=opens"):
+        if os.path.exists(data):
+            subprocess.run(["rm", "-rf", data], check=True)
+        want, _ = h.dataset(data, 300, 3, 8, 18)
+        with h.mounted(data, mnt, options):
+            with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
+                order = f.read().splitlines()
+            swapped = special_files(data, order[100:])
+            t0 = time.monotonic()
+            results, wrong = {}, []
+            for r in order:  # as the job would: in its order
+                if r in swapped:
+                    results[r] = cat(os.path.join(mnt, r))
+                elif h.digest(os.path.join(mnt, r)) != want[r]:
+                    wrong.append(r)
+            took = time.monotonic() - t0
+            h.check(all(rc == 1 and "Input/output error" in err for rc, err in results.values()),
+                    "%s: 2 FIFOs and a socket in SOURCE read as EIO (%.1f s for the epoch): %s" % (
+                        options, took, sorted(set("%s %s" % (rc, err[-20:]) for rc, err in results.values()))))
+            h.check(not wrong, "%s: the other %d files read right (wrong: %s)" % (options, len(order) - 3, wrong[:3]))
+            s = h.stats(mnt)
+            h.check(s["source_changed"] >= 3, "%s: counted as changed in SOURCE: %d" % (options, s["source_changed"]))
+            secs = h.unmount(mnt, timeout=20)  # kills the daemon if it has not ended by then
+        h.check(secs < 20 and not h.is_mounted(mnt), "%s: the daemon ended at the unmount (%.1f s)" % (options, secs))
+
+    # Permissions beyond mode bits, as another user.
+    subprocess.run(["rm", "-rf", data], check=True)
+    os.chmod(tmp, 0o755)
+    want, _ = h.dataset(data, 60, 3, 4, 19)
+    rel = sorted(want)
+    denied, allowed = rel[0], rel[1]
+    secret = os.path.join(data, "secret")
+    os.mkdir(secret, 0o700)
+    with open(os.path.join(secret, "hidden-name.jpg"), "wb") as f:
+        f.write(b"x" * 100)
+    with h.other_user() as run_as:
+        r = subprocess.run(["setfacl", "-m", "u:clairfs-other:---", os.path.join(data, denied)], capture_output=True, text=True)
+        h.check(r.returncode == 0, "an ACL entry set on SOURCE's %s %s" % (denied, r.stderr.strip()))
+        direct = run_as(["cat", os.path.join(data, denied)])
+        with h.mounted(data, mnt, "seed=1,ram=16M,allow_other,default_permissions"):
+            got = run_as(["cat", os.path.join(mnt, denied)])
+            h.check(direct.returncode != 0 and got.returncode != 0 and "Permission denied" in got.stderr,
+                    "a file whose ACL denies the user: denied in SOURCE and through the mount (%s)" % got.stderr.strip())
+            got = run_as(["head", "-c", "0", os.path.join(mnt, allowed)])
+            h.check(got.returncode == 0, "a file without such an entry reads for the user %s" % got.stderr.strip())
+            got = run_as(["getfacl", "-c", os.path.join(mnt, denied)])
+            h.check("user:clairfs-other:---" in got.stdout, "getfacl through the mount shows the entry: %s" % got.stdout.split())
+            order = mnt + "/.clairfs/order/epoch-0/rank-0"
+            got = run_as(["cat", order])
+            h.check(got.returncode != 0 and "hidden-name" not in got.stdout,
+                    "order files are not for a user who cannot list secret/ (%s)" % got.stderr.strip())
+            with open(order) as f:
+                h.check("secret/hidden-name.jpg" in f.read().splitlines(), "its owner reads them, secret/ included")
+        os.chmod(secret, 0o755)
+        with h.mounted(data, mnt, "seed=1,ram=16M,allow_other,default_permissions"):
+            got = run_as(["cat", mnt + "/.clairfs/order/epoch-0/rank-0"])
+            h.check(got.returncode == 0 and "secret/hidden-name.jpg" in got.stdout.splitlines(),
+                    "with every directory listable, the user reads them %s" % got.stderr.strip())
+
+    # A manifest= that is a FIFO: refused at once, not waited on.
+    fifo = tmp + "/manifest.fifo"
+    os.mkfifo(fifo)
+    try:
+        r = h.run_clairfs([data, mnt, "-o", "seed=1,manifest=" + fifo], timeout=20)
+        h.check(r.returncode != 0 and "not a regular file" in r.stderr and not h.is_mounted(mnt),
+                "manifest= a FIFO refused: %s" % r.stderr.strip())
+    except subprocess.TimeoutExpired:
+        h.check(False, "manifest= a FIFO refused: still waiting after 20 s")
+
+h.finish()
