@@ -35,20 +35,8 @@ uint64_t get(const nlohmann::json& j, std::initializer_list<const char*> path) {
   return at->is_number() ? at->get<uint64_t>() : 0;
 }
 
-// One screen of status. Returns false (and prints why) if the stats cannot be read.
-bool show(const std::string& mountpoint) {
-  std::ifstream in(mountpoint + "/.clairfs/stats");
-  if (!in) {
-    std::fprintf(stderr, "clairfs: '%s' is not a clairfs mount (no .clairfs/stats)\n", mountpoint.c_str());
-    return false;
-  }
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "clairfs: cannot read %s/.clairfs/stats: %s\n", mountpoint.c_str(), e.what());
-    return false;
-  }
+// One screen of status from the stats `j`. Throws nlohmann::json::exception on stats of another shape.
+void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   const char* tiers[] = {"pagecache", "ram", "nvme", "peer", "source"};
   const char* names[] = {"page cache", "RAM", "NVMe", "peer", "SOURCE"};
   uint64_t opens = 0;
@@ -134,6 +122,30 @@ bool show(const std::string& mountpoint) {
     std::printf("  NVMe read failures %llu (read from SOURCE instead)\n", static_cast<unsigned long long>(nvme_failed));
   if (const std::string log = trimmed(j.value("log", std::string())); !log.empty())
     std::printf("  log           %s\n", log.c_str());
+}
+
+// One screen of status. Returns false (and prints why) if the stats cannot be read.
+bool show(const std::string& mountpoint) {
+  std::ifstream in(mountpoint + "/.clairfs/stats");
+  if (!in) {
+    std::fprintf(stderr, "clairfs: '%s' is not a clairfs mount (no .clairfs/stats)\n", mountpoint.c_str());
+    return false;
+  }
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "clairfs: cannot read %s/.clairfs/stats: %s\n", mountpoint.c_str(), e.what());
+    return false;
+  }
+  try {
+    print_status(j, mountpoint);
+  } catch (const nlohmann::json::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "clairfs: %s/.clairfs/stats is not as this clairfs writes it (another version's?): %s\n",
+                 mountpoint.c_str(), e.what());
+    return false;
+  }
   std::fflush(stdout);
   return true;
 }

@@ -181,7 +181,7 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
   std::lock_guard<std::mutex> lock(live_mutex_);
   Live& l = ino == kMetricsIno ? live_metrics_ : live_stats_;
   const auto now = std::chrono::steady_clock::now();
-  if (l.text && (!refresh || now - l.at < kLiveRefresh)) return l;
+  if (l.text && (!refresh || now - l.at < l.every)) return l;
   const size_t before = l.text ? l.text->size() : 0;
   if (ino == kMetricsIno) {  // its numbers from the same counters as stats'
     std::string text = config_.metrics ? config_.metrics() : "# EOF\n";
@@ -197,7 +197,10 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
   const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
   l.made_ns = std::max(wall, l.made_ns + 1);
-  l.at = now;
+  l.at = std::chrono::steady_clock::now();
+  // A rendering that took long (thousands of ranks) is kept for four times as long: readers polling, or
+  // one reading in small pieces (each asks for the attributes), cost the engine at most a fifth of its time.
+  l.every = std::max<std::chrono::steady_clock::duration>(kLiveRefresh, 4 * (l.at - now));
   return l;
 }
 

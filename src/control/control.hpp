@@ -20,7 +20,7 @@
 // kLivePage, never shorter than the last one; it grows only when the content outgrows it (the ranks
 // appearing once seed=auto has learned, say), once in a mount's life or a few times. stats prints every
 // number right-aligned in a field of kStatsWidth, so its size rarely has a reason to grow. Made afresh
-// at most every kLiveRefresh (1 ms).
+// at most every kLiveRefresh (1 ms), or four times the last rendering's time if that is longer.
 #pragma once
 
 #include <sys/types.h>
@@ -108,6 +108,7 @@ class ControlTree {
     std::shared_ptr<const std::string> text;
     int64_t made_ns = 0;  // wall clock, strictly increasing: the file's mtime
     std::chrono::steady_clock::time_point at{};
+    std::chrono::steady_clock::duration every{};  // made afresh no sooner than this after `at`
   };
   Live live(uint64_t ino, bool refresh) const;
   mutable std::mutex live_mutex_;

@@ -50,7 +50,7 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.ranks = served_ranks(c).size();
   p.entries = manifest.size();
   p.start_epoch = c.start_epoch;
-  p.end_epoch = c.epochs ? c.start_epoch + *c.epochs : UINT64_MAX;
+  p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
   // Without opens, an empty file's use never reaches us: the kernel has nothing to read.

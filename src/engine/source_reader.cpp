@@ -188,9 +188,12 @@ std::string SourceReader::spot_check(size_t samples) const {
   for (size_t i = 0; i < n; i += step) {
     const EntryId id = static_cast<EntryId>(i);
     const std::string rel = id == 0 ? "." : manifest_.path(id);
+    // Through open_beneath (O_PATH: no rights needed, a symlink itself): paths beyond PATH_MAX too.
+    const int fd = open_beneath(root_.get(), manifest_.components(id), O_PATH);
+    if (fd < 0) return "'" + rel + "' is missing from SOURCE";
+    UniqueFd held(fd);
     struct stat st {};
-    if (::fstatat(root_.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-      return "'" + rel + "' is missing from SOURCE";
+    if (::fstat(fd, &st) != 0) return "'" + rel + "' cannot be examined in SOURCE";
     if (std::string why = difference(manifest_.entry(id), st); !why.empty()) return "'" + rel + "' " + why;
   }
   return "";

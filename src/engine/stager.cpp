@@ -8,6 +8,7 @@
 #include "util/clock.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -243,7 +244,23 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
 }
 
 void Stager::stage(const Pick& pick) {
-  auto buf = std::make_shared<std::vector<char>>(manifest_.entry(pick.id).size);
+  std::shared_ptr<std::vector<char>> buf;
+  try {
+    buf = std::make_shared<std::vector<char>>(manifest_.entry(pick.id).size);
+  } catch (const std::bad_alloc&) {
+    // ram= is more than this process may allocate (an address-space limit, overcommit off): the budget
+    // comes down to what is held, once said; the file is left to SOURCE like a failed read.
+    const uint64_t size = manifest_.entry(pick.id).size;
+    ram_.unreserve(size);
+    const uint64_t now = ram_.lower_budget_to_used();
+    if (out_of_memory_said_++ == 0)  // once: the stats show the budget as it comes down further
+      log_warning("staging could not allocate " + human_bytes(static_cast<double>(size)) +
+                  " (ram= is more than this process may allocate: an address-space limit?); the RAM budget is now " +
+                  human_bytes(static_cast<double>(now)) + ", what it holds");
+    counters_.stage_failures++;
+    finish(pick.id);
+    return;
+  }
   chain_.start_fetch(io_, pick.id, std::move(buf), pick.first,
                      [this, pick](const StoreChain::Result& r) { staged(pick, r); });
 }

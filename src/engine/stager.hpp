@@ -106,6 +106,7 @@ class Stager {
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
   std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
+  unsigned out_of_memory_said_ = 0;     // allocations for staging that failed (said in the log once)
   std::thread thread_;
 };
 

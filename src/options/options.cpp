@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fuse_opt.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -227,11 +228,28 @@ uint64_t memory_limit() {
   return limit;
 }
 
+// Address space the daemon needs besides its RAM budget: code, libraries, thread stacks, libfuse's and
+// MPI's buffers.
+constexpr uint64_t kAddressSpaceBesidesRam = uint64_t{512} << 20;
+
+// The address space this process may map (ulimit -v), UINT64_MAX when unlimited.
+uint64_t address_space_limit() {
+  struct rlimit as {};
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  return static_cast<uint64_t>(as.rlim_cur);
+}
+
+// The most ram= may be under an address-space limit: what the limit leaves besides the daemon's own.
+uint64_t ram_within_address_space() {
+  const uint64_t as = address_space_limit();
+  return as == UINT64_MAX ? UINT64_MAX : (as > kAddressSpaceBesidesRam ? as - kAddressSpaceBesidesRam : 0);
+}
+
 // A quarter of the memory this process may use: room for a good part of a data set ahead of the
 // readers, while the job keeps the rest.
 uint64_t default_ram_budget() {
   const uint64_t limit = memory_limit();
-  return limit == UINT64_MAX ? uint64_t{1} << 30 : limit / 4;
+  return std::min(limit == UINT64_MAX ? uint64_t{1} << 30 : limit / 4, ram_within_address_space() / 2);
 }
 
 // A RAM budget the node cannot hold is refused at mount, rather than a daemon the OOM killer ends
@@ -244,6 +262,11 @@ void refuse_budgets_beyond_the_node(const Options& o) {
                      (o.pagecache ? " (with pagecache=" + human_bytes(static_cast<double>(o.pagecache)) + ")" : "") +
                      " is more than the " + human_bytes(static_cast<double>(memory)) +
                      " of memory this node (or this job's cgroup) has; give less (the default is a quarter of it)");
+  const uint64_t room = ram_within_address_space();
+  if (o.ram > room)
+    throw UsageError("ram=" + human_bytes(static_cast<double>(o.ram)) + " is more than this process's address-space limit (ulimit -v, " +
+                     human_bytes(static_cast<double>(address_space_limit())) + ") leaves for it: " +
+                     human_bytes(static_cast<double>(room)) + " at most");
 }
 
 void check_paths(Options& o) {

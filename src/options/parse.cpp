@@ -108,8 +108,9 @@ uint64_t parse_size(const std::string& what, const std::string& text) {
 }
 
 std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string& text) {
-  // 2^20 ranks: far beyond any job, small enough that a typo cannot exhaust memory.
-  constexpr uint64_t kMaxRanks = uint64_t{1} << 20;
+  // 4,096 ranks on one node: far beyond any (a node runs a few to a few hundred), small enough that a
+  // typo costs neither memory nor the time of following a million readers.
+  constexpr uint64_t kMaxRanks = 4096;
   std::set<uint64_t> ranks;
   size_t start = 0;
   if (text.empty()) bad_value(what, text, "empty rank list");
@@ -133,7 +134,7 @@ std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string
       if (hi < lo) bad_value(what, text, "range '" + item + "' runs backwards");
     }
     if (hi - lo >= kMaxRanks || ranks.size() + (hi - lo) >= kMaxRanks)
-      bad_value(what, text, "too many ranks");
+      bad_value(what, text, "more than " + std::to_string(kMaxRanks) + " ranks on one node");
     for (uint64_t r = lo;; ++r) {  // not `r <= hi`: hi may be the largest uint64_t
       ranks.insert(r);
       if (r == hi) break;
@@ -171,6 +172,9 @@ std::vector<std::string> split_option_string(const std::string& text) {
       options.back() += ":" + token;
       continue;
     }
+    // A flag inside -o ("-o -d") would otherwise reach the parser as an option named "_d".
+    if (key[0] == '-')
+      throw UsageError("'" + key + "' inside -o: flags such as -f and -d go outside -o (see clairfs --help)");
     // '-' and '_' spell the same key, except in x-* options that belong to other tools.
     if (key.rfind("x-", 0) != 0) std::replace(key.begin(), key.end(), '-', '_');
     list_key = (!bare && is_list_option(key)) ? key : std::string();

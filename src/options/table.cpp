@@ -21,11 +21,20 @@ Order parse_order(const GivenOption& g) {
   bad_value(g.key, v, "use torch, torch-random, sequential, list or clairfs");
 }
 
-uint64_t at_least_one(const GivenOption& g) {
+// Bounds on the schedule's numbers: far beyond any job (16.7 M ranks or samples in a batch, 1,024
+// loader workers, 4,096 ranks on one node), and small enough that the engine's arithmetic on them
+// (tolerances, plan keys: epochs × samples) cannot overflow 64 bits.
+constexpr uint64_t kMaxCount = uint64_t{1} << 24;
+constexpr uint64_t kMaxLoader = 1024;
+constexpr uint64_t kMaxNodeRanks = 4096;
+
+uint64_t between(const GivenOption& g, uint64_t lo, uint64_t hi) {
   const uint64_t n = parse_u64(g.key, g.value);
-  if (n == 0) bad_value(g.key, g.value, "must be at least 1");
+  if (n < lo || n > hi) bad_value(g.key, g.value, "use " + std::to_string(lo) + " to " + std::to_string(hi));
   return n;
 }
+
+uint64_t at_least_one(const GivenOption& g) { return between(g, 1, kMaxCount); }
 
 std::string path(const GivenOption& g) {
   if (g.value.empty()) bad_value(g.key, g.value, "empty path");
@@ -48,15 +57,15 @@ const std::vector<OptionSpec> kTable = {
        if (!o.seed_auto) o.seed = parse_seed(g.key, g.value);
      }},
     {"batch_size", Takes::kValue, "N", S::kSchedule, "1", false, "DataLoader batch size per rank",
-     "DataLoader batch size per rank (≥ 1).",
+     "DataLoader batch size per rank (1 to 16,777,216).",
      [](Options& o, const GivenOption& g) { o.batch_size = at_least_one(g); }},
     {"world_size", Takes::kValue, "N", S::kSchedule, "1", false, "training ranks in the job",
-     "Training ranks in the whole job (≥ 1).",
+     "Training ranks in the whole job (1 to 16,777,216).",
      [](Options& o, const GivenOption& g) { o.world_size = at_least_one(g); }},
     {"ranks", Takes::kValue, "LIST", S::kSchedule, "all, if world_size=1", true,
      "training ranks this mount serves: 3, 0-3, 0,2,5 or 0-3,8 (0 to 3, and 8)",
      "The training ranks this mount serves: `3`, `0-3`, `0,2,5`, `0-3,8` (ranks 0 to 3, and 8; `:` separates "
-     "items too). Each must be below world_size. "
+     "items too). Each must be below world_size; at most 4,096 on one node. "
      "With world_size > 1, give `ranks=` or `ranks_per_node=`.",
      [](Options& o, const GivenOption& g) {
        o.ranks = parse_rank_list(g.key, g.value);
@@ -64,15 +73,15 @@ const std::vector<OptionSpec> kTable = {
      }},
     {"ranks_per_node", Takes::kValue, "N", S::kSchedule, "", false,
      "serve N consecutive ranks per node instead of ranks=",
-     "Serve N consecutive ranks per node: node k serves ranks kN … kN+N-1. Without a launcher this daemon is "
+     "Serve N consecutive ranks per node (1 to 4,096): node k serves ranks kN … kN+N-1. Without a launcher this daemon is "
      "node 0. Not together with `ranks=`.",
-     [](Options& o, const GivenOption& g) { o.ranks_per_node = at_least_one(g); }},
+     [](Options& o, const GivenOption& g) { o.ranks_per_node = between(g, 1, kMaxNodeRanks); }},
     {"epochs", Takes::kValue, "N", S::kSchedule, "unbounded", false, "the job runs epochs start_epoch .. N-1",
-     "The job runs epochs `start_epoch` … N-1 (as `for epoch in range(start_epoch, N)`).",
+     "The job runs epochs `start_epoch` … N-1 (as `for epoch in range(start_epoch, N)`); N up to 16,777,216.",
      [](Options& o, const GivenOption& g) { o.epochs = at_least_one(g); }},
     {"start_epoch", Takes::kValue, "N", S::kSchedule, "0", false, "first epoch (after a restart)",
-     "The first epoch, e.g. after a restart from a checkpoint. Must be below `epochs`.",
-     [](Options& o, const GivenOption& g) { o.start_epoch = parse_u64(g.key, g.value); }},
+     "The first epoch, e.g. after a restart from a checkpoint (below 16,777,216). Must be below `epochs`.",
+     [](Options& o, const GivenOption& g) { o.start_epoch = between(g, 0, kMaxCount - 1); }},
     {"drop_last", Takes::kMaybeBool, "BOOL", S::kSchedule, "off", false, "the sampler's drop_last",
      "The sampler's `drop_last`. BOOL is 1/0, true/false, yes/no, on/off.",
      [](Options& o, const GivenOption& g) { o.drop_last = flag(g); }},
@@ -80,11 +89,11 @@ const std::vector<OptionSpec> kTable = {
      "The DataLoader's `drop_last` (drops the last short batch).",
      [](Options& o, const GivenOption& g) { o.loader_drop_last = flag(g); }},
     {"workers", Takes::kValue, "N", S::kSchedule, "0", false, "DataLoader num_workers",
-     "DataLoader `num_workers`.",
-     [](Options& o, const GivenOption& g) { o.workers = parse_u64(g.key, g.value); }},
+     "DataLoader `num_workers` (0 to 1,024).",
+     [](Options& o, const GivenOption& g) { o.workers = between(g, 0, kMaxLoader); }},
     {"prefetch_factor", Takes::kValue, "N", S::kSchedule, "2", false, "DataLoader prefetch_factor",
-     "DataLoader `prefetch_factor` (≥ 1).",
-     [](Options& o, const GivenOption& g) { o.prefetch_factor = at_least_one(g); }},
+     "DataLoader `prefetch_factor` (1 to 1,024).",
+     [](Options& o, const GivenOption& g) { o.prefetch_factor = between(g, 1, kMaxLoader); }},
     {"order", Takes::kValue, "NAME", S::kSchedule, "torch", false,
      "torch, torch-random, sequential, list or clairfs",
      "`torch`: DistributedSampler with shuffle. `torch-random`: RandomSampler with a seeded generator. "

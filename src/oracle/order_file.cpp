@@ -7,6 +7,7 @@
 //
 // Without @rank lines a section is one global sequence, split across ranks like DistributedSampler.
 // A backslash escapes a newline (\n) or a backslash (\\) in a name, as in the published order files.
+#include <charconv>
 #include <fstream>
 
 #include "clairfs/oracle.hpp"
@@ -35,13 +36,11 @@ OrderList parse_order_stream(std::istream& in, const std::string& file, uint64_t
       const bool is_epoch = line[1] == 'e';
       const std::string number = line.substr(is_epoch ? 7 : 6);
       uint64_t value = 0;
-      try {
-        size_t used = 0;
-        value = std::stoull(number, &used);
-        if (used != number.size() || number[0] == '-') throw std::invalid_argument("");
-      } catch (const std::exception&) {
+      // Digits only: stoull would take " -5" (a space, then a sign) as 2^64 - 5.
+      const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+      if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos || ec != std::errc() ||
+          end != number.data() + number.size())
         throw UsageError(where(line_no) + "'" + line + "' needs a non-negative number");
-      }
       if (is_epoch) {
         if (!list.sections.empty() && value <= list.sections.back().first_epoch)
           throw UsageError(where(line_no) + "epochs must increase");

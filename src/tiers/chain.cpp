@@ -1,6 +1,7 @@
 #include "tiers/chain.hpp"
 
 #include <cerrno>
+#include <new>
 
 namespace clairfs {
 
@@ -38,7 +39,13 @@ void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done
   s->start_fetch(io, id, buf, [this, &io, id, index, buf, done, s, since](int rc) {
     if (rc == 0 || index + 1 >= stores_.size()) return done(Result{rc, s->origin(), since, buf});
     // A peer may yet write into the buffer it was given: the next store reads into a fresh one.
-    try_from(io, id, index + 1, std::make_shared<std::vector<char>>(buf->size()), done);
+    Buffer fresh;
+    try {
+      fresh = std::make_shared<std::vector<char>>(buf->size());
+    } catch (const std::bad_alloc&) {  // the process may allocate no more: this try fails like a read
+      return done(Result{-ENOMEM, s->origin(), since, buf});
+    }
+    try_from(io, id, index + 1, std::move(fresh), done);
   });
 }
 

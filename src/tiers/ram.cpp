@@ -18,6 +18,18 @@ bool RamTier::reserve(uint64_t bytes) {
   return true;
 }
 
+uint64_t RamTier::budget() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return budget_;
+}
+
+uint64_t RamTier::lower_budget_to_used() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  settle();
+  budget_ = std::min(budget_, held_ + reserved_ + lingering_bytes_);
+  return budget_;
+}
+
 void RamTier::unreserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   reserved_ -= std::min(reserved_, bytes);
@@ -95,9 +107,9 @@ std::shared_ptr<std::vector<char>> DemandAllowance::allocate(uint64_t size) {
   std::unique_ptr<std::vector<char>> bytes;
   try {
     bytes = std::make_unique<std::vector<char>>(size);
-  } catch (...) {
+  } catch (const std::bad_alloc&) {  // the process may not have more (an address-space limit): as over the limit
     used_->fetch_sub(size);
-    throw;
+    return nullptr;
   }
   // Should the control block fail to allocate, shared_ptr calls the deleter, which gives the share back.
   return std::shared_ptr<std::vector<char>>(bytes.release(), Release{used_, size, true});

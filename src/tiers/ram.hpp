@@ -39,7 +39,10 @@ class RamTier {
   // Drops a held file; returns the bytes freed (0 if it was not held).
   uint64_t erase(EntryId id);
 
-  uint64_t budget() const { return budget_; }
+  uint64_t budget() const;
+  // The budget comes down to what is held now (reserved and lingering bytes included): the process
+  // could not allocate more (an address-space limit, overcommit off). Returns the new budget.
+  uint64_t lower_budget_to_used();
   uint64_t used() const;  // held + reserved + evicted but not yet freed
   uint64_t files() const;
 
@@ -50,8 +53,8 @@ class RamTier {
   };
   void settle();  // REQUIRES: mutex_ held. Stops counting lingering files that have been freed.
 
-  const uint64_t budget_;
   mutable std::mutex mutex_;  // guards everything below; never held across I/O
+  uint64_t budget_;
   std::unordered_map<EntryId, FileBytes> files_;
   uint64_t held_ = 0;
   uint64_t reserved_ = 0;

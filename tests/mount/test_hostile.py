@@ -4,9 +4,12 @@ the request threads and by the stager alike, and the daemon ends cleanly after; 
 reads right. With allow_other,default_permissions, as a second user made by the test: a POSIX ACL
 that denies the user a file denies it through the mount, and the order files are not readable by a user
 who could not list every directory of SOURCE (they name every sample). A manifest= that is a FIFO is
-refused at once.
+refused at once. A daemon whose address space is squeezed under it (prlimit) lowers its RAM budget and
+serves every byte right; a manifest of paths beyond PATH_MAX mounts; `clairfs status` on a stats file of
+another shape says so in a line.
 """
 import os
+import json
 import socket
 import subprocess
 import sys
@@ -114,5 +117,76 @@ with h.tempdir() as tmp:
                 "manifest= a FIFO refused: %s" % r.stderr.strip())
     except subprocess.TimeoutExpired:
         h.check(False, "manifest= a FIFO refused: still waiting after 20 s")
+
+    # The address space squeezed under a running daemon (prlimit --as below what it maps): the stager's
+    # allocations fail. Before, the stager thread died of bad_alloc and took the daemon with it.
+    subprocess.run(["rm", "-rf", data], check=True)
+    os.makedirs(data + "/c")
+    want = {}
+    for i in range(16):
+        b = os.urandom(24 << 20)
+        with open("%s/c/f%02d.jpg" % (data, i), "wb") as f:
+            f.write(b)
+        want["c/f%02d.jpg" % i] = h.hashlib.sha256(b).hexdigest()
+    log = tmp + "/squeeze.log"
+    with h.mounted(data, mnt, "seed=1,ram=256M,log=" + log):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] < (192 << 20):
+            time.sleep(0.1)
+        pid = h.daemon_pids(mnt)[0]
+        size = [int(l.split()[1]) * 1024 for l in open("/proc/%d/status" % pid) if l.startswith("VmSize:")][0]
+        squeeze = size - (64 << 20)
+        subprocess.run(["prlimit", "--pid", str(pid), "--as=%d:%d" % (squeeze, squeeze)], check=True)
+        with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
+            order = f.read().splitlines()
+        wrong = [r for r in order if h.digest(os.path.join(mnt, r)) != want[r]]
+        s = h.stats(mnt)
+        alive = os.path.exists("/proc/%d" % pid)
+    said = [l for l in open(log) if "staging could not allocate" in l] if os.path.exists(log) else []
+    h.check(alive and not wrong and len(order) == 16, "address space squeezed to %d MiB under the daemon: it lives, %d "
+            "files read, wrong: %s" % (squeeze >> 20, len(order), wrong[:3]))
+    h.check(len(said) == 1 and s["ram"]["budget"] < (256 << 20), "the RAM budget came down to %.0f MiB, said once in the log: %s" % (
+        s["ram"]["budget"] / 2**20, [l.strip()[-120:] for l in said]))
+
+    # A manifest of paths longer than PATH_MAX (4096): its spot check at mount found them "missing".
+    subprocess.run(["rm", "-rf", data], check=True)
+    os.mkdir(data)
+    fd = os.open(data, os.O_RDONLY)
+    for level in range(20):  # 20 names of 240 characters: a path of 4,820
+        name = ("d%02d" % level) * 80
+        os.mkdir(name, dir_fd=fd)
+        nfd = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    leaf = os.open("deep.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(leaf, b"deep bytes")
+    os.close(leaf)
+    os.close(fd)
+    manifest = tmp + "/deep.manifest"
+    r = h.run_clairfs(["index", data, manifest])
+    h.check(r.returncode == 0, "clairfs index of a tree deeper than PATH_MAX %s" % r.stderr.strip())
+    r = h.run_clairfs([data, mnt, "-o", "seed=1,ram=16M,manifest=" + manifest])
+    h.check(r.returncode == 0, "mounted from that manifest (rc=%d) %s" % (r.returncode, r.stderr.strip()))
+    if r.returncode == 0:
+        fd = os.open(mnt, os.O_RDONLY)
+        for level in range(20):
+            nfd = os.open(("d%02d" % level) * 80, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        leaf = os.open("deep.bin", os.O_RDONLY, dir_fd=fd)
+        got = os.read(leaf, 100)
+        os.close(leaf)
+        os.close(fd)
+        h.check(got == b"deep bytes", "the file beyond PATH_MAX reads right: %r" % got)
+        h.unmount(mnt)
+
+    # clairfs status on a stats file it did not write: one line, not an abort.
+    fake = tmp + "/fake"
+    os.makedirs(fake + "/.clairfs")
+    with open(fake + "/.clairfs/stats", "w") as f:
+        json.dump({"tiers": {"ram": {"files": "many"}}, "ranks": [{"done": "x"}]}, f)
+    r = subprocess.run([h.CLAIRFS, "status", fake], capture_output=True, text=True, timeout=30)
+    h.check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "is not as this clairfs writes it" in r.stderr,
+            "status on stats of another shape: rc %d, %s" % (r.returncode, r.stderr.strip()))
 
 h.finish()

@@ -1,5 +1,6 @@
 // Unit tests for the mount command line: every bad input is a UsageError naming the culprit, and the
 // accepted spellings all mean what the documentation says.
+#include <sys/resource.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -185,6 +186,16 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"metrics_file=/nonexistent/m.prom", "metrics_file"},
       {"seed=auto,ram=0", "seed=auto"},
       {"seed=auto,order=sequential", "seed=auto"},
+      // Extreme values that mounted and then crashed (a tolerance that overflowed to 0, then a modulo
+      // by it; allocations of world_size; a stats read that took minutes): refused, naming the value.
+      {"batch_size=576460752303423482,prefetch_factor=1", "batch_size=576460752303423482"},
+      {"world_size=4294967296,ranks=0", "world_size=4294967296"},
+      {"world_size=1048576,ranks=0-1048575", "ranks on one node"},
+      {"world_size=8192,ranks_per_node=8192", "ranks_per_node"},
+      {"workers=100000", "workers"},
+      {"prefetch_factor=100000", "prefetch_factor"},
+      {"start_epoch=99999999999", "start_epoch"},
+      {"-d", "inside -o"},  // a flag inside -o was reported as the option '_d'
   };
   for (const auto& [opt, culprit] : cases) {
     const std::string m = error_of({"-o", opt});
@@ -226,6 +237,20 @@ TEST_F(OptionsTest, ANonEmptyMountPointIsRefusedUnlessAsked) {
 
 TEST_F(OptionsTest, ARamBudgetBeyondTheNodeIsRefused) {
   EXPECT_NE(error_of({"-o", "ram=1P"}).find("memory"), std::string::npos);
+  // Under an address-space limit (ulimit -v), ram= must leave the daemon its own room: it was accepted
+  // and the stager thread died of bad_alloc. (Not under a sanitizer: its shadow memory needs no limit.)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &before), 0);
+  struct rlimit limited = before;
+  limited.rlim_cur = uint64_t{8} << 30;
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &limited), 0);
+  const std::string m = error_of({"-o", "ram=8G"});
+  const uint64_t fits = parse_o("ram=1G").ram;
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &before), 0);
+  EXPECT_NE(m.find("address-space limit"), std::string::npos) << m;
+  EXPECT_EQ(fits, 1ull << 30);
+#endif
   EXPECT_GT(parse_o("ram=1M").ram, 0u);
   // An NVMe budget above the disk's free space is warned of at start-up, not refused.
   EXPECT_EQ(parse_o("nvme=" + dir_ + "/nvme,nvme_size=1P").nvme_size, 1ull << 50);

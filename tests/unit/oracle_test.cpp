@@ -187,6 +187,10 @@ TEST_F(OrderFileTest, BadFilesNameTheLine) {
   EXPECT_NE(error("@epoch 3\ns1.png\n@epoch 3\ns2.png\n").find("increase"), std::string::npos);
   EXPECT_NE(error("# nothing\n").find("no samples"), std::string::npos);
   EXPECT_NE(error("@bogus 1\n").find("unknown"), std::string::npos);
+  // A sign after a second space was taken for a number (2^64 - 5); so was a plus sign.
+  EXPECT_NE(error("@epoch  -5\ns1.png\n").find("non-negative number"), std::string::npos);
+  EXPECT_NE(error("@epoch +5\ns1.png\n").find("non-negative number"), std::string::npos);
+  EXPECT_NE(error("@rank  0\ns1.png\n").find("non-negative number"), std::string::npos);
 }
 
 }  // namespace
