@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "io/io_loop.hpp"
 #include "util/log.hpp"
 #include "util/mounts.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 
@@ -38,12 +40,18 @@ NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t ca
   // Held for the daemon's life (the descriptor is close-on-exec): this is how another daemon on the
   // node tells that the folder is in use, whatever PID namespace it runs in.
   (void)::flock(dir_.get(), LOCK_EX | LOCK_NB);
-  if (capacity == 0) {
-    struct statvfs sv {};
-    if (::fstatvfs(dir_.get(), &sv) == 0)
-      capacity = static_cast<uint64_t>(static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize) * 0.9);
-  }
+  struct statvfs sv {};
+  const bool known = ::fstatvfs(dir_.get(), &sv) == 0;
+  if (known && sv.f_bsize > 0) block_ = sv.f_bsize;
+  if (capacity == 0 && known)
+    capacity = static_cast<uint64_t>(static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize) * 0.9);
+  MutexLock lock(mutex_);
   capacity_ = capacity;
+}
+
+uint64_t NvmeTier::capacity() const {
+  MutexLock lock(mutex_);
+  return capacity_;
 }
 
 NvmeTier::~NvmeTier() {
@@ -72,14 +80,14 @@ bool NvmeTier::admitting() const {
 
 bool NvmeTier::reserve(uint64_t bytes) {
   MutexLock lock(mutex_);
-  if (!admitting_ || held_bytes_ + reserved_ + bytes > capacity_) return false;
-  reserved_ += bytes;
+  if (!admitting_ || held_bytes_ + reserved_ + on_disk(bytes) > capacity_) return false;
+  reserved_ += on_disk(bytes);
   return true;
 }
 
 void NvmeTier::unreserve(uint64_t bytes) {
   MutexLock lock(mutex_);
-  reserved_ -= bytes;
+  reserved_ -= on_disk(bytes);
 }
 
 int NvmeTier::create(EntryId id) {
@@ -89,26 +97,31 @@ int NvmeTier::create(EntryId id) {
 
 void NvmeTier::commit(EntryId id, uint64_t size, uint64_t sum) {
   MutexLock lock(mutex_);
-  reserved_ -= size;
+  reserved_ -= on_disk(size);
   auto [it, fresh] = held_.try_emplace(id, Held{size, sum});
   if (!fresh) {
-    held_bytes_ -= it->second.size;
+    held_bytes_ -= on_disk(it->second.size);
     it->second = Held{size, sum};
   }
-  held_bytes_ += size;
+  held_bytes_ += on_disk(size);
 }
 
-bool NvmeTier::abandon(EntryId id, uint64_t size, int error) {
+NvmeTier::Abandoned NvmeTier::abandon(EntryId id, uint64_t size, int error) {
   ::unlinkat(dir_.get(), name(id).c_str(), 0);
   MutexLock lock(mutex_);
-  reserved_ -= size;
-  // Full, or not writable any more (remounted read-only, permissions taken away): either way further
-  // writes would fail too.
-  const bool full = error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG || error == -EROFS ||
-                    error == -EACCES || error == -EPERM;
-  const bool stopped = full && admitting_;
-  if (full) admitting_ = false;
-  return stopped;
+  reserved_ -= on_disk(size);
+  // Not writable any more (remounted read-only, permissions taken away): further writes would fail too.
+  if (error == -EROFS || error == -EACCES || error == -EPERM) {
+    const bool now = admitting_;
+    admitting_ = false;
+    return now ? Abandoned::kStopped : Abandoned::kRetried;
+  }
+  // Full: the disk holds less than the capacity said (or others filled it). What is held fits.
+  if (error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG) {
+    capacity_ = std::min(capacity_, held_bytes_ + reserved_);
+    return Abandoned::kLowered;
+  }
+  return Abandoned::kRetried;
 }
 
 uint64_t NvmeTier::erase(EntryId id) {
@@ -117,7 +130,7 @@ uint64_t NvmeTier::erase(EntryId id) {
     MutexLock lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return 0;
-    freed = it->second.size;
+    freed = on_disk(it->second.size);
     held_bytes_ -= freed;
     held_.erase(it);
   }
@@ -178,9 +191,18 @@ void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
 
 void NvmeTier::write_failed(EntryId id, uint64_t size, int error) {
   write_failures_++;
-  if (abandon(id, size, error) && !full_logged_.exchange(true))
-    log_warning("NVMe directory " + path_ + ": " + (error ? std::string(std::strerror(-error)) : std::string("short write")) +
-                "; no more files admitted, the rest keeps working");
+  const std::string why = error ? std::string(std::strerror(-error)) : std::string("short write");
+  switch (abandon(id, size, error)) {
+    case Abandoned::kStopped:
+      log_warning("NVMe directory " + path_ + ": " + why + "; no more files admitted, the rest keeps working");
+      break;
+    case Abandoned::kLowered:
+      log_warning("NVMe directory " + path_ + ": " + why + "; its capacity is now " +
+                  human_bytes(static_cast<double>(capacity())) + ", what its files take");
+      break;
+    case Abandoned::kRetried:
+      break;
+  }
 }
 
 void NvmeTier::start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done) {

@@ -3,13 +3,17 @@
 // The tier owns one directory it creates inside the one the user names (`nvme=DIR`), so DIR may hold
 // anything else: clairfs creates, reads and removes only what is inside its own directory, and removes
 // that directory when the mount ends. Files are named by entry id. Capacity (`nvme_size`, default 90% of
-// what DIR's file system has free at mount) is a hard limit on the bytes held plus those being written.
+// what DIR's file system has free at mount) is a hard limit on the disk the files held and those being
+// written take: each counts its size rounded up to the file system's blocks (2 KB files take 4 KB each
+// on most), which is what `used` says.
 // As a store (clairfs/store.hpp) the tier reads its copies — whole, synchronously for a miss or on the
 // stager's IoLoop — and checks each against the checksum taken when it was written: a damaged copy is
 // removed, counted and logged, and the caller goes on to the next store. It writes the copies the stager
-// offers it (room reserved first, by the engine's next-use admission). A write that fails for lack of space (ENOSPC, EDQUOT, a short
-// write) or because the directory is no longer writable (EROFS, EACCES, EPERM) stops admission for the
-// rest of the mount; everything else keeps working.
+// offers it (room reserved first, by the engine's next-use admission). A write that fails for lack of
+// space (ENOSPC, EDQUOT, a short write: the disk holds less than the capacity said, others filled it)
+// brings the capacity down to what is held, and admission goes on within it (next-use eviction makes
+// room); one that fails because the directory is no longer writable (EROFS, EACCES, EPERM) stops
+// admission for the rest of the mount. Everything else keeps working.
 //
 // Thread-safe: one mutex guards the index (a leaf lock: taken after the engine's, never held across I/O
 // but unlink()).
@@ -74,13 +78,16 @@ class NvmeTier final : public Store {
   // A write finished: the reservation becomes a held file.
   void commit(EntryId id, uint64_t size, uint64_t checksum);
   // A write failed: removes the file, gives back the reservation; `error` (-errno, or 0 for a short
-  // write) stops admission when it means the disk is full or no longer writable. Returns true if
-  // admission stopped now.
-  bool abandon(EntryId id, uint64_t size, int error);
+  // write) lowers the capacity to what is held when it means the disk is full, and stops admission when
+  // the directory is no longer writable. Returns what it did, for the log.
+  enum class Abandoned { kRetried, kLowered, kStopped };
+  Abandoned abandon(EntryId id, uint64_t size, int error);
+  // The disk a file of `size` bytes takes: whole blocks.
+  uint64_t on_disk(uint64_t size) const { return (size + block_ - 1) / block_ * block_; }
   // Removes a held file (evicted, or found corrupt). Returns the bytes freed.
   uint64_t erase(EntryId id);
 
-  uint64_t capacity() const { return capacity_; }
+  uint64_t capacity() const;
   uint64_t used() const;  // held + reserved
   uint64_t files() const;
   uint64_t writes() const { return writes_; }
@@ -101,9 +108,10 @@ class NvmeTier final : public Store {
   const Manifest& manifest_;
   std::string path_;
   UniqueFd dir_;
-  uint64_t capacity_;
+  uint64_t block_ = 4096;  // the file system's block size (statvfs f_bsize)
+  uint64_t capacity_ GUARDED_BY(mutex_);
   std::atomic<uint64_t> writes_{0}, write_failures_{0}, checksum_failures_{0}, read_failures_{0};
-  std::atomic<bool> full_logged_{false}, unreadable_logged_{false};
+  std::atomic<bool> unreadable_logged_{false};
   mutable Mutex mutex_;
   std::unordered_map<EntryId, Held> held_ GUARDED_BY(mutex_);
   uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;

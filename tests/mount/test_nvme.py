@@ -1,6 +1,7 @@
 """The NVMe tier (nvme=DIR) on real mounts: files read from SOURCE once and back from NVMe in later epochs,
 the size limit never exceeded, clairfs touching only its own folder in DIR, corrupted cache files never
-served (re-read from SOURCE and counted), and a full disk (a small tmpfs) stopping admission only."""
+served (re-read from SOURCE and counted), a full disk (a small tmpfs) lowering the capacity only, and the
+budget counted in the disk's blocks."""
 import contextlib
 import os
 import subprocess
@@ -125,17 +126,42 @@ with h.tempdir() as tmp:
         h.check(wrong == 0, "every NVMe copy corrupted after epoch 0: every byte still equals SOURCE (%d files)" % opened)
         h.check(s["checksum_failures"] > 0, "the bad copies were caught and counted: %d" % s["checksum_failures"])
 
-    # 4. A full disk: NVMe on a 256 KiB tmpfs. Admission stops; serving goes on.
+    # 4. A full disk: NVMe on a 256 KiB tmpfs, told it has the whole data set. The first ENOSPC brings
+    # the capacity down to what the files there take; admission goes on within it (it used to stop for
+    # the rest of the mount); serving goes on.
     with tmpfs(tmp + "/small", "256k", "full-disk") as small:
         if small:
-            # nvme_size above what the tmpfs holds, so the disk fills before the limit does.
             with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, small, total)):
                 wrong, opened = read_epochs(range(3))
                 s = h.stats(mnt)
+                n = s["nvme"]
                 h.check(wrong == 0, "NVMe directory full: every byte equals SOURCE (%d files)" % opened)
-                h.check(not s["nvme"]["admitting"] and s["nvme"]["write_failures"] > 0,
-                        "the full disk stopped admission: %s" % s["nvme"])
-                h.check(s["staged"]["from_nvme"] > 0, "files written before it filled were still used: %s" % s["staged"])
+                h.check(n["admitting"] and n["write_failures"] > 0 and n["used"] <= n["capacity"] <= (256 << 10),
+                        "the full disk lowered the capacity to %d KiB (used %d KiB, %d failed writes), admission goes on"
+                        % (n["capacity"] >> 10, n["used"] >> 10, n["write_failures"]))
+                h.check(s["staged"]["from_nvme"] > 0, "files written there were used: %s" % s["staged"])
+
+    # 4b. Small files on a small disk: the budget counts blocks, not bytes. 2,000 files of about 2 KB on
+    # an 8 MiB tmpfs (4 KiB pages) with the default nvme_size: the files take 8 MB of disk for 4 MB of
+    # bytes. Before, stats said about half used while the disk was full and admission had stopped.
+    with tmpfs(tmp + "/blocks", "8m", "block-accounting") as blocks:
+        if blocks:
+            small_src = tmp + "/small-src"
+            small_want, small_total = h.dataset(small_src, 2000, 4, 2, 6)
+            with h.mounted(small_src, mnt, "seed=4,batch_size=4,epochs=2,ram=256K,nvme=" + blocks):
+                wrong = 0
+                for e in range(2):
+                    for rel in order(e):
+                        wrong += h.digest(os.path.join(mnt, rel)) != small_want[rel]
+                n = h.stats(mnt)["nvme"]
+                st = os.statvfs(blocks)
+                disk = (st.f_blocks - st.f_bfree) * st.f_frsize
+                h.check(wrong == 0 and n["write_failures"] == 0 and n["admitting"] and n["used"] <= n["capacity"],
+                        "2,000 small files on an 8 MiB disk: every byte right, no failed write, used %d KiB of %d KiB"
+                        % (n["used"] >> 10, n["capacity"] >> 10))
+                h.check(abs(disk - n["used"]) <= (256 << 10),
+                        "the disk says %d KiB used, the stats %d KiB (%d files, %d KiB of bytes)" % (
+                            disk >> 10, n["used"] >> 10, n["files"], small_total >> 10))
 
     # 5. The NVMe directory turns read-only during the run (its file system remounted ro): writes fail
     # and are counted, nothing else changes.
