@@ -369,10 +369,7 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   c.start_epoch = o.start_epoch;
   c.epochs = o.epochs;
   c.depth = static_cast<unsigned>(o.io_depth);
-  // An open may stray from its rank's place by the batches a DataLoader keeps in flight
-  // (prefetch_factor × workers); twice that, counting at least 8 workers (not every job says how many
-  // it runs), and a margin.
-  c.tolerance = 2 * o.prefetch_factor * std::max<uint64_t>(o.workers, 8) * o.batch_size + 64;
+  c.tolerance = open_tolerance(o);
   // A file comes back to this node about every world_size / ranks epochs: plan that far (and one more),
   // so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
   c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);

@@ -131,6 +131,11 @@ std::vector<std::string> split_option_string(const std::string& text);
 // that SOURCE, MOUNTPOINT and other named paths exist and have the right kind.
 Options parse_mount_command(int argc, const char* const* argv);
 
+// How far an open may stray from its rank's place in the plan, in samples: the batches a DataLoader
+// keeps in flight (prefetch_factor × workers), twice, counting at least 8 workers (not every job says
+// how many it runs), and a margin. The options' bounds keep it below 2^46.
+uint64_t open_tolerance(const Options& o);
+
 // The text `clairfs --help` prints.
 std::string usage_text();
 

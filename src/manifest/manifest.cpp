@@ -52,6 +52,12 @@ uint64_t hash_bytes(const char* data, size_t len, uint64_t h = 0x9e3779b97f4a7c1
   return h;
 }
 
+// The checksum of a manifest's body: its entries, names and root, one after another.
+uint64_t body_hash(const char* body, uint64_t entries_len, uint64_t names_len, uint64_t root_len) {
+  return hash_bytes(body + entries_len + names_len, root_len,
+                    hash_bytes(body + entries_len, names_len, hash_bytes(body, entries_len)));
+}
+
 [[noreturn]] void corrupt(const std::string& why) { throw std::runtime_error("invalid manifest: " + why); }
 
 void write_all(int fd, const void* data, size_t len, const std::string& file) {
@@ -240,6 +246,18 @@ Manifest Manifest::load(const std::string& file, const std::vector<std::string>&
   }
 }
 
+void Manifest::reseal(std::string* bytes) {
+  if (bytes->size() < sizeof(Header)) return;
+  Header h;
+  std::memcpy(&h, bytes->data(), sizeof(h));
+  const uint64_t body = bytes->size() - sizeof(Header);
+  if (h.entry_count > body / sizeof(Entry)) return;
+  const uint64_t elen = h.entry_count * sizeof(Entry);
+  if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) return;
+  h.hash = body_hash(bytes->data() + sizeof(Header), elen, h.names_size, h.root_len);
+  std::memcpy(bytes->data(), &h, sizeof(h));
+}
+
 Manifest Manifest::deserialize(std::string data, const std::vector<std::string>& extensions, const std::string& source) {
   const uint64_t got = data.size();
   if (got < sizeof(Header)) corrupt("too short for a header");
@@ -253,8 +271,7 @@ Manifest Manifest::deserialize(std::string data, const std::vector<std::string>&
   const uint64_t elen = h.entry_count * sizeof(Entry);
   if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
   const char* p = data.data() + sizeof(Header);
-  if (hash_bytes(p + elen + h.names_size, h.root_len, hash_bytes(p + elen, h.names_size, hash_bytes(p, elen))) != h.hash)
-    corrupt("checksum mismatch (damaged file)");
+  if (body_hash(p, elen, h.names_size, h.root_len) != h.hash) corrupt("checksum mismatch (damaged file)");
   std::vector<Entry> entries(h.entry_count);
   if (elen > 0) std::memcpy(entries.data(), p, elen);
   std::string names(p + elen, h.names_size);

@@ -102,6 +102,10 @@ struct ParseState {
 
 }  // namespace
 
+uint64_t open_tolerance(const Options& o) {
+  return 2 * o.prefetch_factor * std::max<uint64_t>(o.workers, 8) * o.batch_size + 64;
+}
+
 std::vector<std::string> parse_extensions(const std::string& value) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -12,9 +12,9 @@ constexpr size_t kSettleEvery = 1024;
 
 bool RamTier::reserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (held_ + reserved_ + lingering_bytes_ + bytes > budget_) settle();
-  if (held_ + reserved_ + lingering_bytes_ + bytes > budget_) return false;
-  reserved_ += bytes;
+  if (held_ + reserved_ + lingering_bytes_ + charge(bytes) > budget_) settle();
+  if (held_ + reserved_ + lingering_bytes_ + charge(bytes) > budget_) return false;
+  reserved_ += charge(bytes);
   return true;
 }
 
@@ -32,12 +32,12 @@ uint64_t RamTier::lower_budget_to_used() {
 
 void RamTier::unreserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  reserved_ -= std::min(reserved_, bytes);
+  reserved_ -= std::min(reserved_, charge(bytes));
 }
 
 void RamTier::insert(EntryId id, FileBytes data) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t size = data->size();
+  const uint64_t size = charge(data->size());
   reserved_ -= std::min(reserved_, size);
   auto [it, inserted] = files_.emplace(id, std::move(data));
   if (inserted) held_ += size;
@@ -60,12 +60,12 @@ uint64_t RamTier::erase(EntryId id) {
   if (it == files_.end()) return 0;
   const FileBytes bytes = std::move(it->second);
   const uint64_t size = bytes->size();
-  held_ -= size;
+  held_ -= charge(size);
   files_.erase(it);
   if (bytes.use_count() > 1) {  // someone else holds it: counted until freed
     if (lingering_.size() >= kSettleEvery) settle();  // not left to the next full budget alone
-    lingering_.push_back({bytes, size});
-    lingering_bytes_ += size;
+    lingering_.push_back({bytes, charge(size)});
+    lingering_bytes_ += charge(size);
   }
   return size;
 }

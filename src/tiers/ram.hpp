@@ -1,5 +1,9 @@
 // The RAM tier: whole staged files, held under a hard byte budget.
 //
+// Each file counts its bytes and kBookkeeping more: what holding it costs besides (its buffer's
+// header, the index entries here and in the staging policy), measured at about 245 bytes for a staged
+// empty file. Without it a million empty files, each "free", took 240 MB outside any budget.
+//
 // Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them.
 // The budget counts inserted files, reservations for reads in flight, and files evicted while something
 // still held them (a reader's handle, a write to NVMe, a peer's answer) until their bytes are freed: a
@@ -25,6 +29,8 @@ namespace clairfs {
 
 class RamTier {
  public:
+  static constexpr uint64_t kBookkeeping = 256;
+
   explicit RamTier(uint64_t budget) : budget_(budget) {}
 
   // Reserves `bytes` for a read about to start; false if that would pass the budget.
@@ -52,6 +58,7 @@ class RamTier {
     uint64_t size;
   };
   void settle();  // REQUIRES: mutex_ held. Stops counting lingering files that have been freed.
+  static uint64_t charge(uint64_t bytes) { return bytes + kBookkeeping; }
 
   mutable std::mutex mutex_;  // guards everything below; never held across I/O
   uint64_t budget_;
