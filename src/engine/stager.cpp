@@ -56,8 +56,12 @@ Stager::~Stager() {
 
 void Stager::run_pages() {
   for (;;) {
-    run_drops();
-    push_ahead();
+    if (!survive_out_of_memory([this] {
+          run_drops();
+          push_ahead();
+          return true;
+        }))
+      return;
     MutexLock lock(state_.mutex);
     if (state_.stop) return;
     lock.wait_for(state_.pages, state_.window.drops_waiting() ? kDropWait
@@ -69,8 +73,24 @@ void Stager::run_pages() {
 
 void Stager::run() {
   FreePageReturner free_pages(kReturnFreePages);
-  do free_pages.tick();
-  while (turn());
+  for (;;) {
+    free_pages.tick();
+    if (!survive_out_of_memory([this] { return turn(); })) return;
+  }
+}
+
+bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
+  try {
+    return step();
+  } catch (const std::bad_alloc&) {
+    // The address space limited under the daemon: this turn is lost, the next tries again a little later.
+    if (out_of_memory_said_++ == 0)
+      log_warning("the stager could not allocate memory (an address-space limit?); it goes on, staging less");
+    MutexLock lock(state_.mutex);
+    if (state_.stop) return false;
+    lock.wait_for(state_.progress, kIdleWait);
+    return !state_.stop;
+  }
 }
 
 bool Stager::turn() {

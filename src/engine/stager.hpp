@@ -14,7 +14,9 @@
 // waits for the page thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_set>
@@ -112,8 +114,10 @@ class Stager {
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
   std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
   void run_pages();  // the page thread
+  // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
+  bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
-  unsigned out_of_memory_said_ = 0;     // allocations for staging that failed (said in the log once)
+  std::atomic<unsigned> out_of_memory_said_{0};  // allocations that failed (said in the log once)
   std::thread thread_;
   std::thread pages_thread_;
 };

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -28,6 +29,21 @@ Frontend& self(fuse_req_t req) { return *static_cast<Frontend*>(fuse_req_userdat
 constexpr fuse_ino_t to_ino(EntryId id) { return Frontend::ino_of(id); }
 
 }  // namespace
+
+// A request handler whose allocation fails (the address space limited under the daemon) answers ENOMEM
+// rather than let std::bad_alloc unwind through libfuse's C frames, which ends the daemon.
+template <auto F>
+struct Guarded;
+template <class... A, void (*F)(fuse_req_t, A...)>
+struct Guarded<F> {
+  static void call(fuse_req_t req, A... a) {
+    try {
+      F(req, a...);
+    } catch (const std::bad_alloc&) {
+      fuse_reply_err(req, ENOMEM);
+    }
+  }
+};
 
 struct Handlers {
   static bool valid(const Frontend& fe, fuse_ino_t ino) { return ino >= 1 && ino <= fe.manifest_.size(); }
@@ -398,23 +414,23 @@ struct Handlers {
   static fuse_lowlevel_ops make_ops() {
     fuse_lowlevel_ops o{};
     o.init = init;
-    o.lookup = lookup;
+    o.lookup = Guarded<lookup>::call;
     o.forget = forget;
     o.forget_multi = forget_multi;
-    o.getattr = getattr;
-    o.readlink = readlink;
-    o.opendir = opendir;
+    o.getattr = Guarded<getattr>::call;
+    o.readlink = Guarded<readlink>::call;
+    o.opendir = Guarded<opendir>::call;
     o.releasedir = releasedir;
-    o.readdir = readdir;
-    o.readdirplus = readdirplus;
-    o.open = open;
-    o.read = read;
-    o.release = release;
+    o.readdir = Guarded<readdir>::call;
+    o.readdirplus = Guarded<readdirplus>::call;
+    o.open = Guarded<open>::call;
+    o.read = Guarded<read>::call;
+    o.release = Guarded<release>::call;
     o.flush = flush;
     o.fsync = fsync;
-    o.statfs = statfs;
-    o.access = access;
-    o.getxattr = getxattr;
+    o.statfs = Guarded<statfs>::call;
+    o.access = Guarded<access>::call;
+    o.getxattr = Guarded<getxattr>::call;
     o.listxattr = listxattr;
     o.setattr = setattr;
     o.mknod = mknod;
