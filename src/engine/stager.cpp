@@ -24,12 +24,10 @@ constexpr size_t kMaxToWrite = 4096;
 constexpr size_t kMaxReadAheadQueued = 1024;
 // How often the allocator's free pages go back to the system (util/memory.hpp).
 constexpr auto kReturnFreePages = std::chrono::seconds(1);
-// How long an idle stager (or page thread) sleeps before looking again, woken sooner by readers'
-// progress (staged files); and how long the page thread sleeps while drops wait.
+// How long an idle stager sleeps before looking again (woken sooner by readers' progress), and while
+// page drops wait.
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kDropWait = std::chrono::milliseconds(1);
-// How long the page thread sleeps while the window has pushes to make (woken sooner by staged files).
-constexpr auto kPushWait = std::chrono::milliseconds(10);
 // How long a turn waits for a peer's answer when it has nothing else to do.
 constexpr auto kPeerPoll = std::chrono::milliseconds(1);
 
@@ -39,7 +37,6 @@ Stager::Stager(StagerParts p)
     : manifest_(p.manifest), state_(p.state), ram_(p.ram), chain_(p.chain), nvme_(p.nvme), peers_(p.peers),
       demand_(p.demand), counters_(p.counters), streams_(p.streams), kernel_(p.kernel), io_(p.depth) {
   thread_ = std::thread([this] { run(); });
-  if (kernel_) pages_thread_ = std::thread([this] { run_pages(); });
 }
 
 Stager::~Stager() {
@@ -49,26 +46,7 @@ Stager::~Stager() {
   }
   state_.progress.notify_all();
   state_.staged.notify_all();
-  state_.pages.notify_all();
   thread_.join();
-  if (pages_thread_.joinable()) pages_thread_.join();
-}
-
-void Stager::run_pages() {
-  for (;;) {
-    if (!survive_out_of_memory([this] {
-          run_drops();
-          push_ahead();
-          return true;
-        }))
-      return;
-    MutexLock lock(state_.mutex);
-    if (state_.stop) return;
-    lock.wait_for(state_.pages, state_.window.drops_waiting() ? kDropWait
-                                : state_.window.active()     ? kPushWait
-                                                             : kIdleWait);
-    if (state_.stop) return;
-  }
 }
 
 void Stager::run() {
@@ -95,6 +73,8 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
 
 bool Stager::turn() {
   plan_ahead();
+  run_drops();
+  push_ahead();
   std::vector<Pick> picks;
   std::vector<Write> writes;
   auto adopted = demand_.take_adopted();
@@ -113,7 +93,7 @@ bool Stager::turn() {
       // per open would cost every open a context switch.
       state_.stager_waiting = true;
       state_.wake_at_cursor = state_.planner.cursor() + std::max<uint64_t>(1, state_.policy.evict_window() / 8);
-      lock.wait_for(state_.progress, kIdleWait);
+      lock.wait_for(state_.progress, state_.window.drops_waiting() ? kDropWait : kIdleWait);
       state_.stager_waiting = false;
       return true;
     }
@@ -319,7 +299,6 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
   }
   uint64_t after = kNever;
   const bool to_nvme = keep(pick, r, &after);
-  if (kernel_) state_.pages.notify_one();  // something new to push, maybe
   finish(pick.id);
   if (to_nvme) write(pick.id, r.buf, after);
 }

@@ -6,15 +6,8 @@
 //
 // Runs on its own thread only (it owns the IoLoop and its ring); shares the engine's state under
 // EngineState::mutex, never holding it across I/O.
-//
-// Pushes and drops of pages go to the kernel from a second thread, the page thread: a push or a drop
-// waits for the locks of the file's pages, which a FUSE read of that file in flight holds until its
-// handler replies — and that handler may be waiting for the stager to finish staging the file. With
-// both on one thread the two waited for each other until the handler gave up (5 s, issue 18). Nothing
-// waits for the page thread.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -113,13 +106,11 @@ class Stager {
   PeerModel model_;
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
   std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
-  void run_pages();  // the page thread
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
-  std::atomic<unsigned> out_of_memory_said_{0};  // allocations that failed (said in the log once)
+  unsigned out_of_memory_said_ = 0;     // allocations that failed (said in the log once)
   std::thread thread_;
-  std::thread pages_thread_;
 };
 
 }  // namespace clairfs

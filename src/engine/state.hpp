@@ -1,8 +1,7 @@
 // EngineState: what the request threads and the stager share, behind one mutex.
 //
-// Four kinds of threads enter the engine: FUSE request threads (open, read, release), the stager (one
-// thread: plans and stages), the page thread (the stager's second: pushes and drops pages into the
-// kernel's cache), and a peer transport's thread (answers to this node's fetches,
+// Three kinds of threads enter the engine: FUSE request threads (open, read, release), the stager (one
+// thread: plans, stages, pushes, drops), and a peer transport's thread (answers to this node's fetches,
 // which it only hands to the stager's IoLoop, and peers' requests, served from the RAM and NVMe tiers
 // under their own locks). Everything below that more than one of them touches is guarded by `mutex`;
 // the compiler checks it (thread_annotations.hpp).
@@ -36,7 +35,6 @@ struct EngineState {
   Mutex mutex;
   std::condition_variable progress;  // the readers moved, read-ahead was queued, or stop (the stager waits)
   std::condition_variable staged;    // a staging read finished (opens of that file wait)
-  std::condition_variable pages;     // files were staged, or stop (the page thread waits)
 
   Planner planner GUARDED_BY(mutex);
   ReaderTracker tracker GUARDED_BY(mutex);

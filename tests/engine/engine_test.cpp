@@ -332,26 +332,6 @@ TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
   EXPECT_LE(stats(e)["pagecache"]["used"].get<uint64_t>(), 10000u);
 }
 
-TEST(Engine, AHangingPagePushHoldsUpNoStaging) {
-  // The kernel's push or drop of a file's pages waits for page locks that a FUSE read of that file in
-  // flight holds, and that read's handler may wait for the stager to stage the file: pushes and drops
-  // run on a thread of their own, so the stager goes on while one hangs. (Before, the stager made them
-  // itself, and stopped at the first: 8 files staged of 100, opens waited 5 s each.)
-  MemoryTree tree(sizes(100, 1000, 1000));
-  MemorySource source(tree);
-  fakes::PageCacheDouble kernel;
-  kernel.hang(true);
-  const auto streams = one_rank(tree);
-  EngineConfig c = config(1 << 20);
-  c.pagecache = 10 * 1000;
-  c.page_cache = &kernel;
-  ClairvoyantEngine e(tree.manifest, streams, source, c);
-  EXPECT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); })) << e.stats_json();
-  EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
-  EXPECT_EQ(stats(e)["tiers"]["source"]["files"], 0u);  // every open found its file staged
-  kernel.hang(false);
-}
-
 TEST(Engine, APlanThatCannotBeBuiltStopsStagingNotTheDaemon) {
   MemoryTree tree(sizes(40, 1000, 2000));
   MemorySource source(tree);

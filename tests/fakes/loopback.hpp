@@ -120,27 +120,17 @@ class LoopbackPeer final : public PeerTransport {
 class PageCacheDouble final : public PageCache {
  public:
   int push(EntryId id, const char*, size_t) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    gate_.wait(lock, [this] { return !hang_; });
+    std::lock_guard<std::mutex> lock(mutex_);
     if (refuse_) return -ENOENT;
     pushed_.insert(id);
     pushes_++;
     return 0;
   }
   int drop(EntryId id) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    gate_.wait(lock, [this] { return !hang_; });
+    std::lock_guard<std::mutex> lock(mutex_);
     pushed_.erase(id);
     drops_++;
     return 0;
-  }
-  // While on, pushes and drops wait (as the kernel's do for page locks a FUSE read in flight holds).
-  void hang(bool on) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      hang_ = on;
-    }
-    gate_.notify_all();
   }
   void refuse(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -162,8 +152,6 @@ class PageCacheDouble final : public PageCache {
  private:
   std::mutex mutex_;
   bool refuse_ = false;
-  bool hang_ = false;
-  std::condition_variable gate_;
   std::unordered_set<EntryId> pushed_;
   uint64_t pushes_ = 0, drops_ = 0;
 };
