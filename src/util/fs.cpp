@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -74,6 +75,9 @@ ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& componen
   const int fd = open_beneath(root_fd, components, O_PATH);  // no rights needed on the file itself
   if (fd < 0) return fd;
   UniqueFd held(fd);
+  // A symlink put in its place: getxattr through /proc would follow it out of SOURCE.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return -ENODATA;
   // A descriptor opened O_PATH has no fgetxattr; its /proc link reaches the same inode.
   const std::string link = "/proc/self/fd/" + std::to_string(fd);
   for (int tries = 0; tries < 4; ++tries) {

@@ -42,8 +42,8 @@ int open_beneath(int root_fd, const std::vector<std::string_view>& components, i
 // misses. make_blocking returns 0 or -errno.
 int make_blocking(int fd);
 
-// The extended attribute `name` of the entry at `components` beneath root_fd (the entry itself, not
-// what a symlink there names), into *out: its size, or -errno (-ENODATA: it has none).
+// The extended attribute `name` of the regular file or directory at `components` beneath root_fd, into
+// *out: its size, or -errno (-ENODATA: it has none, or the entry is of another kind, a symlink say).
 ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out);
 
 // Reads up to `size` bytes at `offset`, going on after short reads and EINTR: the bytes read (fewer
