@@ -8,9 +8,9 @@ refused at once. A daemon whose address space is squeezed under it (prlimit) low
 serves every byte right; a manifest of paths beyond PATH_MAX mounts; `clairfs status` on a stats file of
 another shape says so in a line.
 """
-import os
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
