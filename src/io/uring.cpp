@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "util/fs.hpp"
+
 namespace clairfs {
 
 std::string liburing_version() {
@@ -27,9 +29,6 @@ namespace {
 // One read or write asks for at most this much (an sqe's length has 32 bits); a longer transfer goes on
 // in pieces like a short one.
 constexpr size_t kMaxPiece = size_t{1} << 30;
-// An open that fails with EAGAIN (a rename racing RESOLVE_BENEATH's walk; with O_NONBLOCK, a lease
-// another process holds) is tried this many times.
-constexpr unsigned kOpenTries = 64;
 
 unsigned piece(size_t left) { return static_cast<unsigned>(std::min(left, kMaxPiece)); }
 
@@ -150,7 +149,7 @@ std::vector<Ring::Completion> Ring::reap(bool wait) {
     if (it != impl_->requests.end()) {
       Request& r = it->second;
       const bool is_open = r.op == Request::Op::kOpen;
-      if (is_open && res != -EINTR && (res != -EAGAIN || ++r.tries >= kOpenTries)) {
+      if (is_open && res != -EINTR && (res != -EAGAIN || ++r.tries >= kOpenEagainTries)) {
         done.push_back({r.tag, res});
         impl_->requests.erase(it);
         --in_flight_;

@@ -108,9 +108,6 @@ uint64_t parse_size(const std::string& what, const std::string& text) {
 }
 
 std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string& text) {
-  // 4,096 ranks on one node: far beyond any (a node runs a few to a few hundred), small enough that a
-  // typo costs neither memory nor the time of following a million readers.
-  constexpr uint64_t kMaxRanks = 4096;
   std::set<uint64_t> ranks;
   size_t start = 0;
   if (text.empty()) bad_value(what, text, "empty rank list");
@@ -133,8 +130,8 @@ std::vector<uint64_t> parse_rank_list(const std::string& what, const std::string
       hi = item_value(item.substr(dash + 1));
       if (hi < lo) bad_value(what, text, "range '" + item + "' runs backwards");
     }
-    if (hi - lo >= kMaxRanks || ranks.size() + (hi - lo) >= kMaxRanks)
-      bad_value(what, text, "more than " + std::to_string(kMaxRanks) + " ranks on one node");
+    if (hi - lo >= kMaxNodeRanks || ranks.size() + (hi - lo) >= kMaxNodeRanks)
+      bad_value(what, text, "more than " + std::to_string(kMaxNodeRanks) + " ranks on one node");
     for (uint64_t r = lo;; ++r) {  // not `r <= hi`: hi may be the largest uint64_t
       ranks.insert(r);
       if (r == hi) break;

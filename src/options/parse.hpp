@@ -8,6 +8,10 @@
 
 namespace clairfs {
 
+// Ranks one node serves at most (ranks=, ranks_per_node=): far beyond any node (a few to a few hundred),
+// small enough that a typo costs neither memory nor the time of following a million readers.
+constexpr uint64_t kMaxNodeRanks = 4096;
+
 // Throws UsageError("bad option 'what=value': why").
 [[noreturn]] void bad_value(const std::string& what, const std::string& value, const std::string& why);
 

@@ -22,11 +22,10 @@ Order parse_order(const GivenOption& g) {
 }
 
 // Bounds on the schedule's numbers: far beyond any job (16.7 M ranks or samples in a batch, 1,024
-// loader workers, 4,096 ranks on one node), and small enough that the engine's arithmetic on them
+// loader workers; kMaxNodeRanks on one node), and small enough that the engine's arithmetic on them
 // (tolerances, plan keys: epochs × samples) cannot overflow 64 bits.
 constexpr uint64_t kMaxCount = uint64_t{1} << 24;
 constexpr uint64_t kMaxLoader = 1024;
-constexpr uint64_t kMaxNodeRanks = 4096;
 
 uint64_t between(const GivenOption& g, uint64_t lo, uint64_t hi) {
   const uint64_t n = parse_u64(g.key, g.value);

@@ -26,18 +26,14 @@ UniqueFd::~UniqueFd() {
 
 namespace {
 
-// EAGAIN means the kernel could not rule out an escape through a concurrent rename: tried again a few
-// times. (With O_NONBLOCK it also means a lease another process holds: not waited for.)
-constexpr int kEagainTries = 64;
-
 int openat2_beneath(int dir_fd, const char* path, int flags) {
   open_how how{};
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOFOLLOW);
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  for (int again = 0;;) {
+  for (unsigned again = 0;;) {
     long fd = ::syscall(SYS_openat2, dir_fd, path, &how, sizeof(how));
     if (fd >= 0) return static_cast<int>(fd);
-    if (errno == EAGAIN && ++again < kEagainTries) continue;
+    if (errno == EAGAIN && ++again < kOpenEagainTries) continue;
     if (errno != EINTR) return -errno;
   }
 }

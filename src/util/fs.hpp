@@ -35,6 +35,10 @@ class UniqueFd {
 // without leaving root_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), one component at a time when
 // the joined path would exceed PATH_MAX. Returns the fd, or -errno.
 int open_beneath(int root_fd, const std::vector<std::string_view>& components, int flags);
+// How often an open beneath a root that fails with EAGAIN is tried (open_beneath, and the io_uring
+// opens): the kernel could not rule out an escape through a concurrent rename; with O_NONBLOCK, a lease
+// another process holds, which is not waited for.
+constexpr unsigned kOpenEagainTries = 64;
 
 // Opening a SOURCE file that someone replaced with a FIFO (or a device) must not block: such files are
 // opened O_NONBLOCK, their kind checked with fstat, and only then made blocking again (make_blocking): a
