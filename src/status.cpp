@@ -109,6 +109,9 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   if (j.contains("stalls"))
     std::printf("  stalls        %llu opens waited on SOURCE, %.2f s in all\n",
                 static_cast<unsigned long long>(get(j, {"stalls", "opens"})), j["stalls"].value("seconds", 0.0));
+  if (const uint64_t n = get(j, {"stalls", "staging_waits_given_up"}))
+    std::printf("  gave up       %llu waits for staging held up in the kernel (read again instead)\n",
+                static_cast<unsigned long long>(n));
   if (j.contains("mispredicted_opens"))
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
   if (get(j, {"checksum_failures"}))

@@ -33,6 +33,8 @@ constexpr size_t kStatsWidth = 24;
 // read asks for them) mostly share one rendering, and a reader polling in a loop costs the engine's lock
 // little; fresh enough for anyone watching.
 constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
+// A rendering quicker than this is not kept longer than kLiveRefresh (see ControlTree::live).
+constexpr auto kCheapRender = std::chrono::milliseconds(20);
 // Live files are padded to a multiple of this (see control.hpp).
 constexpr size_t kLivePage = 4096;
 
@@ -199,8 +201,10 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
   l.made_ns = std::max(wall, l.made_ns + 1);
   l.at = std::chrono::steady_clock::now();
   // A rendering that took long (thousands of ranks) is kept for four times as long: readers polling, or
-  // one reading in small pieces (each asks for the attributes), cost the engine at most a fifth of its time.
-  l.every = std::max<std::chrono::steady_clock::duration>(kLiveRefresh, 4 * (l.at - now));
+  // one reading in small pieces (each asks for the attributes), cost the engine at most a fifth of its
+  // time. A quick one is made afresh for the next reader, who sees its own reads counted.
+  const auto cost = l.at - now;
+  l.every = cost < kCheapRender ? std::chrono::steady_clock::duration(kLiveRefresh) : 4 * cost;
   return l;
 }
 

@@ -157,6 +157,9 @@ std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) 
 
   w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j, {"stalls", "seconds"},
            "seconds");
+  w.single("clairfs_staging_waits_given_up", "counter",
+           "Opens that stopped waiting for a staging read held up by the kernel and read the file themselves.", j,
+           {"stalls", "staging_waits_given_up"});
   w.single("clairfs_mispredicted_opens", "counter", "Opens no rank's plan expected.", j, {"mispredicted_opens"});
   w.single("clairfs_source_changed", "counter", "Files found changed in SOURCE since the mount (reads refused).", j,
            {"source_changed"});

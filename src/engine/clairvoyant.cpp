@@ -18,6 +18,12 @@ using Clock = std::chrono::steady_clock;
 // How long an open waits for a staging read of its file before reading it itself: far above a read's
 // time on a working file system, short enough that a stuck read costs little.
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
+// ...and stops waiting sooner when the stager has been this long in one push or drop into the kernel:
+// that call waits for pages a read request holds locked, and when every request thread waits here that
+// request has no thread to serve it (a wait cycle). A push or drop takes microseconds otherwise.
+constexpr auto kStagerStuck = std::chrono::milliseconds(100);
+// How often a waiting open looks whether the stager is stuck.
+constexpr auto kStuckCheck = std::chrono::milliseconds(20);
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
 constexpr uint64_t kLeadScanSteps = 100000;
 // The diagnosis of a rank off the plan, as the stats carry it (cut beyond).
@@ -129,8 +135,14 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
     MutexLock lock(state_.mutex);
     // A file being staged right now arrives sooner from that read than from a second one.
     const auto deadline = Clock::now() + kWaitForStaging;
-    while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline)
-      lock.wait_for(state_.staged, deadline - Clock::now());
+    while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline) {
+      const int64_t since = state_.in_kernel_since_ns.load();
+      if (since != 0 && Clock::now().time_since_epoch() - std::chrono::nanoseconds(since) >= kStagerStuck) {
+        counters_.staging_waits_given_up++;
+        break;  // read on demand below (the caller's), so that request threads free up for the kernel
+      }
+      lock.wait_for(state_.staged, std::min<Clock::duration>(kStuckCheck, deadline - Clock::now()));
+    }
     data = ram_.get(id);
     *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
     if (handle) state_.window.opened(id);

@@ -14,7 +14,9 @@ void EngineCounters::to_json(nlohmann::json& j) const {
                  {"failures", stage_failures.load()},    {"source_bytes", staged_source_bytes.load()}};
   // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
   j["source_traffic"] = {{"bytes", staged_source_bytes.load() + bytes(Origin::kSource)}};
-  j["stalls"] = {{"opens", files(Origin::kSource)}, {"seconds", static_cast<double>(stall_ns.load()) / 1e9}};
+  j["stalls"] = {{"opens", files(Origin::kSource)},
+                 {"seconds", static_cast<double>(stall_ns.load()) / 1e9},
+                 {"staging_waits_given_up", staging_waits_given_up.load()}};
   j["readahead_files"] = readahead_files.load();
 }
 

@@ -31,6 +31,9 @@ struct EngineCounters {
   std::atomic<uint64_t> demand_peer_files{0};
   std::atomic<uint64_t> piecewise_files{0};  // read from SOURCE piece by piece: no room to hold them whole
   std::atomic<uint64_t> stall_ns{0};          // time readers waited on a peer or SOURCE
+  // Opens that stopped waiting for their file's staging because the stager was held in the kernel, and
+  // read it themselves (a second read of that file).
+  std::atomic<uint64_t> staging_waits_given_up{0};
 
   // Writes "tiers", "staged", "source_traffic", "stalls", "readahead_files" into `j`.
   void to_json(nlohmann::json& j) const;

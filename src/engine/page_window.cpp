@@ -158,6 +158,14 @@ void PageWindow::push_done(const Push& push, int rc, Clock::time_point now) {
   if (!push_retry_at_) push_retry_at_ = now + kPushRetry;
 }
 
+std::vector<EntryId> PageWindow::take_drops(const std::function<bool(EntryId)>& busy) {
+  std::vector<EntryId> now;
+  auto later = std::stable_partition(drops_.begin(), drops_.end(), busy);
+  now.assign(later, drops_.end());
+  drops_.erase(later, drops_.end());
+  return now;
+}
+
 void PageWindow::dropped(const std::vector<EntryId>& ids) {
   for (EntryId id : ids)
     if (in_kernel_[id] == kDropping) in_kernel_[id] = kNone;

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -83,8 +84,10 @@ class PageWindow {
   std::optional<Push> next_push(Clock::time_point now);
   // The push was done with result `rc` (0 or -errno).
   void push_done(const Push& push, int rc, Clock::time_point now);
-  // Pages to drop now; then dropped() once they are.
-  std::vector<EntryId> take_drops() { return std::exchange(drops_, {}); }
+  // Pages to drop now; then dropped() once they are. A file for which `busy` holds (being staged) stays
+  // queued: a reader of it may hold its pages locked while it waits for that staging, and the drop
+  // would wait for the reader — a cycle only the reader's time limit would end.
+  std::vector<EntryId> take_drops(const std::function<bool(EntryId)>& busy);
   void dropped(const std::vector<EntryId>& ids);
 
  private:

@@ -136,12 +136,13 @@ void Stager::run_drops() {
   std::vector<EntryId> drops;
   {
     MutexLock lock(state_.mutex);
-    drops = state_.window.take_drops();
+    // Only this thread adds to in_flight, so a file not staged now stays so until the drops are done.
+    drops = state_.window.take_drops([&](EntryId id) NO_THREAD_SAFETY_ANALYSIS { return state_.in_flight.count(id) != 0; });
   }
   if (drops.empty()) return;
   if (kernel_)
     for (EntryId id : drops)
-      if (kernel_->drop(id) == 0) counters_.drops++;
+      if (in_kernel([&] { return kernel_->drop(id); }) == 0) counters_.drops++;
   MutexLock lock(state_.mutex);
   state_.window.dropped(drops);
 }
@@ -155,11 +156,18 @@ void Stager::push_ahead() {
       push = state_.window.next_push(Clock::now());
     }
     if (!push) return;
-    const int rc = kernel_->push(push->id, push->data->data(), push->data->size());
+    const int rc = in_kernel([&] { return kernel_->push(push->id, push->data->data(), push->data->size()); });
     (rc < 0 ? counters_.push_failures : counters_.pushes)++;
     MutexLock lock(state_.mutex);
     state_.window.push_done(*push, rc < 0 ? rc : 0, Clock::now());
   }
+}
+
+int Stager::in_kernel(const std::function<int()>& call) {
+  state_.in_kernel_since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  const int rc = call();
+  state_.in_kernel_since_ns = 0;
+  return rc;
 }
 
 void Stager::evict_ram(EntryId id) {

@@ -10,6 +10,7 @@
 // SourceHandles, DemandReader's adopted list, IoLoop's mailbox). No I/O under `mutex`.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <unordered_set>
@@ -45,6 +46,11 @@ struct EngineState {
   bool stop GUARDED_BY(mutex) = false;
   bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
   uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;
+  // When the stager's current push or drop into the kernel began (steady clock, ns since its epoch); 0
+  // while it is in none. Such a call can wait for a read request the kernel holds pages locked for, and
+  // that request can wait for the stager (an open waiting for its file's staging): opens stop waiting
+  // once the stager has been in the kernel for long (kStagerStuck in clairvoyant.cpp).
+  std::atomic<int64_t> in_kernel_since_ns{0};
 };
 
 }  // namespace clairfs

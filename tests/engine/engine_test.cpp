@@ -332,6 +332,32 @@ TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
   EXPECT_LE(stats(e)["pagecache"]["used"].get<uint64_t>(), 10000u);
 }
 
+TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
+  // The kernel holds the first file's pages locked for a read request no request thread is free to serve
+  // (each waits for a staging, as here), so the stager's push of it waits. An open of a file whose
+  // staging the stuck stager holds must not wait for it to its 5 s limit: it reads the file itself.
+  MemoryTree tree(sizes(40, 2000, 2000));
+  MemorySource source(tree);
+  source.answer_late(std::chrono::milliseconds(50));
+  fakes::PageCacheDouble kernel;
+  const auto streams = one_rank(tree);
+  const std::vector<EntryId> order = streams(0)[0];
+  kernel.lock(order[0]);
+  EngineConfig c = config(1 << 20);
+  c.pagecache = 10 * 2000;
+  c.page_cache = &kernel;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  for (int i = 0; i < 1000 && kernel.waiting() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(kernel.waiting(), 1u);
+  // The stager stages `depth` (8) files at once, in order: the fourth is in flight, its answer unheard.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_file(e, order[3]), tree.bytes(order[3]));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(stats(e)["stalls"]["staging_waits_given_up"], 1u) << e.stats_json();
+  kernel.unlock(order[0]);
+  EXPECT_EQ(read_epoch(e, tree, order), 0u);
+}
+
 TEST(Engine, APlanThatCannotBeBuiltStopsStagingNotTheDaemon) {
   MemoryTree tree(sizes(40, 1000, 2000));
   MemorySource source(tree);

@@ -119,18 +119,38 @@ class LoopbackPeer final : public PeerTransport {
 
 class PageCacheDouble final : public PageCache {
  public:
+  // Like the kernel, a push or a drop of a file waits while a read of it holds its pages locked (the
+  // test says when: lock() before the read, unlock() after).
   int push(EntryId id, const char*, size_t) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_unlocked(lock, id);
     if (refuse_) return -ENOENT;
     pushed_.insert(id);
     pushes_++;
     return 0;
   }
   int drop(EntryId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_unlocked(lock, id);
     pushed_.erase(id);
     drops_++;
     return 0;
+  }
+  void lock(EntryId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    locked_.insert(id);
+  }
+  void unlock(EntryId id) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      locked_.erase(id);
+    }
+    unlocked_.notify_all();
+  }
+  // Pushes and drops waiting for a lock now.
+  unsigned waiting() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return waiting_;
   }
   void refuse(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -150,9 +170,17 @@ class PageCacheDouble final : public PageCache {
   }
 
  private:
+  void wait_unlocked(std::unique_lock<std::mutex>& lock, EntryId id) {
+    waiting_++;
+    unlocked_.wait(lock, [&] { return !locked_.count(id); });
+    waiting_--;
+  }
+
   std::mutex mutex_;
+  std::condition_variable unlocked_;
+  unsigned waiting_ = 0;
   bool refuse_ = false;
-  std::unordered_set<EntryId> pushed_;
+  std::unordered_set<EntryId> pushed_, locked_;
   uint64_t pushes_ = 0, drops_ = 0;
 };
 

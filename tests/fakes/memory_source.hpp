@@ -1,6 +1,7 @@
 // Fakes for engine tests (no kernel, no disk but an NVMe directory where a test wants one):
 // MemoryTree, a data set held in memory with its manifest; MemorySource, SOURCE over it, which counts
-// every byte read and can change a file, fail or stall on command.
+// every byte read and can change a file, fail or stall on command, and can answer the stager's reads
+// late (from a thread of its own, as a disk would), so that files stay in flight for a while.
 #pragma once
 
 #include <sys/stat.h>
@@ -8,6 +9,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -76,6 +80,14 @@ struct MemoryTree {
 class MemorySource final : public SourceStore {
  public:
   explicit MemorySource(const MemoryTree& tree) : tree_(tree) {}
+  ~MemorySource() override {
+    {
+      std::lock_guard<std::mutex> lock(late_mutex_);
+      late_stop_ = true;
+    }
+    late_cv_.notify_all();
+    if (late_thread_.joinable()) late_thread_.join();
+  }
 
   // On command: the file no longer matches the manifest (refused, counted as changed); every read fails
   // with EIO; every read waits this long first.
@@ -85,6 +97,12 @@ class MemorySource final : public SourceStore {
   }
   void fail_all(bool on) { fail_ = on; }
   void stall(std::chrono::milliseconds d) { stall_ms_ = d.count(); }
+  // The stager's reads (start_fetch) are answered this long after they were asked, one after another.
+  // Call before the engine starts.
+  void answer_late(std::chrono::milliseconds d) {
+    late_ = d;
+    late_thread_ = std::thread([this] { answer_loop(); });
+  }
 
   uint64_t bytes_read() const { return bytes_; }
   uint64_t reads_of(EntryId id) const {
@@ -97,7 +115,13 @@ class MemorySource final : public SourceStore {
   void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override {
     // Answered through the loop like a real completion: on the loop's thread, at its next turn.
     auto post = io.external([done](int64_t rc) { done(static_cast<int>(rc)); });
-    post(copy(id, buf->data(), buf->size(), 0, true));
+    auto answer = [this, id, buf, post] { post(copy(id, buf->data(), buf->size(), 0, true)); };
+    if (late_.count() == 0) return answer();
+    {
+      std::lock_guard<std::mutex> lock(late_mutex_);
+      late_queue_.push_back(std::move(answer));
+    }
+    late_cv_.notify_all();
   }
   int open(EntryId id, pid_t, uint64_t* handle) override {
     if (const int rc = check(id); rc < 0) return rc;
@@ -139,7 +163,27 @@ class MemorySource final : public SourceStore {
     return 0;
   }
 
+  void answer_loop() {
+    std::unique_lock<std::mutex> lock(late_mutex_);
+    for (;;) {
+      late_cv_.wait(lock, [&] { return late_stop_ || !late_queue_.empty(); });
+      if (late_stop_) return;
+      auto answer = std::move(late_queue_.front());
+      late_queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_for(late_);
+      answer();
+      lock.lock();
+    }
+  }
+
   const MemoryTree& tree_;
+  std::chrono::milliseconds late_{0};
+  std::mutex late_mutex_;
+  std::condition_variable late_cv_;
+  std::deque<std::function<void()>> late_queue_;
+  bool late_stop_ = false;
+  std::thread late_thread_;
   mutable std::mutex mutex_;
   std::unordered_set<EntryId> changed_files_;
   std::unordered_map<EntryId, uint64_t> reads_;
