@@ -1,0 +1,139 @@
+"""Scale on one node, over bench/synthfs (N files in C class folders, 64-200 B each, no bytes held): the
+time of a warm `find SOURCE -type f` against clairfs's mount from a walk and from `clairfs index`'s
+manifest, and the daemon's peak memory against its bound (ram + 64 MiB + 100 B per file) once a job's
+ranks read in their order and the stager has filled RAM. Bytes read through clairfs are compared with
+synthfs's own. Prints one Markdown table row per mount.
+
+  python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
+                         [--meta-latency-us 0] [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+MIB = 1 << 20
+
+
+def size_arg(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
+
+
+def peak_of(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def daemon_pid(mnt):
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if os.path.basename(args[0]) == b"clairfs" and mnt.encode() in args:
+                return int(pid)
+    raise SystemExit("scale: no clairfs daemon for " + mnt)
+
+
+def stats(mnt):
+    with open(mnt + "/.clairfs/stats") as f:
+        return json.load(f)
+
+
+def timed(cmd, **kw):
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, **kw)
+    return time.monotonic() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--files", type=int, default=1281167)
+    ap.add_argument("--classes", type=int, default=1000)
+    ap.add_argument("--ram", default="256M")
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--reads", type=int, default=200, help="files each rank reads in its order")
+    ap.add_argument("--meta-latency-us", type=int, default=0)
+    ap.add_argument("--json", help="write the figures here too")
+    a = ap.parse_args()
+    clairfs, synthfs = a.build + "/clairfs", a.build + "/bench/synthfs"
+    shape = ["--files", str(a.files), "--classes", str(a.classes)]
+    ram = size_arg(a.ram)
+    out = {"files": a.files, "classes": a.classes, "ram": ram, "world": a.world}
+    wrong = 0
+    with tempfile.TemporaryDirectory(prefix="clairfs-scale-") as tmp:
+        src, mnt, index = tmp + "/src", tmp + "/mnt", tmp + "/index"
+        os.mkdir(src)
+        os.mkdir(mnt)
+        server = subprocess.Popen([synthfs, src, "--meta-latency-us", str(a.meta_latency_us)] + shape,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            if server.stdout.readline().strip() != "ready":
+                raise SystemExit("scale: synthfs did not mount")
+            find = [timed("find %s -type f | wc -l >/dev/null" % src, shell=True) for _ in range(3)]
+            out["find_s"] = min(find[1:])  # warm
+            opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
+            for how in ("walk", "manifest"):
+                o = opts
+                if how == "manifest":
+                    out["index_s"] = timed([clairfs, "index", src, index], stdout=subprocess.DEVNULL)
+                    o += ",manifest=" + index
+                out[how + "_mount_s"] = timed([clairfs, src, mnt, "-o", o])
+                pid = daemon_pid(mnt)
+                if how == "walk":
+                    # Each rank reads the start of its epoch-0 order, through clairfs and through synthfs.
+                    for r in range(a.world):
+                        with open("%s/.clairfs/order/epoch-0/rank-%d" % (mnt, r)) as f:
+                            names = [next(f).rstrip("\n") for _ in range(a.reads)]
+                        for n in names:
+                            with open(mnt + "/" + n, "rb") as x, open(src + "/" + n, "rb") as y:
+                                wrong += x.read() != y.read()
+                    # The stager fills RAM (or stages all there is): wait until it stops.
+                    last, still = -1, 0
+                    while still < 3:
+                        time.sleep(1)
+                        used = stats(mnt)["ram"]["used"]
+                        still = still + 1 if used == last else 0
+                        last = used
+                    s = stats(mnt)
+                    out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
+                    out["peak"] = peak_of(pid)
+                    out["bound"] = ram + 64 * MIB + 100 * a.files
+                    check = subprocess.run([synthfs, "--check", mnt, "--sample", "2000"] + shape,
+                                           capture_output=True, text=True)
+                    wrong += check.returncode != 0
+                else:
+                    out["manifest_peak"] = peak_of(pid)
+                benchlib.unmount(mnt)
+        finally:
+            benchlib.unmount(src, server, lazy=True)
+    out["wrong"] = wrong
+    print("| files | find (warm) | mount from walk | ratio | index | mount from manifest | ratio | daemon peak "
+          "| bound | beyond the RAM tier, per file | files in RAM | wrong |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| {:,} | {:.2f} s | {:.2f} s | {:.2f}× | {:.2f} s | {:.2f} s | {:.2f}× | {:.1f} MiB | {:.1f} MiB | {:.0f} B "
+          "| {:,} | {} |".format(a.files, out["find_s"], out["walk_mount_s"], out["walk_mount_s"] / out["find_s"],
+                                 out["index_s"], out["manifest_mount_s"], out["manifest_mount_s"] / out["find_s"],
+                                 out["peak"] / MIB, out["bound"] / MIB, (out["peak"] - out["ram_used"]) / a.files,
+                                 out["ram_files"], wrong))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
