@@ -5,7 +5,7 @@ ranks read in their order and the stager has filled RAM. Bytes read through clai
 synthfs's own. Prints one Markdown table row per mount.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
-                         [--meta-latency-us 0] [--json FILE]
+                         [--meta-latency-us 0] [--json FILE] [--clairfs BINARY]
 """
 import argparse
 import json
@@ -42,7 +42,7 @@ def daemon_pid(mnt):
                     args = f.read().split(b"\0")
             except OSError:
                 continue
-            if os.path.basename(args[0]) == b"clairfs" and mnt.encode() in args:
+            if os.path.basename(args[0]).startswith(b"clairfs") and mnt.encode() in args:
                 return int(pid)
     raise SystemExit("scale: no clairfs daemon for " + mnt)
 
@@ -68,8 +68,9 @@ def main():
     ap.add_argument("--reads", type=int, default=200, help="files each rank reads in its order")
     ap.add_argument("--meta-latency-us", type=int, default=0)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--clairfs", help="this clairfs binary instead of BUILD's (to compare builds)")
     a = ap.parse_args()
-    clairfs, synthfs = a.build + "/clairfs", a.build + "/bench/synthfs"
+    clairfs, synthfs = a.clairfs or a.build + "/clairfs", a.build + "/bench/synthfs"
     shape = ["--files", str(a.files), "--classes", str(a.classes)]
     ram = size_arg(a.ram)
     out = {"files": a.files, "classes": a.classes, "ram": ram, "world": a.world}
