@@ -18,10 +18,9 @@ using Clock = std::chrono::steady_clock;
 // How long an open waits for a staging read of its file before reading it itself: far above a read's
 // time on a working file system, short enough that a stuck read costs little.
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
-// ...and stops waiting sooner when the stager has been this long in one push or drop into the kernel:
-// that call waits for pages a read request holds locked, and when every request thread waits here that
-// request has no thread to serve it (a wait cycle). A push or drop takes microseconds otherwise.
-constexpr auto kStagerStuck = std::chrono::milliseconds(100);
+// ...and stops waiting sooner when the stager's push or drop into the kernel is overdue (see
+// EngineState::kernel_call_overdue_ns): that call waits for pages a read request holds locked, and when
+// every request thread waits here, that request has no thread to serve it (a wait cycle).
 // How often a waiting open looks whether the stager is stuck.
 constexpr auto kStuckCheck = std::chrono::milliseconds(20);
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
@@ -136,8 +135,8 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
     // A file being staged right now arrives sooner from that read than from a second one.
     const auto deadline = Clock::now() + kWaitForStaging;
     while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline) {
-      const int64_t since = state_.in_kernel_since_ns.load();
-      if (since != 0 && Clock::now().time_since_epoch() - std::chrono::nanoseconds(since) >= kStagerStuck) {
+      const int64_t overdue = state_.kernel_call_overdue_ns.load();
+      if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) {
         counters_.staging_waits_given_up++;
         break;  // read on demand below (the caller's), so that request threads free up for the kernel
       }

@@ -28,6 +28,10 @@ constexpr auto kReturnFreePages = std::chrono::seconds(1);
 // page drops wait.
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kDropWait = std::chrono::milliseconds(1);
+// A push or drop into the kernel takes microseconds, or copies the file's bytes at memory speed; one
+// that takes 100 ms more than a copy at 1 byte/ns (1 GB/s) waits for a read request (see in_kernel).
+constexpr auto kKernelCallGrace = std::chrono::milliseconds(100);
+constexpr uint64_t kKernelCallBytesPerNs = 1;
 // How long a turn waits for a peer's answer when it has nothing else to do.
 constexpr auto kPeerPoll = std::chrono::milliseconds(1);
 
@@ -142,7 +146,7 @@ void Stager::run_drops() {
   if (drops.empty()) return;
   if (kernel_)
     for (EntryId id : drops)
-      if (in_kernel([&] { return kernel_->drop(id); }) == 0) counters_.drops++;
+      if (in_kernel(manifest_.entry(id).size, [&] { return kernel_->drop(id); }) == 0) counters_.drops++;
   MutexLock lock(state_.mutex);
   state_.window.dropped(drops);
 }
@@ -156,17 +160,20 @@ void Stager::push_ahead() {
       push = state_.window.next_push(Clock::now());
     }
     if (!push) return;
-    const int rc = in_kernel([&] { return kernel_->push(push->id, push->data->data(), push->data->size()); });
+    const int rc =
+        in_kernel(push->data->size(), [&] { return kernel_->push(push->id, push->data->data(), push->data->size()); });
     (rc < 0 ? counters_.push_failures : counters_.pushes)++;
     MutexLock lock(state_.mutex);
     state_.window.push_done(*push, rc < 0 ? rc : 0, Clock::now());
   }
 }
 
-int Stager::in_kernel(const std::function<int()>& call) {
-  state_.in_kernel_since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
+  const auto overdue = Clock::now().time_since_epoch() + kKernelCallGrace +
+                       std::chrono::nanoseconds(bytes / kKernelCallBytesPerNs);
+  state_.kernel_call_overdue_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(overdue).count();
   const int rc = call();
-  state_.in_kernel_since_ns = 0;
+  state_.kernel_call_overdue_ns = 0;
   return rc;
 }
 

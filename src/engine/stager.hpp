@@ -74,8 +74,9 @@ class Stager {
   void plan_ahead();
   void run_drops();
   void push_ahead();
-  // Runs a push or a drop into the kernel, marking the time it began (EngineState::in_kernel_since_ns).
-  int in_kernel(const std::function<int()>& call);
+  // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
+  // (EngineState::kernel_call_overdue_ns).
+  int in_kernel(uint64_t bytes, const std::function<int()>& call);
   // Picks, under the mutex: adopted files kept, their writes, read-ahead, then the plan. `room`: ring slots.
   void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
   std::vector<Write> pick_writes(unsigned room) REQUIRES(state_.mutex);

@@ -46,11 +46,11 @@ struct EngineState {
   bool stop GUARDED_BY(mutex) = false;
   bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
   uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;
-  // When the stager's current push or drop into the kernel began (steady clock, ns since its epoch); 0
-  // while it is in none. Such a call can wait for a read request the kernel holds pages locked for, and
-  // that request can wait for the stager (an open waiting for its file's staging): opens stop waiting
-  // once the stager has been in the kernel for long (kStagerStuck in clairvoyant.cpp).
-  std::atomic<int64_t> in_kernel_since_ns{0};
+  // When the stager's current push or drop into the kernel is overdue (steady clock, ns since its
+  // epoch); 0 while it is in none. Such a call can wait for a read request the kernel holds pages locked
+  // for, and that request can wait for the stager (an open waiting for its file's staging): opens stop
+  // waiting once the call is overdue (Stager::in_kernel sets the time).
+  std::atomic<int64_t> kernel_call_overdue_ns{0};
 };
 
 }  // namespace clairfs
