@@ -336,6 +336,7 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
   std::string failure;
   try {
     if (!world || world->rank() == 0) {
+      std::string index;  // serialized for the other nodes
       try {
         d.manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
                                         : Manifest::load(o.manifest, o.extensions, o.source_abs);
@@ -344,14 +345,19 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
         if (!o.manifest.empty())
           if (std::string why = d.reader->spot_check(kManifestSpotChecks); !why.empty())
             failure = "manifest '" + o.manifest + "' does not match SOURCE: " + why + "; write it again with 'clairfs index'";
+        if (world && failure.empty()) index = d.manifest->serialize();
       } catch (const std::exception& e) {
-        failure = e.what();
+        failure = *e.what() ? e.what() : "cannot make the index";  // never empty: empty says "no failure"
       }
-      if (world) (void)world->broadcast(failure.empty() ? "K" + d.manifest->serialize() : "E" + failure, 0);
+      // The failure (empty: none), then the index: two broadcasts, so that the index (1 GB at 14 M files)
+      // is never copied to put a mark before it.
+      if (world) {
+        (void)world->broadcast(failure, 0);
+        if (failure.empty()) (void)world->broadcast(index, 0);
+      }
     } else {
-      const std::string bytes = world->broadcast("", 0);
-      if (bytes.empty() || bytes[0] != 'K') return "node 0: " + bytes.substr(std::min<size_t>(1, bytes.size()));
-      d.manifest = Manifest::deserialize(bytes.substr(1), o.extensions, o.source_abs);
+      if (std::string failed = world->broadcast("", 0); !failed.empty()) return "node 0: " + failed;
+      d.manifest = Manifest::deserialize(world->broadcast("", 0), o.extensions, o.source_abs);
       d.reader.emplace(*d.manifest, o.source_abs);
     }
     if (failure.empty()) d.oracle.emplace(d.manifest->samples().size(), schedule_from_options(o, *d.manifest));
