@@ -25,9 +25,7 @@
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
-#include "engine/planner.hpp"
-#include "engine/policy.hpp"
-#include "tiers/next_use.hpp"
+#include "policy_driver.hpp"
 
 namespace {
 
@@ -102,9 +100,8 @@ Result belady(const std::vector<uint32_t>& trace, const std::vector<uint64_t>& s
   return r;
 }
 
-// The engine's own staging policy (engine/policy.hpp: what the stager asks, called the same way), with
-// staging that takes no time: before each access, files are staged in the policy's order while it finds
-// room; each access is placed in the planner; a file read on demand is kept as the stager keeps it.
+// The engine's own staging policy, driven as the stager drives it (policy_driver.hpp). Its "hit ratio"
+// is 1 - fetches / accesses.
 Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle, uint64_t ranks, uint64_t epochs,
                       uint64_t capacity, uint64_t loader_window) {
   using namespace clairfs;
@@ -115,50 +112,17 @@ Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle,
       for (uint64_t k = 0; k < order.loaded(r); ++k) seq[r].push_back(m.samples()[order.at(r, k)]);
     return seq;
   };
-  PlannerConfig c;
+  policy_driver::Config c;
   c.ranks = ranks;
-  c.entries = m.size();
-  c.end_epoch = epochs;
-  c.horizon = epochs;
-  Planner p(c, src);
-  StagingPolicy policy(m, p, PolicyConfig{capacity, ranks, loader_window, 32, {}, 0, mean_sample_size(m)});
-  uint64_t used = 0, fetches = 0, fetch_bytes = 0;
-  auto reserve = [&](uint64_t size) {
-    return [&used, capacity, size] { return used + size <= capacity ? (used += size, true) : false; };
-  };
-  auto evict = [&](EntryId id) { used -= m.entry(id).size; };
-  // Room as the stager makes it: by next use within the eviction window, free room only beyond.
-  auto room = [&](uint64_t key, uint64_t size) {
-    return policy.within_window(key) ? StagingPolicy::make_room(policy.ram(), key, false, reserve(size), evict)
-                                     : reserve(size)();
-  };
+  c.epochs = epochs;
+  c.capacity = capacity;
+  c.loader_window = loader_window;
+  const policy_driver::Totals t = policy_driver::drive(m, src, c, [](EntryId, uint64_t) {});
   Result r;
-  for (;;) {
-    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, ranks, m.size()));
-    while (const auto pick = policy.next_candidate([](EntryId) { return false; })) {
-      if (!room(pick->key, pick->size)) break;
-      policy.ram().set(pick->id, policy.staged_key(pick->id, false, false), false);
-      policy.take();
-      fetches++;
-      fetch_bytes += pick->size;
-    }
-    const uint64_t key = p.cursor();
-    if (key >= p.planned_end()) break;
-    const auto id = p.item(key);
-    if (!id) break;
-    const uint64_t size = m.entry(*id).size;
-    r.accesses++;
-    r.bytes += size;
-    const bool demand = !policy.ram().contains(*id);  // not staged in time (no room): read on demand
-    if (demand) fetches++, fetch_bytes += size;
-    p.on_open(*id, 1);
-    for (const auto& [k, passed] : p.take_passed()) policy.passed(passed, k, p.next_use(passed, k + 1));
-    policy.catch_up();
-    if (demand)
-      if (const uint64_t next = policy.keep_key(*id); next != kNever && room(next, size)) policy.ram().set(*id, next, false);
-  }
-  r.hits = r.accesses - fetches;
-  r.hit_bytes = r.bytes - fetch_bytes;
+  r.accesses = t.accesses;
+  r.bytes = t.bytes;
+  r.hits = t.accesses - t.fetches;
+  r.hit_bytes = t.bytes - t.fetch_bytes;
   return r;
 }
 

@@ -33,6 +33,7 @@
 #include "control/metrics.hpp"
 #include "engine/clairvoyant.hpp"
 #include "engine/learning.hpp"
+#include "engine/owners.hpp"
 #include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
 #include "oracle/schedule.hpp"
@@ -149,32 +150,6 @@ void raise_fd_limit() {
     rl.rlim_cur = rl.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &rl);
   }
-}
-
-// The global plan's owners: each file is kept for every node by the node whose rank reads it first in
-// the first epoch (it reads it from SOURCE anyway); a file nobody reads then goes to node id mod nodes.
-std::vector<uint16_t> plan_owners(const Manifest& manifest, const Oracle& oracle, const Options& o,
-                                  const std::vector<std::vector<uint64_t>>& ranks_of_node, int nodes) {
-  if (nodes > 65535) throw std::runtime_error("more than 65,535 nodes");
-  std::vector<int> node_of_rank(o.world_size, -1);
-  for (int n = 0; n < nodes; ++n)
-    for (uint64_t r : ranks_of_node[static_cast<size_t>(n)])
-      if (r < o.world_size && node_of_rank[r] < 0) node_of_rank[r] = n;
-  std::vector<uint16_t> owner(manifest.size());
-  std::vector<char> placed(manifest.size(), 0);
-  const EpochOrder first = oracle.epoch(o.start_epoch);
-  const auto& samples = manifest.samples();
-  uint64_t longest = 0;
-  for (uint64_t r = 0; r < first.world_size(); ++r) longest = std::max(longest, first.loaded(r));
-  for (uint64_t k = 0; k < longest; ++k)
-    for (uint64_t r = 0; r < first.world_size(); ++r)
-      if (k < first.loaded(r) && r < node_of_rank.size() && node_of_rank[r] >= 0) {
-        const EntryId id = samples[first.at(r, k)];
-        if (!placed[id]) owner[id] = static_cast<uint16_t>(node_of_rank[r]), placed[id] = 1;
-      }
-  for (EntryId id = 0; id < manifest.size(); ++id)
-    if (!placed[id]) owner[id] = static_cast<uint16_t>(id % static_cast<EntryId>(nodes));
-  return owner;
 }
 
 // The signals that end a mount. libfuse's handler for them wakes only the thread that takes one, and its
@@ -403,7 +378,7 @@ void warn_of_nvme_beyond_the_disk(const Options& o) {
 void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   std::vector<uint16_t> owner;
   if (world && world->size() > 1) {
-    owner = plan_owners(*d.manifest, *d.oracle, o, world->allgather(o.ranks), world->size());
+    owner = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size());
     MpiPeersConfig pc;
     pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
     d.peers.emplace(*world, *d.manifest, pc);

@@ -1,0 +1,105 @@
+// Benchmark-only: one node's staging driven the way the stager drives it, through the engine's own
+// Planner and StagingPolicy (engine/planner.hpp, engine/policy.hpp), with staging that takes no time:
+// before each access, files are staged in the policy's order while it finds room; each access is placed
+// in the planner; a file read on demand is kept as the stager keeps it. One tier of `capacity` bytes
+// stands for the node's RAM and NVMe together. Used by cache_sim (one node) and cluster_sim (many).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "clairfs/manifest.hpp"
+#include "engine/planner.hpp"
+#include "engine/policy.hpp"
+
+namespace policy_driver {
+
+struct Config {
+  uint64_t ranks = 1;           // ranks the node serves (the streams' count)
+  uint64_t epochs = 1;          // epochs driven, from 0
+  uint64_t capacity = 0;        // bytes the node holds
+  uint64_t loader_window = 16;  // files a rank's loader opens ahead
+  std::vector<uint16_t> owner;  // per entry: the node keeping it for all (empty: one node alone)
+  int node = 0;
+};
+
+struct Totals {
+  uint64_t accesses = 0, bytes = 0;  // reads, and their bytes
+  uint64_t fetches = 0, fetch_bytes = 0;  // files brought to the node (staged or on demand)
+};
+
+struct Ignore {
+  void operator()(clairfs::EntryId, uint64_t) const {}
+};
+
+// Drives the node through cfg.epochs epochs of `src`. fetched(id, epoch) is called for every file brought
+// to the node, with the epoch of the use it was brought for; evicted(id, epoch) for every file let go,
+// with the readers' epoch then.
+template <class Fetched, class Evicted = Ignore>
+Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const Config& cfg, Fetched fetched,
+             Evicted evicted = {}) {
+  using namespace clairfs;
+  PlannerConfig pc;
+  pc.ranks = cfg.ranks;
+  pc.entries = m.size();
+  pc.end_epoch = cfg.epochs;
+  pc.horizon = cfg.epochs;
+  Planner p(pc, src);
+  StagingPolicy policy(m, p, PolicyConfig{cfg.capacity, cfg.ranks, cfg.loader_window, 32, cfg.owner, cfg.node, mean_sample_size(m)});
+  uint64_t used = 0;
+  const uint64_t capacity = cfg.capacity;
+  auto reserve = [&](uint64_t size) {
+    return [&used, capacity, size] { return used + size <= capacity ? (used += size, true) : false; };
+  };
+  std::vector<uint64_t> epoch_ends;  // first key of each epoch after the first
+  auto epoch_of = [&](uint64_t key) {
+    while ((epoch_ends.empty() || epoch_ends.back() <= key) && (epoch_ends.empty() || epoch_ends.back() != kNever))
+      epoch_ends.push_back(p.epoch_end_key(epoch_ends.empty() ? 0 : epoch_ends.back()));
+    return static_cast<uint64_t>(std::upper_bound(epoch_ends.begin(), epoch_ends.end(), key) - epoch_ends.begin());
+  };
+  auto evict = [&](EntryId id) {
+    used -= m.entry(id).size;
+    evicted(id, epoch_of(p.cursor()));
+  };
+  // Room as the stager makes it: by next use within the eviction window, free room only beyond.
+  auto room = [&](uint64_t key, uint64_t size, bool owned) {
+    return policy.within_window(key) ? StagingPolicy::make_room(policy.ram(), key, owned, reserve(size), evict)
+                                     : reserve(size)();
+  };
+  Totals t;
+  for (;;) {
+    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, cfg.ranks, m.size()));
+    while (const auto pick = policy.next_candidate([](EntryId) { return false; })) {
+      const bool owned = policy.owned(pick->id);
+      if (!room(pick->key, pick->size, owned)) break;
+      policy.ram().set(pick->id, policy.staged_key(pick->id, false, owned), owned);
+      policy.take();
+      t.fetches++;
+      t.fetch_bytes += pick->size;
+      fetched(pick->id, epoch_of(pick->key));
+    }
+    const uint64_t key = p.cursor();
+    if (key >= p.planned_end()) break;
+    const auto id = p.item(key);
+    if (!id) break;
+    const uint64_t size = m.entry(*id).size;
+    t.accesses++;
+    t.bytes += size;
+    const bool demand = !policy.ram().contains(*id);  // not staged in time (no room): read on demand
+    if (demand) {
+      t.fetches++;
+      t.fetch_bytes += size;
+      fetched(*id, epoch_of(key));
+    }
+    p.on_open(*id, 1);
+    for (const auto& [k, passed] : p.take_passed()) policy.passed(passed, k, p.next_use(passed, k + 1));
+    policy.catch_up();
+    if (demand)
+      if (const uint64_t next = policy.keep_key(*id); next != kNever && room(next, size, policy.owned(*id)))
+        policy.ram().set(*id, next, policy.owned(*id));
+  }
+  return t;
+}
+
+}  // namespace policy_driver
