@@ -5,11 +5,12 @@ ranks read in their order and the stager has filled RAM. Bytes read through clai
 synthfs's own. Prints one Markdown table row per mount.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
-                         [--meta-latency-us 0] [--json FILE] [--clairfs BINARY]
+                         [--meta-latency-us 0] [--json FILE] [--clairfs BINARY] [--keep-index FILE]
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ def main():
     ap.add_argument("--meta-latency-us", type=int, default=0)
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--clairfs", help="this clairfs binary instead of BUILD's (to compare builds)")
+    ap.add_argument("--keep-index", help="copy the index `clairfs index` wrote here")
     a = ap.parse_args()
     clairfs, synthfs = a.clairfs or a.build + "/clairfs", a.build + "/bench/synthfs"
     shape = ["--files", str(a.files), "--classes", str(a.classes)]
@@ -91,6 +93,8 @@ def main():
                 o = opts
                 if how == "manifest":
                     out["index_s"] = timed([clairfs, "index", src, index], stdout=subprocess.DEVNULL)
+                    if a.keep_index:
+                        shutil.copyfile(index, a.keep_index)
                     o += ",manifest=" + index
                 out[how + "_mount_s"] = timed([clairfs, src, mnt, "-o", o])
                 pid = daemon_pid(mnt)
@@ -111,6 +115,7 @@ def main():
                         last = used
                     s = stats(mnt)
                     out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
+                    out["memory"] = s.get("memory", {})
                     out["peak"] = peak_of(pid)
                     out["bound"] = ram + 64 * MIB + 100 * a.files
                     check = subprocess.run([synthfs, "--check", mnt, "--sample", "2000"] + shape,
@@ -130,6 +135,16 @@ def main():
                                  out["index_s"], out["manifest_mount_s"], out["manifest_mount_s"] / out["find_s"],
                                  out["peak"] / MIB, out["bound"] / MIB, (out["peak"] - out["ram_used"]) / a.files,
                                  out["ram_files"], wrong))
+    mem = out.get("memory")
+    if mem:
+        parts = ["manifest", "plan", "policy", "per_entry", "ram_bookkeeping"]
+        print()
+        print("| bytes per file | " + " | ".join(parts) + " | named parts | whole daemon beyond the RAM tier's bytes |")
+        print("|---|" + "---|" * (len(parts) + 2))
+        named = sum(mem[p] for p in parts)
+        files_bytes = out["ram_used"] - mem["ram_bookkeeping"]
+        print("| {:,} files | ".format(a.files) + " | ".join("%.1f" % (mem[p] / a.files) for p in parts) +
+              " | %.1f | %.1f |" % (named / a.files, (out["peak"] - files_bytes) / a.files))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

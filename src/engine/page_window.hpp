@@ -70,6 +70,8 @@ class PageWindow {
   uint64_t beacon_every() const { return beacon_every_; }
   uint64_t drop_delay() const { return drop_delay_; }
   bool drops_waiting() const { return !drops_.empty(); }
+  // Bytes of its per-entry state.
+  size_t memory_bytes() const { return in_kernel_.capacity(); }
 
   // --- the stager ---
   // Whether the stager walks the window at all (without opens even with nothing to push: the walk

@@ -407,4 +407,16 @@ Planner::RankProgress Planner::progress(uint64_t rank) const {
   return p;
 }
 
+size_t EpochStreams::memory_bytes() const {
+  size_t b = first.capacity() * sizeof(uint32_t) + sparse.capacity() * sizeof(sparse[0]) + read.capacity() * sizeof(uint64_t);
+  for (const auto& s : seq) b += s.capacity() * sizeof(EntryId);
+  return b;
+}
+
+size_t Planner::memory_bytes() const {
+  size_t b = 0;
+  for (const EpochStreams& e : epochs_) b += e.memory_bytes();
+  return b;
+}
+
 }  // namespace clairfs

@@ -80,6 +80,7 @@ struct EpochStreams {
   std::vector<uint64_t> read;  // per rank: its items opened or presumed read (filled by the planner)
   static constexpr uint32_t kAbsent = UINT32_MAX;
   uint32_t first_of(EntryId id) const;
+  size_t memory_bytes() const;
 };
 
 // Each served rank's sequence of entries for an epoch.
@@ -172,6 +173,8 @@ class Planner {
   };
   RankProgress progress(uint64_t rank) const;
   uint64_t mispredicted() const { return mispredicted_; }
+  // Bytes the planned epochs hold (their sequences and first-use indexes).
+  size_t memory_bytes() const;
   uint64_t opens() const { return opens_; }
 
  private:

@@ -59,6 +59,10 @@ class StagingPolicy {
   TierIndex& ram() { return ram_; }
   const TierIndex& ram() const { return ram_; }
   TierIndex& nvme() { return nvme_; }
+  // Bytes of its indexes and per-entry owners.
+  size_t memory_bytes() const {
+    return ram_.memory_bytes() + nvme_.memory_bytes() + config_.owner.capacity() * sizeof(uint16_t);
+  }
 
   // The use a file read on demand is kept for: its next use not yet opened, else kKeptForPeers if this
   // node keeps it for the others, else kNever (not kept).

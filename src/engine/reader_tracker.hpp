@@ -46,6 +46,8 @@ class ReaderTracker {
   Verdict verdict(uint64_t rank) const { return verdicts_[rank].now; }
   // The rank's latest opens (up to kRecent), oldest first: what a diagnosis works from.
   std::vector<EntryId> recent(uint64_t rank) const;
+  // Bytes of its per-entry index (sample_of_).
+  size_t memory_bytes() const { return sample_of_.capacity() * sizeof(uint32_t); }
   static constexpr size_t kRecent = 64;
   uint64_t ranks() const { return rates_.size(); }
 

@@ -55,6 +55,10 @@ class NextUseIndex {
     return *std::prev(it);
   }
   size_t size() const { return key_.size(); }
+  // Bytes held, estimated: per resident a node of the set (64 B with the allocator's) and one of the
+  // map (32 B) with its bucket (8 B).
+  size_t memory_bytes() const { return key_.size() * kBytesPerResident; }
+  static constexpr size_t kBytesPerResident = 64 + 32 + 8;
 
  private:
   std::set<std::pair<uint64_t, EntryId>> by_key_;
@@ -90,6 +94,7 @@ class TierIndex {
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned() const { return rest_.farthest(); }
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned_below(uint64_t limit) const { return rest_.farthest_below(limit); }
   size_t size() const { return rest_.size() + owned_.size(); }
+  size_t memory_bytes() const { return rest_.memory_bytes() + owned_.memory_bytes(); }
   size_t owned() const { return owned_.size(); }
 
  private:
