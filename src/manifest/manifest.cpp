@@ -129,9 +129,6 @@ Manifest Manifest::from_parts(std::vector<Entry> entries, std::string names,
   Manifest m;
   m.entries_ = std::move(entries);
   m.names_ = std::move(names);
-  // A scan grew them by doubling: up to half of each would stay unused for the life of the mount.
-  m.entries_.shrink_to_fit();
-  m.names_.shrink_to_fit();
   m.source_root_ = std::move(source_root);
   m.validate();
   m.compute_samples(extensions);

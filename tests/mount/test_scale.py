@@ -1,8 +1,10 @@
-"""Scale, small: bench/scale.py over a synthetic SOURCE of 200,000 files (bench/synthfs) — clairfs mounts it
+"""Scale, small. bench/scale.py over a synthetic SOURCE of 200,000 files (bench/synthfs): clairfs mounts it
 from a walk and from a manifest, eight ranks read in their order, the stager stages, and every byte read
 through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64 MiB + 100 B per file.
-The full runs (1.28 M and 14.2 M files) are in scripts/bench --scale; mount times are reported there,
-never judged here."""
+Then that index broadcast to a second MPI process (bench/index_bcast) arrives whole, and the cluster
+simulation (bench/cluster_sim, the engine's planner and policy on every node) at 200,000 samples on 16
+and 64 nodes reads SOURCE once in epoch 0 and, with room, never after. The full runs are in
+scripts/bench --scale; times are reported there, never judged here."""
 import json
 import os
 import subprocess
@@ -17,8 +19,10 @@ build = os.environ["CLAIRFS_BUILD"]
 
 with h.tempdir() as tmp:
     out = tmp + "/scale.json"
+    index = tmp + "/index"
     r = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "scale.py"), build, "--files", "200000",
-                        "--classes", "1000", "--reads", "100", "--json", out], capture_output=True, text=True, timeout=500)
+                        "--classes", "1000", "--reads", "100", "--json", out, "--keep-index", index],
+                       capture_output=True, text=True, timeout=500)
     print(r.stdout)
     h.check(r.returncode == 0 and os.path.exists(out), "scale.py ran (rc %d) %s" % (r.returncode, r.stderr.strip()[-300:]))
     s = json.load(open(out))
@@ -29,5 +33,27 @@ with h.tempdir() as tmp:
     else:
         h.check(0 < s["peak"] <= s["bound"], "daemon peak %.1f MiB within ram + 64 MiB + 100 B/file = %.1f MiB" % (
             s["peak"] / 2**20, s["bound"] / 2**20))
+
+    r = subprocess.run(["mpiexec", "-n", "2", build + "/bench/index_bcast", index], capture_output=True, text=True, timeout=120)
+    print(r.stdout)
+    got = sorted(line.split(": ", 1)[1].split(";")[0] for line in r.stdout.splitlines() if line.startswith("node "))
+    h.check(r.returncode == 0 and len(got) == 2 and got[0] == got[1] and got[0].startswith("201001 entries"),
+            "the index broadcast arrives whole on the other node: %s %s" % (got, r.stderr.strip()[-200:]))
+
+r = subprocess.run([build + "/bench/cluster_sim", "--samples", "200000", "--classes", "100", "--nodes", "16,64",
+                    "--cache", "0.5,2"], capture_output=True, text=True, timeout=300)
+print(r.stdout)
+sims = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+h.check(r.returncode == 0 and len(sims) == 4, "cluster_sim ran: %d results %s" % (len(sims), r.stderr.strip()[-200:]))
+for s in sims:
+    where = "%d nodes, cache %.1f× a node's share" % (s["nodes"], s["cache"])
+    h.check(1.0 <= s["source_per_epoch"][0] <= 1.01, "%s: epoch 0 reads SOURCE once (%.3f; samples padded to even ranks)" % (
+        where, s["source_per_epoch"][0]))
+    later = s["source_per_epoch"][1:]
+    if s["cache"] >= 1:
+        h.check(all(x == 0 for x in later), "%s: later epochs read no SOURCE (%s)" % (where, later))
+    else:
+        h.check(all(0.4 <= x <= 0.6 for x in later), "%s: keepers holding half their files, half from SOURCE (%s)" % (where, later))
+    h.check(s["busiest_served_over_mean"] <= 1.25, "%s: the busiest keeper serves %.2f× the mean" % (where, s["busiest_served_over_mean"]))
 
 h.finish()
