@@ -215,9 +215,9 @@ int serve(const char* mountpoint, unsigned threads) {
   char* args_v[] = {arg0.data(), o.data(), opts.data()};
   fuse_args args = FUSE_ARGS_INIT(3, args_v);
   fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), nullptr);
-  fuse_opt_free_args(&args);  // the session keeps what it needs
   if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, mountpoint) != 0) {
     std::fprintf(stderr, "synthfs: cannot mount at %s\n", mountpoint);
+    fuse_opt_free_args(&args);
     return 1;
   }
   std::printf("ready\n");
@@ -229,6 +229,7 @@ int serve(const char* mountpoint, unsigned threads) {
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
+  fuse_opt_free_args(&args);
   return rc == 0 ? 0 : 1;
 }
 
