@@ -1,5 +1,5 @@
 """Helpers shared by the benchmark scripts: generated data sets kept between runs, waiting for a FUSE
-mount to appear and taking it down."""
+mount to appear and taking it down, the peak memory of the daemon serving a mount."""
 import os
 import shutil
 import subprocess
@@ -38,3 +38,23 @@ def unmount(mnt, proc=None, lazy=False):
     if proc:
         proc.wait(timeout=60)
     time.sleep(0.2)
+
+
+def daemon_peak(mnt):
+    """Peak resident memory (VmHWM) of the clairfs daemon serving `mnt` (a program named clairfs...
+    with `mnt` among its arguments), in bytes, or 0 if there is none."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+            if not (os.path.basename(args[0]).startswith(b"clairfs") and mnt.encode() in args):
+                continue
+            with open("/proc/%s/status" % pid) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return 0

@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import cached_dataset, unmount, wait_mounted  # noqa: E402
+from benchlib import cached_dataset, daemon_peak, unmount, wait_mounted  # noqa: E402
 
 
 class Params:
@@ -79,19 +79,6 @@ def run_loop(build, p, root, order_root, stalls=None, torch=False):
             str(p.prefetch), "--epochs", str(p.epochs), "--compute-ms", str(p.compute_ms)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-
-
-def daemon_memory(mnt):
-    """Peak resident memory (VmHWM) of the clairfs daemon serving mnt, in bytes, or 0."""
-    r = subprocess.run(["pgrep", "-f", "clairfs .* " + mnt], capture_output=True, text=True)
-    for pid in r.stdout.split():
-        try:
-            for line in open("/proc/%s/status" % pid):
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return 0
 
 
 # A system run with every CPU of the node busy beside it (one spinning process per CPU, at the job's own
@@ -147,7 +134,7 @@ def run_one(name, build, p, data, work, torch, stalls):
             subprocess.run([build + "/clairfs", slow.mnt, mnt, "-o", opts], check=True)
             try:
                 epochs = run_loop(build, p, mnt, mnt, stalls, torch)
-                memory = daemon_memory(mnt)
+                memory = daemon_peak(mnt)
                 with open(mnt + "/.clairfs/stats") as f:
                     learned = json.load(f).get("learned")
             finally:

@@ -27,27 +27,6 @@ def size_arg(s):
     return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
 
 
-def peak_of(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def daemon_pid(mnt):
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if os.path.basename(args[0]).startswith(b"clairfs") and mnt.encode() in args:
-                return int(pid)
-    raise SystemExit("scale: no clairfs daemon for " + mnt)
-
-
 def stats(mnt):
     with open(mnt + "/.clairfs/stats") as f:
         return json.load(f)
@@ -97,7 +76,8 @@ def main():
                         shutil.copyfile(index, a.keep_index)
                     o += ",manifest=" + index
                 out[how + "_mount_s"] = timed([clairfs, src, mnt, "-o", o])
-                pid = daemon_pid(mnt)
+                if not benchlib.daemon_peak(mnt):
+                    raise SystemExit("scale: no clairfs daemon for " + mnt)
                 if how == "walk":
                     # Each rank reads the start of its epoch-0 order, through clairfs and through synthfs.
                     for r in range(a.world):
@@ -116,13 +96,13 @@ def main():
                     s = stats(mnt)
                     out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
                     out["memory"] = s.get("memory", {})
-                    out["peak"] = peak_of(pid)
+                    out["peak"] = benchlib.daemon_peak(mnt)
                     out["bound"] = ram + 64 * MIB + 100 * a.files
                     check = subprocess.run([synthfs, "--check", mnt, "--sample", "2000"] + shape,
                                            capture_output=True, text=True)
                     wrong += check.returncode != 0
                 else:
-                    out["manifest_peak"] = peak_of(pid)
+                    out["manifest_peak"] = benchlib.daemon_peak(mnt)
                 benchlib.unmount(mnt)
         finally:
             benchlib.unmount(src, server, lazy=True)
