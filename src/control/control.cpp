@@ -25,8 +25,12 @@ constexpr uint64_t kMaxRank = (uint64_t{1} << 24) - 1;
 // Listings stop here; any epoch or rank still opens by name.
 constexpr uint64_t kListedEpochs = 100;
 constexpr uint64_t kListedRanks = 4096;
-// Rank files kept: a few epochs of the ranks one node serves.
-constexpr size_t kCachedFiles = 16;
+// Rank files kept, newest first, while their bytes stay within this; the newest is kept whatever its size
+// (at 14.2 M samples and world size 1, 57 MB). 8 ranks of 1.28 M samples take 5.2 MB.
+constexpr size_t kCachedBytes = size_t{32} << 20;
+// A rank file marks the byte offset of every this many lines: a read renders at most this many lines
+// beyond what it returns.
+constexpr uint64_t kMarkEvery = 256;
 // Every scalar in stats takes this many characters: the longest a double prints as (-1.2345678901234567e-308).
 constexpr size_t kStatsWidth = 24;
 // stats are made afresh at most this often: the attribute requests of one reader's read calls (each
@@ -76,6 +80,56 @@ mode_t who_lists_everything(const Manifest& m) {
   return who;
 }
 
+class TextFile final : public ControlFile {
+ public:
+  explicit TextFile(std::string text) : text_(std::move(text)) {}
+  uint64_t size() const override { return text_.size(); }
+  std::string_view read(uint64_t off, size_t len, std::string&) const override {
+    return std::string_view(text_).substr(std::min<uint64_t>(off, text_.size()), len);
+  }
+  size_t memory_bytes() const override { return text_.capacity(); }
+
+ private:
+  const std::string text_;
+};
+
+// A rank's order: one escaped path a line (append_escaped_line), rendered as it is read.
+class RankOrderFile final : public ControlFile {
+ public:
+  RankOrderFile(const Manifest& manifest, std::vector<uint32_t> samples)
+      : manifest_(manifest), samples_(std::move(samples)) {
+    samples_.shrink_to_fit();
+    marks_.reserve((samples_.size() + kMarkEvery - 1) / kMarkEvery);
+    std::string line;
+    for (uint64_t k = 0; k < samples_.size(); ++k) {
+      if (k % kMarkEvery == 0) marks_.push_back(size_);
+      line.clear();
+      append_escaped_line(line, manifest_.sample_path(samples_[k]));
+      size_ += line.size();
+    }
+  }
+  uint64_t size() const override { return size_; }
+  std::string_view read(uint64_t off, size_t len, std::string& scratch) const override {
+    scratch.clear();
+    if (off >= size_ || len == 0) return {};
+    // The last mark at or before `off`, and the lines from there until the range is covered.
+    const size_t m = static_cast<size_t>(std::upper_bound(marks_.begin(), marks_.end(), off) - marks_.begin()) - 1;
+    const uint64_t end = std::min<uint64_t>(size_, off + len);
+    for (uint64_t k = m * kMarkEvery; k < samples_.size() && marks_[m] + scratch.size() < end; ++k)
+      append_escaped_line(scratch, manifest_.sample_path(samples_[k]));
+    return std::string_view(scratch).substr(off - marks_[m], end - off);
+  }
+  size_t memory_bytes() const override {
+    return samples_.capacity() * sizeof(uint32_t) + marks_.capacity() * sizeof(uint64_t) + sizeof(*this);
+  }
+
+ private:
+  const Manifest& manifest_;
+  std::vector<uint32_t> samples_;
+  std::vector<uint64_t> marks_;  // marks_[m]: the byte offset of line m * kMarkEvery
+  uint64_t size_ = 0;
+};
+
 // `text` with spaces inserted at `at`, to `size` bytes at least: the next multiple of kLivePage.
 std::string padded(std::string text, size_t at, size_t size) {
   const size_t want = std::max(size, (text.size() + kLivePage - 1) / kLivePage * kLivePage);
@@ -87,7 +141,7 @@ std::string padded(std::string text, size_t at, size_t size) {
 
 ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
     : manifest_(manifest), oracle_(oracle), config_(std::move(config)), order_who_(who_lists_everything(manifest)) {
-  readme_ =
+  std::string readme =
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
       "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n"
@@ -99,6 +153,7 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
       ", world_size " +
       std::to_string(oracle.schedule().world_size) + ", batch_size " + std::to_string(oracle.schedule().batch_size) +
       ", " + std::to_string(oracle.num_samples()) + " samples.\n";
+  readme_ = std::make_shared<const TextFile>(std::move(readme));
 }
 
 uint64_t ControlTree::root_ino() { return kRootIno; }
@@ -146,7 +201,7 @@ std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
 std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::list(uint64_t dir) const {
   std::vector<std::pair<std::string, ControlAttr>> out;
   if (dir == kRootIno) {
-    out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_.size()}});
+    out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_->size()}});
     out.push_back({"order", dir_attr(kOrderIno, order_who_)});
     out.push_back({"stats", {kStatsIno, S_IFREG | 0444, 0}});
     out.push_back({"metrics", {kMetricsIno, S_IFREG | 0444, 0}});
@@ -165,8 +220,8 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   return out;
 }
 
-std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
-  if (ino == kReadmeIno) return std::make_shared<const std::string>(readme_);
+std::shared_ptr<const ControlFile> ControlTree::content(uint64_t ino) const {
+  if (ino == kReadmeIno) return readme_;
   if (is_live(ino)) return live(ino, true).text;
   if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
   const uint64_t rank = ino & kMaxRank;
@@ -175,7 +230,7 @@ std::shared_ptr<const std::string> ControlTree::content(uint64_t ino) const {
   return rank_file(epoch, rank);
 }
 
-std::shared_ptr<const std::string> ControlTree::current(uint64_t ino) const {
+std::shared_ptr<const ControlFile> ControlTree::current(uint64_t ino) const {
   return is_live(ino) ? live(ino, false).text : content(ino);
 }
 
@@ -190,11 +245,11 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
     const size_t help = text.find("# HELP ");
     const size_t at = help == std::string::npos ? std::string::npos : text.find('\n', help);
     // No HELP line (a config without metrics): the text is "# EOF", nothing may follow it; left as it is.
-    l.text = std::make_shared<const std::string>(at == std::string::npos ? text : padded(std::move(text), at, before));
+    l.text = std::make_shared<const TextFile>(at == std::string::npos ? std::move(text) : padded(std::move(text), at, before));
   } else {
     std::string text = fixed_width_scalars(config_.stats ? config_.stats() : "{}\n", kStatsWidth);
     const size_t at = text.empty() || text.back() != '\n' ? text.size() : text.size() - 1;
-    l.text = std::make_shared<const std::string>(padded(std::move(text), at, before));
+    l.text = std::make_shared<const TextFile>(padded(std::move(text), at, before));
   }
   const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
@@ -208,7 +263,7 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh) const {
   return l;
 }
 
-std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
+std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
   const uint64_t key = rank_file_ino(epoch, rank);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,13 +275,22 @@ std::shared_ptr<const std::string> ControlTree::rank_file(uint64_t epoch, uint64
     }
   }
   // Built outside the lock: two threads may build the same file once each, which is harmless.
-  const EpochOrder order = this->order()->epoch(epoch);
-  auto text = std::make_shared<std::string>();
-  for (uint64_t k = 0; k < order.loaded(rank); ++k) append_escaped_line(*text, manifest_.sample_path(order.at(rank, k)));
+  auto file = std::make_shared<const RankOrderFile>(manifest_, this->order()->epoch(epoch).rank_sequence(rank));
   std::lock_guard<std::mutex> lock(mutex_);
-  cache_.emplace_front(key, text);
-  if (cache_.size() > kCachedFiles) cache_.pop_back();
-  return text;
+  cache_.emplace_front(key, file);
+  size_t kept = 0;
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    kept += it->second->memory_bytes();
+    it = it == cache_.begin() || kept <= kCachedBytes ? std::next(it) : cache_.erase(it);
+  }
+  return file;
+}
+
+size_t ControlTree::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bytes = 0;
+  for (const auto& [key, file] : cache_) bytes += file->memory_bytes();
+  return bytes;
 }
 
 }  // namespace clairfs

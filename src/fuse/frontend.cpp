@@ -285,7 +285,7 @@ struct Handlers {
     Frontend& fe = self(req);
     auto content = fe.control_.content(ino);
     if (!content) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
-    auto* held = new std::shared_ptr<const std::string>(std::move(content));
+    auto* held = new std::shared_ptr<const ControlFile>(std::move(content));
     fi->fh = reinterpret_cast<uint64_t>(held);
     if (ControlTree::is_live(ino)) fi->direct_io = 1;  // fresh on every read, whatever its size says
     else fi->keep_cache = 1;  // a rank file's contents are a pure function of its name
@@ -312,15 +312,20 @@ struct Handlers {
     if (fuse_reply_open(req, fi) == -ENOENT) fe.engine_.release(handle);  // the opener was interrupted
   }
 
+  static void reply_control_read(fuse_req_t req, const ControlFile& file, size_t size, off_t off) {
+    thread_local std::string scratch;
+    const std::string_view bytes = file.read(static_cast<uint64_t>(off), size, scratch);
+    fuse_reply_buf(req, bytes.data(), bytes.size());
+  }
+
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     Frontend& fe = self(req);
     if (fi->fh == 0) return read_unopened(req, ino, size, off);
     if (ControlTree::owns(ino)) {
       // Our own reference for the reply: once the kernel has the reply it may send the RELEASE, which
       // another thread handles while this one is still returning from writev.
-      const std::shared_ptr<const std::string> text = *reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
-      const size_t start = std::min(text->size(), static_cast<size_t>(off));
-      return (void)fuse_reply_buf(req, text->data() + start, std::min(size, text->size() - start));
+      const std::shared_ptr<const ControlFile> file = *reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
+      return reply_control_read(req, *file, size, off);
     }
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
@@ -333,10 +338,9 @@ struct Handlers {
   static void read_unopened(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
     Frontend& fe = self(req);
     if (ControlTree::owns(ino)) {
-      const std::shared_ptr<const std::string> text = fe.control_.current(ino);
-      if (!text) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
-      const size_t start = std::min(text->size(), static_cast<size_t>(off));
-      return (void)fuse_reply_buf(req, text->data() + start, std::min(size, text->size() - start));
+      const std::shared_ptr<const ControlFile> file = fe.control_.current(ino);
+      if (!file) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
+      return reply_control_read(req, *file, size, off);
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if (!S_ISREG(fe.manifest_.entry(id_of(ino)).mode)) return reply_error(req, EISDIR);
@@ -348,7 +352,7 @@ struct Handlers {
   }
 
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-    if (ControlTree::owns(ino)) delete reinterpret_cast<std::shared_ptr<const std::string>*>(fi->fh);
+    if (ControlTree::owns(ino)) delete reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
     else self(req).engine_.release(fi->fh);
     fuse_reply_err(req, 0);
   }
