@@ -2,8 +2,8 @@
 //
 // Entries are laid out breadth first: entry 0 is the root, and the children of every directory are
 // contiguous and sorted by name (byte order), so a lookup is a binary search and a readdir is a slice.
-// An entry's id is its position; the FUSE inode number is id + 1. Each entry is 56 bytes plus its name
-// (and a symlink's target) in one shared blob.
+// An entry's id is its position; the FUSE inode number is id + 1. Each entry is 56 bytes in the file
+// (Entry) and 32 in memory (EntryTable), plus its name (and a symlink's target) in one shared blob.
 //
 // On top of the tree the manifest computes the *samples*: the files torchvision's ImageFolder would list,
 // in its order (classes sorted, directories of a class walked following symlinks and visited in the order
@@ -44,6 +44,65 @@ struct Entry {
 };
 static_assert(sizeof(Entry) == 56, "Entry is part of the manifest file format");
 
+// The entries as held in memory: 32 bytes each where an Entry takes 56. Mode, owner and group are kept
+// once per distinct combination (a data set has a handful), a directory's children and size in a table
+// of directories (one entry in hundreds is one). entry() gives back the Entry that was added.
+class EntryTable {
+ public:
+  EntryTable() = default;
+  EntryTable(EntryTable&&) = default;
+  EntryTable& operator=(EntryTable&&) = default;
+
+  void reserve(size_t n) { rows_.reserve(n); }
+  // Throws std::runtime_error past 2^24 distinct (mode, owner, group) or 2^40 bytes of names.
+  void push_back(const Entry& e);
+  // Frees what only adding needed.
+  void finish();
+  size_t size() const { return rows_.size(); }
+  Entry operator[](size_t id) const;
+  uint32_t mode(size_t id) const { return attrs_[attr_of(rows_[id])].mode; }
+  EntryId parent(size_t id) const { return rows_[id].parent; }
+  uint64_t name_off(size_t id) const { return rows_[id].name & ((uint64_t{1} << 40) - 1); }
+  uint16_t name_len(size_t id) const { return static_cast<uint16_t>(rows_[id].name >> 48); }
+  uint16_t link_len(size_t id) const { return rows_[id].link_len; }
+  size_t memory_bytes() const;
+
+ private:
+  struct Row {
+    uint64_t size_or_dir;  // a directory's: its index in dirs_
+    int64_t mtime_ns;
+    uint64_t name;         // name_off in bits 0-39, the attribute index's high 8 bits in 40-47, name_len above
+    EntryId parent;
+    uint16_t attr_low;     // the attribute index's low 16 bits
+    uint16_t link_len;
+  };
+  static_assert(sizeof(Row) == 32);
+  struct Attr {
+    uint32_t mode, uid, gid;
+  };
+  struct Dir {
+    uint64_t size;
+    EntryId first_child;
+    uint32_t child_count, subdir_count;
+  };
+  static uint32_t attr_of(const Row& r) { return static_cast<uint32_t>((r.name >> 40 & 0xff) << 16 | r.attr_low); }
+  struct AttrKey {
+    uint64_t owner;  // uid << 32 | gid
+    uint32_t mode;
+    bool operator==(const AttrKey& o) const { return owner == o.owner && mode == o.mode; }
+  };
+  struct AttrHash {
+    size_t operator()(const AttrKey& k) const { return std::hash<uint64_t>()(k.owner * 0x9e3779b97f4a7c15ull ^ k.mode); }
+  };
+
+  std::vector<Row> rows_;
+  std::vector<Attr> attrs_;
+  std::vector<Dir> dirs_;
+  std::unordered_map<AttrKey, uint32_t, AttrHash> attr_index_;  // while adding
+  AttrKey last_key_{UINT64_MAX, UINT32_MAX};                    // the last one added, found without hashing
+  uint32_t last_attr_ = 0;
+};
+
 // A data set class: a directory (or symlink to one) directly under the root.
 struct SampleClass {
   EntryId entry;         // the root's child that names the class
@@ -74,7 +133,7 @@ class Manifest {
                               const std::string& source = "");
 
   size_t size() const { return entries_.size(); }
-  const Entry& entry(EntryId id) const { return entries_[id]; }
+  Entry entry(EntryId id) const { return entries_[id]; }
   std::string_view name(EntryId id) const;
   std::string_view link_target(EntryId id) const;
   bool is_dir(EntryId id) const;
@@ -106,6 +165,8 @@ class Manifest {
   // REQUIRES: entries in breadth-first layout as described above.
   static Manifest from_parts(std::vector<Entry> entries, std::string names,
                              const std::vector<std::string>& extensions, std::string source_root);
+  static Manifest from_parts(EntryTable entries, std::string names, const std::vector<std::string>& extensions,
+                             std::string source_root);
 
  private:
   void validate() const;  // throws std::runtime_error
@@ -114,7 +175,7 @@ class Manifest {
   EntryId resolve(EntryId id) const;
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
 
-  std::vector<Entry> entries_;
+  EntryTable entries_;
   std::string names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
   std::vector<EntryId> samples_;

@@ -63,12 +63,12 @@ EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int d
     if (!is_dir(at)) return kNoEntry;
     if (part == "..") {
       if (at == 0) return kNoEntry;  // above SOURCE
-      at = entries_[at].parent;
+      at = entries_.parent(at);
       continue;
     }
     EntryId next = lookup(at, part);
     if (next == kNoEntry) return kNoEntry;
-    if (S_ISLNK(entries_[next].mode)) {
+    if (S_ISLNK(entries_.mode(next))) {
       next = resolve_path(at, link_target(next), depth + 1);
       if (next == kNoEntry) return kNoEntry;
     }
@@ -78,8 +78,8 @@ EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int d
 }
 
 EntryId Manifest::resolve(EntryId id) const {
-  if (!S_ISLNK(entries_[id].mode)) return id;
-  return resolve_path(entries_[id].parent, link_target(id), 1);
+  if (!S_ISLNK(entries_.mode(id))) return id;
+  return resolve_path(entries_.parent(id), link_target(id), 1);
 }
 
 void Manifest::compute_samples(const std::vector<std::string>& extensions) {
@@ -93,11 +93,11 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
   };
   auto warn_outside = [&](EntryId id) {
     const EntryId r = resolve(id);
-    if (S_ISLNK(entries_[id].mode) && r == kNoEntry && warnings_.size() < 100)
+    if (S_ISLNK(entries_.mode(id)) && r == kNoEntry && warnings_.size() < 100)
       warnings_.push_back("symlink '" + path(id) + "' leads outside SOURCE or nowhere; clairfs does not follow it");
   };
 
-  const Entry& root = entries_[0];
+  const Entry root = entries_[0];
   struct WalkDir {
     std::string path;
     EntryId dir;    // resolved directory
@@ -121,7 +121,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
       size_t depth;
       bool via_link;
     };
-    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0, S_ISLNK(entries_[c].mode)}};
+    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0, S_ISLNK(entries_.mode(c))}};
     stack.clear();
     while (!todo.empty()) {
       Frame f = std::move(todo.back());
@@ -129,7 +129,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
       stack.resize(f.depth);
       stack.push_back(f.dir);
       dirs.push_back({f.path, f.dir, f.via_link});
-      const Entry& d = entries_[f.dir];
+      const Entry d = entries_[f.dir];
       for (EntryId k = d.first_child + d.child_count; k-- > d.first_child;) {
         const EntryId sub = followed_dir(k);
         if (sub == kNoEntry) continue;
@@ -138,12 +138,12 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
             warnings_.push_back("symlink cycle at '" + path(k) + "': ImageFolder would list its files repeatedly; clairfs lists them once");
           continue;
         }
-        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1, f.via_link || S_ISLNK(entries_[k].mode)});
+        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1, f.via_link || S_ISLNK(entries_.mode(k))});
       }
     }
     std::sort(dirs.begin(), dirs.end(), [](const WalkDir& a, const WalkDir& b) { return a.path < b.path; });
     for (const WalkDir& w : dirs) {
-      const Entry& d = entries_[w.dir];
+      const Entry d = entries_[w.dir];
       for (EntryId k = d.first_child; k < d.first_child + d.child_count; ++k) {
         if (followed_dir(k) != kNoEntry) continue;  // os.walk lists it under dirs, not files
         if (!has_extension(name(k), extensions)) continue;
@@ -151,7 +151,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
         if (target == kNoEntry) warn_outside(k);
         // ImageFolder names a sample by the path it walked: through symlinked directories, and the
         // link itself for a linked file. Kept where that is not the entry's own path.
-        if (w.via_link || S_ISLNK(entries_[k].mode))
+        if (w.via_link || S_ISLNK(entries_.mode(k)))
           sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         samples_.push_back(target == kNoEntry ? k : target);
       }

@@ -74,19 +74,17 @@ void write_all(int fd, const void* data, size_t len, const std::string& file) {
 }  // namespace
 
 std::string_view Manifest::name(EntryId id) const {
-  const Entry& e = entries_[id];
-  return std::string_view(names_).substr(e.name_off, e.name_len);
+  return std::string_view(names_).substr(entries_.name_off(id), entries_.name_len(id));
 }
 
 std::string_view Manifest::link_target(EntryId id) const {
-  const Entry& e = entries_[id];
-  return std::string_view(names_).substr(e.name_off + e.name_len, e.link_len);
+  return std::string_view(names_).substr(entries_.name_off(id) + entries_.name_len(id), entries_.link_len(id));
 }
 
-bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_[id].mode); }
+bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_.mode(id)); }
 
 EntryId Manifest::lookup(EntryId dir, std::string_view child) const {
-  const Entry& d = entries_[dir];
+  const Entry d = entries_[dir];
   if (!S_ISDIR(d.mode)) return kNoEntry;
   EntryId lo = d.first_child, hi = d.first_child + d.child_count;
   while (lo < hi) {
@@ -102,7 +100,7 @@ std::vector<std::string_view> Manifest::components(EntryId id) const {
   std::vector<std::string_view> parts;
   while (id != 0) {
     parts.push_back(name(id));
-    id = entries_[id].parent;
+    id = entries_.parent(id);
   }
   std::reverse(parts.begin(), parts.end());
   return parts;
@@ -118,7 +116,7 @@ std::string Manifest::path(EntryId id) const {
 }
 
 size_t Manifest::memory_bytes() const {
-  size_t bytes = entries_.capacity() * sizeof(Entry) + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
+  size_t bytes = entries_.memory_bytes() + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
          classes_.capacity() * sizeof(SampleClass);
   for (const auto& [i, p] : sample_paths_) bytes += 48 + p.capacity();  // a node and its string
   return bytes;
@@ -126,6 +124,16 @@ size_t Manifest::memory_bytes() const {
 
 Manifest Manifest::from_parts(std::vector<Entry> entries, std::string names,
                               const std::vector<std::string>& extensions, std::string source_root) {
+  EntryTable table;
+  table.reserve(entries.size());
+  for (const Entry& e : entries) table.push_back(e);
+  std::vector<Entry>().swap(entries);
+  return from_parts(std::move(table), std::move(names), extensions, std::move(source_root));
+}
+
+Manifest Manifest::from_parts(EntryTable entries, std::string names, const std::vector<std::string>& extensions,
+                              std::string source_root) {
+  entries.finish();
   Manifest m;
   m.entries_ = std::move(entries);
   m.names_ = std::move(names);
@@ -139,17 +147,17 @@ void Manifest::validate() const {
   const size_t n = entries_.size();
   if (n == 0) corrupt("no root entry");
   if (n >= kNoEntry) corrupt("too many entries");
-  if (!S_ISDIR(entries_[0].mode) || entries_[0].parent != 0 || entries_[0].name_len != 0)
+  if (!S_ISDIR(entries_.mode(0)) || entries_.parent(0) != 0 || entries_.name_len(0) != 0)
     corrupt("entry 0 is not a root directory");
   // Every name in range first: the structure checks below compare the names of later entries.
   for (size_t i = 0; i < n; ++i) {
-    const Entry& e = entries_[i];
-    if (e.name_off > names_.size() || uint64_t{e.name_len} + e.link_len > names_.size() - e.name_off)
+    const uint64_t off = entries_.name_off(i);
+    if (off > names_.size() || uint64_t{entries_.name_len(i)} + entries_.link_len(i) > names_.size() - off)
       corrupt("entry " + std::to_string(i) + " names bytes outside the name table");
   }
   uint64_t children_total = 0;
   for (size_t i = 0; i < n; ++i) {
-    const Entry& e = entries_[i];
+    const Entry e = entries_[i];
     if (i != 0) {
       std::string_view nm = name(static_cast<EntryId>(i));
       if (nm.empty() || nm == "." || nm == ".." || nm.find('/') != std::string_view::npos ||
@@ -164,10 +172,10 @@ void Manifest::validate() const {
       uint32_t subdirs = 0;
       for (uint32_t c = 0; c < e.child_count; ++c) {
         const EntryId child = e.first_child + c;
-        if (entries_[child].parent != i) corrupt("entry " + std::to_string(child) + " has the wrong parent");
+        if (entries_.parent(child) != i) corrupt("entry " + std::to_string(child) + " has the wrong parent");
         if (c > 0 && !(name(child - 1) < name(child)))
           corrupt("directory " + std::to_string(i) + " has unsorted or duplicate names");
-        if (S_ISDIR(entries_[child].mode)) ++subdirs;
+        if (S_ISDIR(entries_.mode(child))) ++subdirs;
       }
       if (subdirs != e.subdir_count) corrupt("directory " + std::to_string(i) + " has a wrong subdirectory count");
       children_total += e.child_count;
@@ -187,17 +195,18 @@ std::string Manifest::serialize() const {
   h.root_len = static_cast<uint32_t>(source_root_.size());
   h.entry_count = entries_.size();
   h.names_size = names_.size();
-  const char* ebytes = reinterpret_cast<const char*>(entries_.data());
   const size_t elen = entries_.size() * sizeof(Entry);
-  uint64_t hv = hash_bytes(ebytes, elen);
-  hv = hash_bytes(names_.data(), names_.size(), hv);
-  h.hash = hash_bytes(source_root_.data(), source_root_.size(), hv);
   std::string out;
   out.reserve(sizeof(h) + elen + names_.size() + source_root_.size());
-  out.append(reinterpret_cast<const char*>(&h), sizeof(h));
-  out.append(ebytes, elen);
+  out.append(sizeof(h), '\0');  // the header, once the hash is known
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry e = entries_[i];
+    out.append(reinterpret_cast<const char*>(&e), sizeof(e));
+  }
   out.append(names_);
   out.append(source_root_);
+  h.hash = body_hash(out.data() + sizeof(h), elen, names_.size(), source_root_.size());
+  std::memcpy(out.data(), &h, sizeof(h));
   return out;
 }
 
@@ -272,8 +281,13 @@ Manifest Manifest::deserialize(std::string data, const std::vector<std::string>&
   if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
   const char* p = data.data() + sizeof(Header);
   if (body_hash(p, elen, h.names_size, h.root_len) != h.hash) corrupt("checksum mismatch (damaged file)");
-  std::vector<Entry> entries(h.entry_count);
-  if (elen > 0) std::memcpy(entries.data(), p, elen);
+  EntryTable entries;
+  entries.reserve(h.entry_count);
+  for (uint64_t i = 0; i < h.entry_count; ++i) {
+    Entry e;
+    std::memcpy(&e, p + i * sizeof(Entry), sizeof(Entry));
+    entries.push_back(e);
+  }
   std::string names(p + elen, h.names_size);
   std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
   data.clear();

@@ -75,7 +75,7 @@ int list_directory(int dir_fd, std::vector<Child>& out) {
 
 // What the scan accumulates, grown in chunks: a vector that doubles holds its old and new arrays at
 // once (up to three times what it keeps: 1.4 GB for the entries of 14 M files), chunks never more than
-// one chunk beyond. take() makes the manifest's contiguous array, chunk by chunk, freeing each.
+// one chunk beyond. take() makes the manifest's table, chunk by chunk, freeing each.
 class ChunkedEntries {
  public:
   void push_back(const Entry& e) {
@@ -85,11 +85,11 @@ class ChunkedEntries {
   }
   Entry& operator[](size_t i) { return chunks_[i / kPerChunk][i % kPerChunk]; }
   size_t size() const { return size_; }
-  std::vector<Entry> take() {
-    std::vector<Entry> out;
+  EntryTable take() {
+    EntryTable out;
     out.reserve(size_);
     for (auto& c : chunks_) {
-      out.insert(out.end(), c.begin(), c.end());
+      for (const Entry& e : c) out.push_back(e);
       std::vector<Entry>().swap(c);
     }
     return out;
