@@ -37,19 +37,32 @@ struct Header {
 };
 static_assert(sizeof(Header) == 64);
 
+[[noreturn]] void corrupt(const std::string& why) { throw std::runtime_error("invalid manifest: " + why); }
+
 // A fast 64-bit hash (multiply-xorshift over 8-byte words); detects truncation and corruption, not
-// tampering.
-uint64_t hash_bytes(const char* data, size_t len, uint64_t h = 0x9e3779b97f4a7c15ull) {
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
+// tampering. hash_words takes the whole words (len a multiple of 8), so a long run of them can be hashed
+// in pieces; hash_end the last bytes and the final mix.
+constexpr uint64_t kHashSeed = 0x9e3779b97f4a7c15ull;
+
+uint64_t hash_words(const char* data, size_t len, uint64_t h) {
+  for (size_t i = 0; i + 8 <= len; i += 8) {
     uint64_t w;
     std::memcpy(&w, data + i, 8);
     h = (h ^ w) * 0xff51afd7ed558ccdull;
     h ^= h >> 32;
   }
-  for (; i < len; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 0xc4ceb9fe1a85ec53ull;
+  return h;
+}
+
+uint64_t hash_end(const char* tail, size_t len, uint64_t h) {
+  for (size_t i = 0; i < len; ++i) h = (h ^ static_cast<unsigned char>(tail[i])) * 0xc4ceb9fe1a85ec53ull;
   h ^= h >> 29;
   return h;
+}
+
+uint64_t hash_bytes(const char* data, size_t len, uint64_t h = kHashSeed) {
+  const size_t whole = len & ~size_t{7};
+  return hash_end(data + whole, len - whole, hash_words(data, whole, h));
 }
 
 // The checksum of a manifest's body: its entries, names and root, one after another.
@@ -58,7 +71,16 @@ uint64_t body_hash(const char* body, uint64_t entries_len, uint64_t names_len, u
                     hash_bytes(body + entries_len, names_len, hash_bytes(body, entries_len)));
 }
 
-[[noreturn]] void corrupt(const std::string& why) { throw std::runtime_error("invalid manifest: " + why); }
+// The header's checks against the bytes that follow it (`body` of them); returns the entries' length.
+uint64_t checked_layout(const Header& h, uint64_t body) {
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) corrupt("not a clairfs manifest");
+  if (h.version != kFormatVersion) corrupt("format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion));
+  if (h.byte_order != kByteOrderMark || h.entry_size != sizeof(Entry)) corrupt("written on a machine of another kind");
+  if (h.entry_count > body / sizeof(Entry)) corrupt("truncated");
+  const uint64_t elen = h.entry_count * sizeof(Entry);
+  if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
+  return elen;
+}
 
 void write_all(int fd, const void* data, size_t len, const std::string& file) {
   const char* p = static_cast<const char*>(data);
@@ -238,18 +260,45 @@ Manifest Manifest::load(const std::string& file, const std::vector<std::string>&
   if (::fstat(fd.get(), &st) != 0) throw std::runtime_error("cannot stat manifest '" + file + "'");
   if (!S_ISREG(st.st_mode)) throw std::runtime_error("manifest '" + file + "' is not a regular file");
   if (make_blocking(fd.get()) < 0) throw std::runtime_error("cannot read manifest '" + file + "'");
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < data.size()) {
-    ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw std::runtime_error("cannot read manifest '" + file + "': " + std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  data.resize(got);
+  // Read in pieces, the entries straight into the table: the file's bytes are never held whole beside
+  // the manifest (at 14.2 M entries they are 1.1 GB).
+  auto read_exact = [&](char* to, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+      ssize_t n = ::read(fd.get(), to + got, len - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error("cannot read manifest '" + file + "': " + std::strerror(errno));
+      if (n == 0) corrupt("truncated");
+      got += static_cast<size_t>(n);
+    }
+  };
   try {
-    return deserialize(std::move(data), extensions, source);
+    if (static_cast<uint64_t>(st.st_size) < sizeof(Header)) corrupt("too short for a header");
+    Header h;
+    read_exact(reinterpret_cast<char*>(&h), sizeof(h));
+    checked_layout(h, static_cast<uint64_t>(st.st_size) - sizeof(Header));
+    EntryTable entries;
+    entries.reserve(h.entry_count);
+    std::vector<Entry> piece(4096);
+    uint64_t hv = kHashSeed;
+    for (uint64_t done = 0; done < h.entry_count;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), h.entry_count - done));
+      read_exact(reinterpret_cast<char*>(piece.data()), n * sizeof(Entry));
+      hv = hash_words(reinterpret_cast<const char*>(piece.data()), n * sizeof(Entry), hv);
+      for (size_t k = 0; k < n; ++k) entries.push_back(piece[k]);
+      done += n;
+    }
+    static_assert(sizeof(Entry) % 8 == 0, "the entries hash in whole words");
+    hv = hash_end(nullptr, 0, hv);
+    std::string names(h.names_size, '\0');
+    read_exact(names.data(), names.size());
+    std::string root(h.root_len, '\0');
+    read_exact(root.data(), root.size());
+    char extra;
+    if (::read(fd.get(), &extra, 1) != 0) corrupt("truncated or has trailing bytes");  // it grew as we read
+    if (hash_bytes(root.data(), root.size(), hash_bytes(names.data(), names.size(), hv)) != h.hash)
+      corrupt("checksum mismatch (damaged file)");
+    return from_parts(std::move(entries), std::move(names), extensions, source.empty() ? std::move(root) : source);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("manifest '" + file + "': " + e.what());
   }
@@ -272,13 +321,7 @@ Manifest Manifest::deserialize(std::string data, const std::vector<std::string>&
   if (got < sizeof(Header)) corrupt("too short for a header");
   Header h;
   std::memcpy(&h, data.data(), sizeof(h));
-  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) corrupt("not a clairfs manifest");
-  if (h.version != kFormatVersion) corrupt("format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion));
-  if (h.byte_order != kByteOrderMark || h.entry_size != sizeof(Entry)) corrupt("written on a machine of another kind");
-  const uint64_t body = got - sizeof(Header);
-  if (h.entry_count > body / sizeof(Entry)) corrupt("truncated");
-  const uint64_t elen = h.entry_count * sizeof(Entry);
-  if (h.names_size > body - elen || h.root_len != body - elen - h.names_size) corrupt("truncated or has trailing bytes");
+  const uint64_t elen = checked_layout(h, got - sizeof(Header));
   const char* p = data.data() + sizeof(Header);
   if (body_hash(p, elen, h.names_size, h.root_len) != h.hash) corrupt("checksum mismatch (damaged file)");
   EntryTable entries;
