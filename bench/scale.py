@@ -5,7 +5,11 @@ ranks read in their order and the stager has filled RAM. Bytes read through clai
 synthfs's own. Prints one Markdown table row per mount.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
-                         [--meta-latency-us 0] [--json FILE] [--clairfs BINARY] [--keep-index FILE]
+                         [--meta-latency-us 0] [--no-readdirplus] [--synthfs-threads 8] [--json FILE]
+                         [--clairfs BINARY] [--keep-index FILE]
+
+--meta-latency-us and --no-readdirplus make SOURCE a high-latency file system whose listings carry no
+attributes: every file's lstat is then a round trip (synthfs --threads serves that many at once).
 """
 import argparse
 import json
@@ -47,6 +51,8 @@ def main():
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--reads", type=int, default=200, help="files each rank reads in its order")
     ap.add_argument("--meta-latency-us", type=int, default=0)
+    ap.add_argument("--no-readdirplus", action="store_true")
+    ap.add_argument("--synthfs-threads", type=int, default=8)
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--clairfs", help="this clairfs binary instead of BUILD's (to compare builds)")
     ap.add_argument("--keep-index", help="copy the index `clairfs index` wrote here")
@@ -60,7 +66,8 @@ def main():
         src, mnt, index = tmp + "/src", tmp + "/mnt", tmp + "/index"
         os.mkdir(src)
         os.mkdir(mnt)
-        server = subprocess.Popen([synthfs, src, "--meta-latency-us", str(a.meta_latency_us)] + shape,
+        server = subprocess.Popen([synthfs, src, "--meta-latency-us", str(a.meta_latency_us), "--threads",
+                                   str(a.synthfs_threads)] + (["--no-readdirplus"] if a.no_readdirplus else []) + shape,
                                   stdout=subprocess.PIPE, text=True)
         try:
             if server.stdout.readline().strip() != "ready":

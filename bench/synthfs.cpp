@@ -4,9 +4,11 @@
 // it nothing but the kernel's inodes for what is looked up. Class c holds files [c*N/C, (c+1)*N/C).
 //
 //   synthfs MOUNTPOINT --files N [--classes C] [--min-size B] [--max-size B] [--seed S]
-//           [--meta-latency-us U] [--threads T]
+//           [--meta-latency-us U] [--threads T] [--no-readdirplus]
 //     mounts read-only, prints "ready", serves until unmounted. --meta-latency-us charges every lookup,
-//     getattr and directory read that long (a parallel file system's metadata round trip).
+//     getattr and directory read that long (a parallel file system's metadata round trip);
+//     --no-readdirplus lists names only, so every file's attributes take a lookup of their own (as on
+//     a file system whose listings carry no attributes).
 //   synthfs --check DIR --files N [--classes C] [--min-size B] [--max-size B] [--seed S] [--sample K]
 //     reads K files spread over the set (all if K >= N) under DIR — a mount of synthfs, or of clairfs
 //     over one — and compares their sizes and bytes with what they must be, computed here; prints
@@ -39,6 +41,7 @@ struct Shape {
 
 Shape g_shape;
 unsigned g_meta_latency_us = 0;
+bool g_readdirplus = true;
 constexpr double kTimeout = 86400.0;
 constexpr time_t kMtime = 1700000000;
 constexpr fuse_ino_t kRoot = 1;
@@ -203,12 +206,19 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   fuse_reply_buf(req, buf.data(), n);
 }
 
+// Lookups in one directory may run at once (the kernel serializes them otherwise), as a parallel file
+// system serves them.
+void op_init(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+}
+
 int serve(const char* mountpoint, unsigned threads) {
   fuse_lowlevel_ops ops{};
+  ops.init = op_init;
   ops.lookup = op_lookup;
   ops.getattr = op_getattr;
   ops.readdir = op_readdir;
-  ops.readdirplus = op_readdirplus;
+  if (g_readdirplus) ops.readdirplus = op_readdirplus;
   ops.open = op_open;
   ops.read = op_read;
   std::string arg0 = "synthfs", o = "-o", opts = "ro,fsname=synthfs";
@@ -263,7 +273,7 @@ int check(const std::string& dir, uint64_t sample) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "synthfs: %s\nusage: synthfs MOUNTPOINT --files N [--classes C] [--min-size B] [--max-size B] [--seed S]\n"
-               "               [--meta-latency-us U] [--threads T]\n"
+               "               [--meta-latency-us U] [--threads T] [--no-readdirplus]\n"
                "       synthfs --check DIR --files N [same shape options] [--sample K]\n",
                why);
   std::exit(2);
@@ -292,6 +302,7 @@ int main(int argc, char** argv) {
     else if (a == "--seed") g_shape.seed = value(argc, argv, &k);
     else if (a == "--meta-latency-us") g_meta_latency_us = static_cast<unsigned>(value(argc, argv, &k));
     else if (a == "--threads") threads = value(argc, argv, &k);
+    else if (a == "--no-readdirplus") g_readdirplus = false;
     else if (a == "--sample") sample = value(argc, argv, &k);
     else if (a == "--check" && k + 1 < argc) check_dir = argv[++k];
     else if (!a.empty() && a[0] != '-' && where.empty()) where = a;
