@@ -168,6 +168,10 @@ class Scan {
       Listing& l = window_.front();
       finish(l);
       add_children(l);
+      // Its arrays serve the next directory listed: allocated afresh for each of thousands of
+      // directories, they cost page faults.
+      spare_children_.swap(l.children);
+      spare_err_.swap(l.err);
       window_.pop_front();
       ++done_;
     }
@@ -185,7 +189,6 @@ class Scan {
   struct Listing {
     size_t dir = 0;
     UniqueFd fd;
-    int error = 0;  // listing failed: -errno
     std::vector<Child> children;
     std::vector<struct statx> got;
     std::vector<int> err;  // per child: errno of its lstat, 0 if it worked
@@ -208,6 +211,10 @@ class Scan {
   void open_listing(size_t dir) {
     Listing& l = window_.emplace_back();
     l.dir = dir;
+    l.children.swap(spare_children_);
+    l.children.clear();
+    l.err.swap(spare_err_);
+    l.err.clear();
     int rc = open_beneath(root_, components(dir), O_RDONLY | O_DIRECTORY);
     const bool ring = ring_ != nullptr;
     if (rc >= 0) {
@@ -222,7 +229,6 @@ class Scan {
     if (rc < 0) {
       if (dir == 0) throw std::runtime_error("cannot read SOURCE '" + source_ + "': " + std::strerror(-rc));
       log_warning("cannot read directory '" + where(dir) + "' in SOURCE: " + std::strerror(-rc) + "; shown empty");
-      l.error = rc;
       l.children.clear();
     }
     l.err.resize(l.children.size(), 0);
@@ -288,8 +294,7 @@ class Scan {
   }
 
   void add_children(Listing& l) {
-    std::vector<Child> kept;
-    kept.reserve(l.children.size());
+    size_t kept = 0;
     for (size_t k = 0; k < l.children.size(); ++k) {
       Child& c = l.children[k];
       if (l.err[k] == ENOENT) continue;  // removed while we listed
@@ -304,14 +309,16 @@ class Scan {
         c.target.assign(buf, static_cast<size_t>(n));
         c.e.size = static_cast<uint64_t>(n);
       }
-      kept.push_back(std::move(c));
+      if (kept != k) l.children[kept] = std::move(c);
+      ++kept;
     }
-    std::sort(kept.begin(), kept.end(), [](const Child& a, const Child& b) { return a.name < b.name; });
-    if (entries_.size() + kept.size() >= kNoEntry) throw std::runtime_error("SOURCE has too many entries (2^32)");
+    l.children.resize(kept);
+    std::sort(l.children.begin(), l.children.end(), [](const Child& a, const Child& b) { return a.name < b.name; });
+    if (entries_.size() + kept >= kNoEntry) throw std::runtime_error("SOURCE has too many entries (2^32)");
     const size_t i = l.dir;
     entries_[i].first_child = static_cast<EntryId>(entries_.size());
-    entries_[i].child_count = static_cast<uint32_t>(kept.size());
-    for (const Child& c : kept) {
+    entries_[i].child_count = static_cast<uint32_t>(kept);
+    for (const Child& c : l.children) {
       Entry e = c.e;
       e.parent = static_cast<EntryId>(i);
       e.name_len = static_cast<uint16_t>(c.name.size());
@@ -328,6 +335,8 @@ class Scan {
   ChunkedNames names_;
   std::unique_ptr<Ring> ring_;
   std::deque<Listing> window_;  // window_[w] is the (done_ + w)-th directory taken
+  std::vector<Child> spare_children_;
+  std::vector<int> spare_err_;
   size_t done_ = 0;             // directories finished
   size_t listed_ = 0;           // the next entry to look at for a directory to list
   unsigned probed_ = 0;
