@@ -5,7 +5,7 @@ ranks read in their order and the stager has filled RAM. Bytes read through clai
 synthfs's own. Prints one Markdown table row per mount.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
-                         [--meta-latency-us 0] [--no-readdirplus] [--synthfs-threads 8] [--json FILE]
+                         [--meta-latency-us 0] [--no-readdirplus] [--synthfs-threads 8] [--settle 3] [--json FILE]
                          [--clairfs BINARY] [--keep-index FILE]
 
 --meta-latency-us and --no-readdirplus make SOURCE a high-latency file system whose listings carry no
@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--reads", type=int, default=200, help="files each rank reads in its order")
     ap.add_argument("--meta-latency-us", type=int, default=0)
     ap.add_argument("--no-readdirplus", action="store_true")
+    ap.add_argument("--settle", type=int, default=3, help="seconds RAM's use must stay still to count as full")
     ap.add_argument("--synthfs-threads", type=int, default=8)
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--clairfs", help="this clairfs binary instead of BUILD's (to compare builds)")
@@ -93,14 +94,18 @@ def main():
                         for n in names:
                             with open(mnt + "/" + n, "rb") as x, open(src + "/" + n, "rb") as y:
                                 wrong += x.read() != y.read()
-                    # The stager fills RAM (or stages all there is): wait until it stops.
+                    # The stager fills RAM (or stages all there is): wait until every file is staged,
+                    # or until RAM's use stays the same for --settle seconds.
                     last, still = -1, 0
-                    while still < 3:
+                    while still < a.settle:
                         time.sleep(1)
-                        used = stats(mnt)["ram"]["used"]
-                        still = still + 1 if used == last else 0
-                        last = used
+                        ram = stats(mnt)["ram"]
+                        if ram["files"] >= a.files:
+                            break
+                        still = still + 1 if ram["used"] == last else 0
+                        last = ram["used"]
                     s = stats(mnt)
+                    out["stats"] = s
                     out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
                     out["memory"] = s.get("memory", {})
                     out["peak"] = benchlib.daemon_peak(mnt)

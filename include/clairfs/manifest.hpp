@@ -99,7 +99,9 @@ class EntryTable {
   std::vector<Attr> attrs_;
   std::vector<Dir> dirs_;
   std::unordered_map<AttrKey, uint32_t, AttrHash> attr_index_;  // while adding
-  AttrKey last_key_{UINT64_MAX, UINT32_MAX};                    // the last one added, found without hashing
+  // The last combination added, found again without hashing (any value is a valid key: no sentinel).
+  bool have_last_ = false;
+  AttrKey last_key_{0, 0};
   uint32_t last_attr_ = 0;
 };
 

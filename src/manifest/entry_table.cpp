@@ -14,13 +14,14 @@ constexpr uint32_t kAttrLimit = uint32_t{1} << 24;
 
 void EntryTable::push_back(const Entry& e) {
   const AttrKey key{uint64_t{e.uid} << 32 | e.gid, e.mode};
-  if (!(key == last_key_)) {
+  if (!have_last_ || !(key == last_key_)) {
     auto [it, added] = attr_index_.try_emplace(key, static_cast<uint32_t>(attrs_.size()));
     if (added) {
       if (attrs_.size() == kAttrLimit)
         throw std::runtime_error("SOURCE has more than 16,777,216 distinct combinations of mode, owner and group");
       attrs_.push_back({e.mode, e.uid, e.gid});
     }
+    have_last_ = true;
     last_key_ = key;
     last_attr_ = it->second;
   }
@@ -51,7 +52,7 @@ void EntryTable::finish() {
   attrs_.shrink_to_fit();
   dirs_.shrink_to_fit();
   decltype(attr_index_)().swap(attr_index_);
-  last_key_ = AttrKey{UINT64_MAX, UINT32_MAX};
+  have_last_ = false;
 }
 
 Entry EntryTable::operator[](size_t id) const {

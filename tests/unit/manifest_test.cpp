@@ -256,6 +256,13 @@ TEST(EntryTable, GivesBackEveryEntryAsAdded) {
     in.push_back(file);
   }
   in.push_back(dir);
+  Entry all_ones = file;  // every bit of mode, owner and group set (a damaged file's): a key like any other
+  all_ones.mode = all_ones.uid = all_ones.gid = 0xffffffff;
+  EntryTable first;
+  first.push_back(all_ones);
+  first.finish();
+  ASSERT_TRUE(same(first[0], all_ones));
+  in.push_back(all_ones);
   EntryTable t;
   for (const Entry& e : in) t.push_back(e);
   t.finish();
