@@ -99,11 +99,11 @@ def main():
                     last, still = -1, 0
                     while still < a.settle:
                         time.sleep(1)
-                        ram = stats(mnt)["ram"]
-                        if ram["files"] >= a.files:
+                        tier = stats(mnt)["ram"]
+                        if tier["files"] >= a.files:
                             break
-                        still = still + 1 if ram["used"] == last else 0
-                        last = ram["used"]
+                        still = still + 1 if tier["used"] == last else 0
+                        last = tier["used"]
                     s = stats(mnt)
                     out["stats"] = s
                     out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
