@@ -53,6 +53,13 @@ struct Ring::Impl {
   std::unordered_map<uint64_t, Request> requests;  // by an internal id, the sqe's user data
   uint64_t next_id = 1;
 
+  // Files a new request under a fresh id (node-based map: a path stays put) and returns the id.
+  uint64_t add(Request r) {
+    const uint64_t id = next_id++;
+    requests.emplace(id, std::move(r));
+    return id;
+  }
+
   void queue(uint64_t id, Request& r) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     if (r.op == Request::Op::kOpen)
@@ -94,30 +101,25 @@ void Ring::start(uint64_t id) {
 }
 
 void Ring::submit(int fd, char* buf, size_t len, uint64_t tag) {
-  const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = fd;
   r.buf = buf;
   r.len = len;
   r.tag = tag;
-  impl_->requests.emplace(id, std::move(r));
-  start(id);
+  start(impl_->add(std::move(r)));
 }
 
 void Ring::submit_write(int fd, const char* buf, size_t len, uint64_t tag) {
-  const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = fd;
   r.buf = const_cast<char*>(buf);  // only ever written from
   r.len = len;
   r.tag = tag;
   r.op = Request::Op::kWrite;
-  impl_->requests.emplace(id, std::move(r));
-  start(id);
+  start(impl_->add(std::move(r)));
 }
 
 void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
-  const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = dir_fd;
   r.tag = tag;
@@ -126,20 +128,17 @@ void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
   // O_NONBLOCK: a FIFO in a file's place would hold an io-wq worker, and the ring's teardown with it.
   r.how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
   r.how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  impl_->requests.emplace(id, std::move(r));  // node-based map: the path stays put
-  start(id);
+  start(impl_->add(std::move(r)));
 }
 
 void Ring::submit_statx(int dir_fd, std::string name, struct statx* out, uint64_t tag) {
-  const uint64_t id = impl_->next_id++;
   Request r;
   r.fd = dir_fd;
   r.tag = tag;
   r.op = Request::Op::kStatx;
   r.path = std::move(name);
   r.stx = out;
-  impl_->requests.emplace(id, std::move(r));
-  start(id);
+  start(impl_->add(std::move(r)));
 }
 
 std::vector<Ring::Completion> Ring::reap_for(std::chrono::milliseconds timeout) {
