@@ -364,7 +364,7 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"plan", state_.planner.memory_bytes()},
                  {"policy", state_.policy.memory_bytes()},
                  {"per_entry", state_.tracker.memory_bytes() + state_.window.memory_bytes() + state_.from_peer.capacity()},
-                 {"ram_bookkeeping", ram_.files() * RamTier::kBookkeeping}};
+                 {"ram_bookkeeping", ram_.bookkeeping()}};
   return j.dump(2) + "\n";
 }
 

@@ -1,6 +1,10 @@
 #include "tiers/ram.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "util/flat_map.hpp"
 
 namespace clairfs {
 namespace {
@@ -35,33 +39,70 @@ void RamTier::unreserve(uint64_t bytes) {
   reserved_ -= std::min(reserved_, charge(bytes));
 }
 
+RamTier::Small RamTier::make_small(const std::vector<char>& bytes) {
+  const auto size = static_cast<uint32_t>(bytes.size());
+  Small s(static_cast<char*>(::operator new(sizeof size + size)));
+  std::memcpy(s.get(), &size, sizeof size);
+  if (size != 0) std::memcpy(s.get() + sizeof size, bytes.data(), size);
+  return s;
+}
+
+uint32_t RamTier::small_size(const Small& s) {
+  uint32_t size;
+  std::memcpy(&size, s.get(), sizeof size);
+  return size;
+}
+
 void RamTier::insert(EntryId id, FileBytes data) {
+  const uint64_t bytes = data->size();
+  Small small = bytes <= kSmallFile ? make_small(*data) : nullptr;  // allocated before the lock is taken
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t size = charge(data->size());
+  const uint64_t size = charge(bytes);
   reserved_ -= std::min(reserved_, size);
-  auto [it, inserted] = files_.emplace(id, std::move(data));
-  if (inserted) held_ += size;
+  if (small_.contains(id) || large_.contains(id)) return;
+  if (small)
+    small_.emplace(id, std::move(small));
+  else
+    large_.emplace(id, std::move(data));
+  held_ += size;
+  held_bytes_ += bytes;
 }
 
 FileBytes RamTier::get(EntryId id) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = files_.find(id);
-  return it == files_.end() ? nullptr : it->second;
+  if (auto it = small_.find(id); it != small_.end()) {
+    const char* at = it->second.get() + sizeof(uint32_t);
+    return std::make_shared<const std::vector<char>>(at, at + small_size(it->second));
+  }
+  auto it = large_.find(id);
+  return it == large_.end() ? nullptr : it->second;
 }
 
 bool RamTier::contains(EntryId id) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return files_.count(id) != 0;
+  return small_.contains(id) || large_.contains(id);
 }
 
 uint64_t RamTier::erase(EntryId id) {
+  Small gone;  // freed after the lock is let go
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = files_.find(id);
-  if (it == files_.end()) return 0;
+  if (auto it = small_.find(id); it != small_.end()) {
+    gone = std::move(it->second);
+    small_.erase(it);
+    shrink_if_sparse(small_);
+    const uint64_t size = small_size(gone);
+    held_ -= charge(size);
+    held_bytes_ -= size;
+    return size;
+  }
+  auto it = large_.find(id);
+  if (it == large_.end()) return 0;
   const FileBytes bytes = std::move(it->second);
   const uint64_t size = bytes->size();
   held_ -= charge(size);
-  files_.erase(it);
+  held_bytes_ -= size;
+  large_.erase(it);
+  shrink_if_sparse(large_);
   if (bytes.use_count() > 1) {  // someone else holds it: counted until freed
     if (lingering_.size() >= kSettleEvery) settle();  // not left to the next full budget alone
     lingering_.push_back({bytes, charge(size)});
@@ -86,7 +127,12 @@ uint64_t RamTier::used() const {
 
 uint64_t RamTier::files() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return files_.size();
+  return small_.size() + large_.size();
+}
+
+uint64_t RamTier::bookkeeping() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return held_ - held_bytes_;
 }
 
 struct DemandAllowance::Release {

@@ -1,25 +1,30 @@
 // The RAM tier: whole staged files, held under a hard byte budget.
 //
-// Each file counts its bytes and kBookkeeping more: what holding it costs besides (its buffer's
-// header, the index entries here and in the staging policy), measured at about 245 bytes for a staged
-// empty file. Without it a million empty files, each "free", took 240 MB outside any budget.
+// Each file counts its bytes and what holding it costs besides (charge()): its allocation's rounding,
+// the index entries here and in the staging policy. Without that a million empty files, each "free",
+// took 240 MB outside any budget.
 //
-// Staged files are immutable once inserted and shared (shared_ptr) with the readers serving from them.
-// The budget counts inserted files, reservations for reads in flight, and files evicted while something
-// still held them (a reader's handle, a write to NVMe, a peer's answer) until their bytes are freed: a
-// reader of a large file does not make its bytes vanish from the count while they stay in memory.
+// Small files (up to kSmallFile bytes, the 64-200 B files of a tokenized or thumbnail data set) are kept
+// in one allocation each, their size in front, and handed out as copies: a shared buffer's header, its
+// control block and its hash-map node cost ~245 B a file, more than such a file. Larger files are
+// immutable once inserted and shared (shared_ptr) with the readers serving from them; the budget counts
+// inserted files, reservations for reads in flight, and files evicted while something still held them
+// (a reader's handle, a write to NVMe, a peer's answer) until their bytes are freed: a reader of a large
+// file does not make its bytes vanish from the count while they stay in memory.
 //
 // DemandAllowance bounds the other whole files the daemon holds: those read on demand (a miss, a
 // peer's request for an NVMe copy), which no budget reserved room for. Their buffers come from it and
 // give their share back when freed, or when the RAM tier takes them in (its budget counts them then).
 #pragma once
 
+#include <absl/container/flat_hash_map.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "clairfs/manifest.hpp"
@@ -29,7 +34,18 @@ namespace clairfs {
 
 class RamTier {
  public:
+  // Files up to this size are kept as small files (above).
+  static constexpr uint64_t kSmallFile = 4096;
+  // What a file costs besides its bytes: a small file its allocation (rounded as glibc's malloc
+  // rounds, with the size in front) and kSmallIndex; a larger one kBookkeeping, its buffer's header,
+  // control block and index entries. Both include the staging policy's entry (next_use.hpp). Measured in
+  // tests/unit/ram_test.cpp (RamTierTest.BookkeepingIsWhatItCosts).
+  static constexpr uint64_t kSmallIndex = 96;
   static constexpr uint64_t kBookkeeping = 256;
+  static uint64_t charge(uint64_t bytes) {
+    return bytes <= kSmallFile ? std::max<uint64_t>(32, (bytes + sizeof(uint32_t) + 8 + 15) / 16 * 16) + kSmallIndex
+                               : bytes + kBookkeeping;
+  }
 
   explicit RamTier(uint64_t budget) : budget_(budget) {}
 
@@ -39,7 +55,7 @@ class RamTier {
   void unreserve(uint64_t bytes);
   // Turns a reservation into a held file. REQUIRES: reserve(data->size()) succeeded.
   void insert(EntryId id, FileBytes data);
-  // The held file, or nullptr.
+  // The held file (a small one copied), or nullptr.
   FileBytes get(EntryId id) const;
   bool contains(EntryId id) const;
   // Drops a held file; returns the bytes freed (0 if it was not held).
@@ -51,19 +67,30 @@ class RamTier {
   uint64_t lower_budget_to_used();
   uint64_t used() const;  // held + reserved + evicted but not yet freed
   uint64_t files() const;
+  // What the held files count besides their bytes (the sum of charge(size) - size).
+  uint64_t bookkeeping() const;
 
  private:
   struct Lingering {
     std::weak_ptr<const std::vector<char>> bytes;
     uint64_t size;
   };
+  // A small file: one allocation, its size in the first 4 bytes, then its bytes.
+  struct SmallDelete {
+    void operator()(char* p) const { ::operator delete(p); }
+  };
+  using Small = std::unique_ptr<char, SmallDelete>;
+  static Small make_small(const std::vector<char>& bytes);
+  static uint32_t small_size(const Small& s);
+
   void settle();  // REQUIRES: mutex_ held. Stops counting lingering files that have been freed.
-  static uint64_t charge(uint64_t bytes) { return bytes + kBookkeeping; }
 
   mutable std::mutex mutex_;  // guards everything below; never held across I/O
   uint64_t budget_;
-  std::unordered_map<EntryId, FileBytes> files_;
-  uint64_t held_ = 0;
+  absl::flat_hash_map<EntryId, Small> small_;
+  absl::flat_hash_map<EntryId, FileBytes> large_;
+  uint64_t held_ = 0;         // charge() of the held files
+  uint64_t held_bytes_ = 0;   // their bytes
   uint64_t reserved_ = 0;
   std::vector<Lingering> lingering_;  // evicted while held elsewhere
   uint64_t lingering_bytes_ = 0;

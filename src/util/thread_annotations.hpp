@@ -11,6 +11,15 @@
 #include <condition_variable>
 #include <mutex>
 
+// Abseil's containers bring its own unprefixed GUARDED_BY & co. (the same attributes): included first,
+// so that its include guard keeps it from coming back, and replaced by the definitions below.
+#include <absl/base/thread_annotations.h>
+#undef GUARDED_BY
+#undef PT_GUARDED_BY
+#undef ACQUIRED_BEFORE
+#undef ACQUIRED_AFTER
+#undef NO_THREAD_SAFETY_ANALYSIS
+
 #if defined(__clang__)
 #define CLAIRFS_THREAD_ANNOTATION(x) __attribute__((x))
 #else
