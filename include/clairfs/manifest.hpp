@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -127,9 +128,20 @@ class Manifest {
 
   // Writes the tree (not the samples, which depend on extensions) atomically: temp file + rename.
   void save(const std::string& file) const;
-  // The bytes save() writes, and back (for sending the index to other nodes). deserialize() checks them
-  // like load() and throws std::runtime_error naming the defect.
+  // The bytes save() writes, and back. deserialize() checks them like load() and throws
+  // std::runtime_error naming the defect.
   std::string serialize() const;
+  // The same bytes in pieces, handed to `sink` in order, serialized_size() of them in all: the index is
+  // never held whole beside the manifest (1.1 GB at 14.2 M entries). save() and the broadcast to other
+  // nodes use it.
+  using Sink = std::function<void(const char* data, size_t len)>;
+  uint64_t serialized_size() const;
+  void serialize_to(const Sink& sink) const;
+  // Reads `size` bytes written by serialize_to through `read` (which fills exactly `len` bytes or
+  // throws), entries straight into the table, and checks them as load() does.
+  using Source = std::function<void(char* to, size_t len)>;
+  static Manifest read_from(const Source& read, uint64_t size, const std::vector<std::string>& extensions,
+                            const std::string& source = "");
   // Recomputes the checksum in the header of serialized bytes over what follows the header, where the
   // header's sizes describe the bytes (left as they are otherwise): for the fuzzer, so that its inputs
   // reach the structure checks behind the checksum.

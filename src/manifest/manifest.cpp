@@ -208,7 +208,26 @@ void Manifest::validate() const {
   if (children_total != n - 1) corrupt("entries not reachable from the root");
 }
 
-std::string Manifest::serialize() const {
+uint64_t Manifest::serialized_size() const {
+  return sizeof(Header) + entries_.size() * sizeof(Entry) + names_.size() + source_root_.size();
+}
+
+void Manifest::serialize_to(const Sink& sink) const {
+  constexpr size_t kPiece = 4096;  // entries put in file form at a time
+  std::vector<Entry> piece;
+  piece.reserve(kPiece);
+  auto each_piece = [&](const auto& f) {
+    for (size_t i = 0; i < entries_.size();) {
+      piece.clear();
+      for (; i < entries_.size() && piece.size() < kPiece; ++i) piece.push_back(entries_[i]);
+      f(reinterpret_cast<const char*>(piece.data()), piece.size() * sizeof(Entry));
+    }
+  };
+  // The header carries the body's checksum: a first pass over the entries for it, a second to send them.
+  uint64_t hv = kHashSeed;
+  each_piece([&](const char* data, size_t len) { hv = hash_words(data, len, hv); });
+  static_assert(sizeof(Entry) % 8 == 0, "the entries hash in whole words");
+  hv = hash_end(nullptr, 0, hv);
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kFormatVersion;
@@ -217,28 +236,26 @@ std::string Manifest::serialize() const {
   h.root_len = static_cast<uint32_t>(source_root_.size());
   h.entry_count = entries_.size();
   h.names_size = names_.size();
-  const size_t elen = entries_.size() * sizeof(Entry);
+  h.hash = hash_bytes(source_root_.data(), source_root_.size(), hash_bytes(names_.data(), names_.size(), hv));
+  sink(reinterpret_cast<const char*>(&h), sizeof(h));
+  each_piece(sink);
+  sink(names_.data(), names_.size());
+  sink(source_root_.data(), source_root_.size());
+}
+
+std::string Manifest::serialize() const {
   std::string out;
-  out.reserve(sizeof(h) + elen + names_.size() + source_root_.size());
-  out.append(sizeof(h), '\0');  // the header, once the hash is known
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const Entry e = entries_[i];
-    out.append(reinterpret_cast<const char*>(&e), sizeof(e));
-  }
-  out.append(names_);
-  out.append(source_root_);
-  h.hash = body_hash(out.data() + sizeof(h), elen, names_.size(), source_root_.size());
-  std::memcpy(out.data(), &h, sizeof(h));
+  out.reserve(serialized_size());
+  serialize_to([&](const char* data, size_t len) { out.append(data, len); });
   return out;
 }
 
 void Manifest::save(const std::string& file) const {
-  const std::string bytes = serialize();
   const std::string tmp = file + ".tmp." + std::to_string(::getpid());
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
   try {
-    write_all(fd.get(), bytes.data(), bytes.size(), file);
+    serialize_to([&](const char* data, size_t len) { write_all(fd.get(), data, len, file); });
     if (::fsync(fd.get()) != 0) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -273,35 +290,40 @@ Manifest Manifest::load(const std::string& file, const std::vector<std::string>&
     }
   };
   try {
-    if (static_cast<uint64_t>(st.st_size) < sizeof(Header)) corrupt("too short for a header");
-    Header h;
-    read_exact(reinterpret_cast<char*>(&h), sizeof(h));
-    checked_layout(h, static_cast<uint64_t>(st.st_size) - sizeof(Header));
-    EntryTable entries;
-    entries.reserve(h.entry_count);
-    std::vector<Entry> piece(4096);
-    uint64_t hv = kHashSeed;
-    for (uint64_t done = 0; done < h.entry_count;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), h.entry_count - done));
-      read_exact(reinterpret_cast<char*>(piece.data()), n * sizeof(Entry));
-      hv = hash_words(reinterpret_cast<const char*>(piece.data()), n * sizeof(Entry), hv);
-      for (size_t k = 0; k < n; ++k) entries.push_back(piece[k]);
-      done += n;
-    }
-    static_assert(sizeof(Entry) % 8 == 0, "the entries hash in whole words");
-    hv = hash_end(nullptr, 0, hv);
-    std::string names(h.names_size, '\0');
-    read_exact(names.data(), names.size());
-    std::string root(h.root_len, '\0');
-    read_exact(root.data(), root.size());
+    Manifest m = read_from(read_exact, static_cast<uint64_t>(st.st_size), extensions, source);
     char extra;
     if (::read(fd.get(), &extra, 1) != 0) corrupt("truncated or has trailing bytes");  // it grew as we read
-    if (hash_bytes(root.data(), root.size(), hash_bytes(names.data(), names.size(), hv)) != h.hash)
-      corrupt("checksum mismatch (damaged file)");
-    return from_parts(std::move(entries), std::move(names), extensions, source.empty() ? std::move(root) : source);
+    return m;
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("manifest '" + file + "': " + e.what());
   }
+}
+
+Manifest Manifest::read_from(const Source& read, uint64_t size, const std::vector<std::string>& extensions,
+                             const std::string& source) {
+  if (size < sizeof(Header)) corrupt("too short for a header");
+  Header h;
+  read(reinterpret_cast<char*>(&h), sizeof(h));
+  checked_layout(h, size - sizeof(Header));
+  EntryTable entries;
+  entries.reserve(h.entry_count);
+  std::vector<Entry> piece(4096);
+  uint64_t hv = kHashSeed;
+  for (uint64_t done = 0; done < h.entry_count;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), h.entry_count - done));
+    read(reinterpret_cast<char*>(piece.data()), n * sizeof(Entry));
+    hv = hash_words(reinterpret_cast<const char*>(piece.data()), n * sizeof(Entry), hv);
+    for (size_t k = 0; k < n; ++k) entries.push_back(piece[k]);
+    done += n;
+  }
+  hv = hash_end(nullptr, 0, hv);
+  std::string names(h.names_size, '\0');
+  read(names.data(), names.size());
+  std::string root(h.root_len, '\0');
+  read(root.data(), root.size());
+  if (hash_bytes(root.data(), root.size(), hash_bytes(names.data(), names.size(), hv)) != h.hash)
+    corrupt("checksum mismatch (damaged file)");
+  return from_parts(std::move(entries), std::move(names), extensions, source.empty() ? std::move(root) : source);
 }
 
 void Manifest::reseal(std::string* bytes) {
@@ -317,25 +339,13 @@ void Manifest::reseal(std::string* bytes) {
 }
 
 Manifest Manifest::deserialize(std::string data, const std::vector<std::string>& extensions, const std::string& source) {
-  const uint64_t got = data.size();
-  if (got < sizeof(Header)) corrupt("too short for a header");
-  Header h;
-  std::memcpy(&h, data.data(), sizeof(h));
-  const uint64_t elen = checked_layout(h, got - sizeof(Header));
-  const char* p = data.data() + sizeof(Header);
-  if (body_hash(p, elen, h.names_size, h.root_len) != h.hash) corrupt("checksum mismatch (damaged file)");
-  EntryTable entries;
-  entries.reserve(h.entry_count);
-  for (uint64_t i = 0; i < h.entry_count; ++i) {
-    Entry e;
-    std::memcpy(&e, p + i * sizeof(Entry), sizeof(Entry));
-    entries.push_back(e);
-  }
-  std::string names(p + elen, h.names_size);
-  std::string root = source.empty() ? std::string(p + elen + h.names_size, h.root_len) : source;
-  data.clear();
-  data.shrink_to_fit();
-  return from_parts(std::move(entries), std::move(names), extensions, std::move(root));
+  size_t at = 0;
+  auto read = [&](char* to, size_t len) {
+    if (len > data.size() - at) corrupt("truncated");
+    std::memcpy(to, data.data() + at, len);
+    at += len;
+  };
+  return read_from(read, data.size(), extensions, source);
 }
 
 }  // namespace clairfs

@@ -164,20 +164,87 @@ std::string mpi_library_version() {
   return line;
 }
 
+void MpiWorld::broadcast_bytes(void* data, uint64_t len, int root) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Ibcast(data, static_cast<int>(len), MPI_BYTE, root, MPI_COMM_WORLD, &r), "broadcast");
+  wait(&r, "broadcast");
+}
+
 std::string MpiWorld::broadcast(const std::string& data, int root) {
   uint64_t size = data.size();
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Ibcast(&size, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &r), "broadcast");
-  wait(&r, "broadcast");
+  broadcast_bytes(&size, sizeof size, root);
   std::string out = rank_ == root ? data : std::string(size, '\0');
   // In pieces: counts are ints.
   constexpr uint64_t kPiece = 1u << 30;
-  for (uint64_t off = 0; off < size; off += kPiece) {
-    check(MPI_Ibcast(out.data() + off, static_cast<int>(std::min(kPiece, size - off)), MPI_BYTE, root, MPI_COMM_WORLD, &r),
-          "broadcast");
-    wait(&r, "broadcast");
-  }
+  for (uint64_t off = 0; off < size; off += kPiece) broadcast_bytes(out.data() + off, std::min(kPiece, size - off), root);
   return out;
+}
+
+void MpiWorld::send_pieces(uint64_t size, const std::function<void(const Write&)>& produce) {
+  broadcast_bytes(&size, sizeof size, rank_);
+  std::vector<char> piece;
+  piece.reserve(static_cast<size_t>(std::min(size, kBroadcastPiece)));
+  uint64_t sent = 0;  // bytes broadcast or in `piece`
+  const Write write = [&](const char* data, size_t len) {
+    if (len > size - sent) throw std::logic_error("send_pieces: more bytes than announced");
+    while (len > 0) {
+      const size_t n = std::min<size_t>(len, static_cast<size_t>(kBroadcastPiece) - piece.size());
+      piece.insert(piece.end(), data, data + n);
+      data += n;
+      len -= n;
+      sent += n;
+      if (piece.size() == kBroadcastPiece || sent == size) {
+        broadcast_bytes(piece.data(), piece.size(), rank_);
+        piece.clear();
+      }
+    }
+  };
+  auto pad = [&] {  // the others expect `size` bytes whatever happened here
+    const std::vector<char> zeros(static_cast<size_t>(std::min(size - sent, kBroadcastPiece)), '\0');
+    while (sent < size) write(zeros.data(), static_cast<size_t>(std::min<uint64_t>(zeros.size(), size - sent)));
+  };
+  try {
+    produce(write);
+  } catch (...) {
+    if (!unclean_) pad();  // a stop signal: the broadcast is abandoned
+    throw;
+  }
+  pad();
+}
+
+void MpiWorld::receive_pieces(int root, const std::function<void(uint64_t size, const Read&)>& consume) {
+  uint64_t size = 0;
+  broadcast_bytes(&size, sizeof size, root);
+  std::vector<char> piece;
+  size_t at = 0;          // read from `piece` so far
+  uint64_t received = 0;  // bytes received in all
+  auto next = [&] {
+    piece.resize(static_cast<size_t>(std::min(kBroadcastPiece, size - received)));
+    broadcast_bytes(piece.data(), piece.size(), root);
+    received += piece.size();
+    at = 0;
+  };
+  const Read read = [&](char* to, size_t len) {
+    while (len > 0) {
+      if (at == piece.size()) {
+        if (received == size) throw std::runtime_error("fewer bytes broadcast than read");
+        next();
+      }
+      const size_t n = std::min(len, piece.size() - at);
+      std::memcpy(to, piece.data() + at, n);
+      to += n;
+      len -= n;
+      at += n;
+    }
+  };
+  try {
+    consume(size, read);
+  } catch (...) {
+    if (!unclean_)  // a stop signal: the broadcast is abandoned
+      while (received < size) next();
+    throw;
+  }
+  while (received < size) next();
 }
 
 std::vector<std::vector<uint64_t>> MpiWorld::allgather(const std::vector<uint64_t>& mine) {

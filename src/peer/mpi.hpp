@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,17 @@ class MpiWorld {
 
   // Node `root`'s `data` on every node (others pass anything).
   std::string broadcast(const std::string& data, int root);
+  // A broadcast from this node of `size` bytes in pieces of kBroadcastPiece, so that no node holds them
+  // whole: `produce` writes them through the Write it is given. Bytes it did not write (it threw) are
+  // sent as zeros, so that the others are never left waiting; writing more than `size` throws.
+  using Write = std::function<void(const char* data, size_t len)>;
+  void send_pieces(uint64_t size, const std::function<void(const Write&)>& produce);
+  // The other end, on every node but `root`: `consume` is told the size and reads the bytes through the
+  // Read it is given, which fills exactly `len` bytes or throws (past the end). What `consume` leaves
+  // unread (it threw, say) is received and dropped: every node takes part in every piece.
+  using Read = std::function<void(char* to, size_t len)>;
+  void receive_pieces(int root, const std::function<void(uint64_t size, const Read&)>& consume);
+  static constexpr uint64_t kBroadcastPiece = uint64_t{4} << 20;
   // Every node's list, by node.
   std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& mine);
   // True on every node if `ok` is true on every node.
@@ -79,6 +91,8 @@ class MpiWorld {
   // Waits for a nonblocking collective; throws if a stop signal is pending (and marks the world unclean:
   // the collective is still outstanding).
   void wait(void* request, const char* what);
+  // MPI_Ibcast of `len` bytes (at most INT_MAX) from `root`, waited for.
+  void broadcast_bytes(void* data, uint64_t len, int root);
 
   sigset_t stop_signals_;
   int rank_ = 0;

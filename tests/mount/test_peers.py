@@ -4,7 +4,8 @@ over a slow SOURCE (bench/slowfs, standing in for the parallel file system); one
 its training rank for 3 epochs, the ranks in step as DDP keeps them. Every byte equals SOURCE; nodes
 fetch from each other; SOURCE is read about once over the run although each node's cache holds only
 45% of the data set; clairfs-job-umount stops them all. Then again with one daemon killed after the
-first epoch: the others finish with correct bytes, and nothing hangs."""
+first epoch: the others finish with correct bytes, and nothing hangs. Before all that, the broadcast the
+index travels by (MpiWorld::send_pieces / receive_pieces) on its own."""
 import json
 import os
 import signal
@@ -63,6 +64,15 @@ def umount(state):
                        capture_output=True, text=True, timeout=120)
     return r, time.monotonic() - t0
 
+
+# The broadcast the index travels by, in pieces (tests/tools/bcast_pieces.cpp): whole, and no node left
+# waiting when a receiver gives up or the sender fails half-way.
+r = subprocess.run(["mpiexec", "-n", "3", os.environ["CLAIRFS_BUILD"] + "/tests/tools/bcast_pieces"],
+                   capture_output=True, text=True, timeout=120)
+print(r.stdout.strip())
+h.check(r.returncode == 0 and r.stdout.count(": ok") == 3,
+        "broadcast in pieces: whole, a receiver giving up and a failing sender leave no node waiting: %s %s" % (
+            r.stdout.strip(), r.stderr.strip()[-300:]))
 
 with h.tempdir() as tmp:
     data = tmp + "/data"
