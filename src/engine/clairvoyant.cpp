@@ -342,6 +342,7 @@ std::string ClairvoyantEngine::stats_json() const {
                   {"requests", c.requests},
                   {"hits", c.hits},
                   {"refused", c.refused},
+                  {"deferred", counters_.peer_deferrals.load()},
                   {"timeouts", c.timeouts},
                   {"failures", c.failures},
                   {"served_files", c.served},

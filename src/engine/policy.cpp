@@ -24,7 +24,9 @@ uint64_t mean_sample_size(const Manifest& manifest) {
 StagingPolicy::StagingPolicy(const Manifest& manifest, const Planner& planner, PolicyConfig config)
     : manifest_(manifest), planner_(planner), config_(std::move(config)) {
   const uint64_t mean = std::max<uint64_t>(1, config_.mean_size);
-  evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, config_.loader_window * config_.ranks + config_.depth);
+  const uint64_t loaders = config_.loader_window * config_.ranks + config_.depth;
+  evict_window_ = std::max<uint64_t>(config_.ram / 16 / mean, loaders);
+  lead_ = std::max<uint64_t>(1, std::min(evict_window_ / 2, loaders));
   stage_key_ = planner_.cursor();
 }
 
@@ -56,13 +58,23 @@ void StagingPolicy::passed(EntryId id, uint64_t key, uint64_t next) {
   nvme_.passed(id, key, next);
 }
 
+bool StagingPolicy::needed_soon(uint64_t key) const {
+  const uint64_t cursor = planner_.cursor();
+  if (key >= cursor + lead_) return false;
+  const uint64_t next = planner_.epoch_end_key(cursor);  // the next epoch's first key
+  return next == kNever || key < planner_.epoch_end_key(next);
+}
+
+bool StagingPolicy::upcoming(uint64_t key) const {
+  return planner_.item(key) && planner_.live(planner_.rank_of(key)) && !planner_.opened(key);
+}
+
 std::optional<StagingPolicy::Candidate> StagingPolicy::next_candidate(const std::function<bool(EntryId)>& busy) {
   const uint64_t end = planner_.planned_end();
   for (; stage_key_ < end; ++stage_key_) {
     const uint64_t key = stage_key_;
+    if (!upcoming(key)) continue;  // a hole, a rank off the plan, or opened already (read on demand)
     const auto item = planner_.item(key);
-    // A hole, a rank off the plan, or opened already (read on demand).
-    if (!item || !planner_.live(planner_.rank_of(key)) || planner_.opened(key)) continue;
     const uint64_t size = manifest_.entry(*item).size;
     // There already, on its way, or never fits (read on demand).
     if (ram_.contains(*item) || busy(*item) || size > config_.ram) continue;
@@ -98,9 +110,8 @@ bool StagingPolicy::make_readahead_room(const std::function<bool()>& reserve, co
   return true;
 }
 
-bool PeerModel::prefer_peer(uint64_t key, uint64_t cursor, uint64_t evict_window, unsigned peer_in_flight,
-                            unsigned source_in_flight, unsigned depth) {
-  if (key >= cursor + std::max<uint64_t>(1, evict_window / 2)) return true;
+bool PeerModel::prefer_peer(bool soon, unsigned peer_in_flight, unsigned source_in_flight, unsigned depth) {
+  if (!soon) return true;
   const double peer = secs_peer_.load(), source = secs_source_.load();
   if (peer_samples_ < kWarmUp || source_samples_ < kWarmUp || ++choices_ % 32 == 0) return true;
   const double wait_peer = peer * (1.0 + static_cast<double>(peer_in_flight) / kPeerParallel);

@@ -12,6 +12,7 @@
 // the stager's alone.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -53,6 +54,13 @@ class StagingPolicy {
   // files of mean size, and the loaders' windows plus a ring's worth.
   uint64_t evict_window() const { return evict_window_; }
   bool within_window(uint64_t key) const { return key < planner_.cursor() + evict_window_; }
+  // Within half the eviction window but no further than the readers' loaders and the staging reads hold
+  // ahead, and not beyond the next epoch (a loader reads ahead within its epoch, however large its
+  // window): a file the readers will want soon, which should be on its way now. (Half the eviction
+  // window alone spans all of the data set when the RAM budget holds it.)
+  bool needed_soon(uint64_t key) const;
+  // The use at `key` is still to come: planned (no hole), its rank on the plan, not opened yet.
+  bool upcoming(uint64_t key) const;
   // This node keeps the file for the others (it owns it in the global plan).
   bool owned(EntryId id) const { return !config_.owner.empty() && config_.owner[id] == config_.node; }
 
@@ -105,6 +113,7 @@ class StagingPolicy {
   const Planner& planner_;
   const PolicyConfig config_;
   uint64_t evict_window_ = 0;
+  uint64_t lead_ = 1;       // keys ahead of the cursor that may be needed soon
   uint64_t stage_key_ = 0;  // next key the walk considers
   TierIndex ram_, nvme_;    // residents by next use
 };
@@ -117,10 +126,11 @@ class StagingPolicy {
 // The stager's alone; seconds() may be read from any thread (stats).
 class PeerModel {
  public:
-  // Whether to ask the keeper for a file needed at `key`. Files further ahead than half the eviction
-  // window go to the keeper however slow: latency matters only for files the readers will want soon.
-  bool prefer_peer(uint64_t key, uint64_t cursor, uint64_t evict_window, unsigned peer_in_flight,
-                   unsigned source_in_flight, unsigned depth);
+  // Whether to ask the keeper for a file; `soon`: the readers will want it soon
+  // (StagingPolicy::needed_soon). Others go to the keeper however slow: latency matters only for files
+  // needed soon. (It was half the eviction window, which with a RAM budget larger than the data set
+  // spans all of it: a node then read from SOURCE whatever a slow keeper held, twice over the job.)
+  bool prefer_peer(bool soon, unsigned peer_in_flight, unsigned source_in_flight, unsigned depth);
   // A fetch each way took `seconds`.
   void note(bool peer, double seconds);
   double seconds(bool peer) const { return (peer ? secs_peer_ : secs_source_).load(); }

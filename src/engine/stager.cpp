@@ -34,6 +34,8 @@ constexpr auto kKernelCallGrace = std::chrono::milliseconds(100);
 constexpr uint64_t kKernelCallBytesPerNs = 1;
 // How long a turn waits for a peer's answer when it has nothing else to do.
 constexpr auto kPeerPoll = std::chrono::milliseconds(1);
+// At most this many files wait for their keeper (deferred_); beyond, a refusal sends a file to SOURCE.
+constexpr size_t kMaxDeferred = 65536;
 
 }  // namespace
 
@@ -90,6 +92,7 @@ bool Stager::turn() {
     writes = pick_writes(room);
     room -= static_cast<unsigned>(writes.size());
     pick_readahead(room, picks);
+    pick_deferred(room, picks);
     pick_planned(room, picks);
     if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting())) {
       to_write_.clear();
@@ -258,6 +261,10 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
+    if (deferred_ids_.contains(c->id)) {  // waiting for its keeper, for an earlier use
+      policy.take();
+      continue;
+    }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     const bool owned = policy.owned(c->id);
     if (policy.within_window(c->key) ? !make_ram_room(c->size, c->key, owned) : !ram_.reserve(c->size)) break;
@@ -265,12 +272,40 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     if (nvme_ && nvme_->find(c->id))
       first = Origin::kNvme;
     else if (peers_ && peers_->may_hold(c->id) &&
-             model_.prefer_peer(c->key, state_.planner.cursor(), policy.evict_window(), peers_->in_flight(),
+             model_.prefer_peer(policy.needed_soon(c->key), peers_->in_flight(),
                                 io_.ring_in_flight() + static_cast<unsigned>(picks.size()), io_.depth()))
       first = Origin::kPeer;
-    picks.push_back(Pick{c->id, c->key, false, first});
+    picks.push_back(Pick{c->id, c->key, false, first, first == Origin::kPeer && may_defer(c->key)});
     state_.in_flight.insert(c->id);
     policy.take();
+  }
+}
+
+bool Stager::may_defer(uint64_t key) const {
+  return !state_.policy.needed_soon(key) && deferred_.size() < kMaxDeferred;
+}
+
+void Stager::pop_deferred() {
+  deferred_ids_.erase(deferred_.top().second);
+  deferred_.pop();
+}
+
+void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
+  StagingPolicy& policy = state_.policy;
+  while (!deferred_.empty() && picks.size() < room) {
+    const auto [key, id] = deferred_.top();
+    // Passed or read on demand meanwhile, or there by another way: nothing left to do.
+    if (!policy.upcoming(key) || policy.ram().contains(id) || state_.in_flight.count(id)) {
+      pop_deferred();
+      continue;
+    }
+    if (!policy.needed_soon(key)) return;  // nor are the others, needed later
+    const uint64_t size = manifest_.entry(id).size;
+    // Full of files needed sooner, or beyond the eviction window and no free room: wait for the readers.
+    if (policy.within_window(key) ? !make_ram_room(size, key, policy.owned(id)) : !ram_.reserve(size)) return;
+    pop_deferred();
+    picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
+    state_.in_flight.insert(id);
   }
 }
 
@@ -293,14 +328,19 @@ void Stager::stage(const Pick& pick) {
     return;
   }
   chain_.start_fetch(io_, pick.id, std::move(buf), pick.first,
-                     [this, pick](const StoreChain::Result& r) { staged(pick, r); });
+                     [this, pick](const StoreChain::Result& r) { staged(pick, r); }, pick.peer_only);
 }
 
 void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
   const uint64_t size = manifest_.entry(pick.id).size;
   if (r.rc < 0) {
     ram_.unreserve(size);
-    counters_.stage_failures++;
+    if (pick.peer_only) {  // asked again once needed soon
+      if (deferred_ids_.insert(pick.id).second) deferred_.emplace(pick.key, pick.id);
+      counters_.peer_deferrals++;
+    } else {
+      counters_.stage_failures++;
+    }
     finish(pick.id);
     return;
   }

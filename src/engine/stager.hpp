@@ -8,7 +8,10 @@
 // EngineState::mutex, never holding it across I/O.
 #pragma once
 
+#include <absl/container/flat_hash_set.h>
+
 #include <cstdint>
+#include <queue>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -60,6 +63,7 @@ class Stager {
     uint64_t key;      // the use it is staged for (kReadAheadKey for read-ahead)
     bool readahead;
     Origin first;      // the store asked first
+    bool peer_only = false;  // the keeper alone: a refusal defers the file (deferred_), not SOURCE
   };
   // An adopted file's NVMe write.
   struct Write {
@@ -82,6 +86,9 @@ class Stager {
   std::vector<Write> pick_writes(unsigned room) REQUIRES(state_.mutex);
   void pick_readahead(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   void pick_planned(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  // Whether a pick going to the keeper first may wait for it (not needed soon, room in deferred_).
+  bool may_defer(uint64_t key) const REQUIRES(state_.mutex);
   bool make_ram_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
   bool make_nvme_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
   void evict_ram(EntryId id) REQUIRES(state_.mutex);
@@ -109,6 +116,16 @@ class Stager {
   PeerModel model_;
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
   std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
+  // Files their keeper refused while the readers did not need them soon. Most likely the keeper had not
+  // read them yet: it is the node whose rank reads a file first, and this node staged far ahead (a RAM
+  // budget larger than its share). Read from SOURCE then, such a file would be read there twice; it is
+  // asked again once needed soon, by then read by its keeper, and goes to SOURCE only if refused again:
+  // the stager asks at most twice a file. By key, the soonest first.
+  // Once deferred, a file's later uses are not asked for either: it comes for the first, and RAM keeps it
+  // for the next.
+  std::priority_queue<std::pair<uint64_t, EntryId>, std::vector<std::pair<uint64_t, EntryId>>, std::greater<>> deferred_;
+  absl::flat_hash_set<EntryId> deferred_ids_;  // the files in deferred_
+  void pop_deferred();
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end

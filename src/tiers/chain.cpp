@@ -26,18 +26,18 @@ int StoreChain::fetch(EntryId id, const Buffer& buf, Origin* from) {
   return rc;
 }
 
-void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done) {
+void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done, bool only_first) {
   size_t index = 0;
   while (index + 1 < stores_.size() && stores_[index]->origin() != first) ++index;
-  try_from(io, id, index, std::move(buf), std::move(done));
+  try_from(io, id, index, std::move(buf), std::move(done), only_first && stores_[index]->may_hold(id));
 }
 
-void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done) {
+void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done, bool only_this) {
   while (index + 1 < stores_.size() && !stores_[index]->may_hold(id)) ++index;
   Store* s = stores_[index];
   const auto since = Clock::now();
-  s->start_fetch(io, id, buf, [this, &io, id, index, buf, done, s, since](int rc) {
-    if (rc == 0 || index + 1 >= stores_.size()) return done(Result{rc, s->origin(), since, buf});
+  s->start_fetch(io, id, buf, [this, &io, id, index, buf, done, s, since, only_this](int rc) {
+    if (rc == 0 || only_this || index + 1 >= stores_.size()) return done(Result{rc, s->origin(), since, buf});
     // A peer may yet write into the buffer it was given: the next store reads into a fresh one.
     Buffer fresh;
     try {
@@ -45,7 +45,7 @@ void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done
     } catch (const std::bad_alloc&) {  // the process may allocate no more: this try fails like a read
       return done(Result{-ENOMEM, s->origin(), since, buf});
     }
-    try_from(io, id, index + 1, std::move(fresh), done);
+    try_from(io, id, index + 1, std::move(fresh), done, false);
   });
 }
 

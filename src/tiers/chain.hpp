@@ -35,14 +35,15 @@ class StoreChain {
   };
   using Done = std::function<void(const Result&)>;
   // The same on `io` without blocking, starting at the store of origin `first` (skipped stores before it
-  // are not asked); `done` runs on io's thread.
-  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done);
+  // are not asked); `done` runs on io's thread. With `only_first`, a failure of that store is the result
+  // (the next is not asked), if it may hold the file.
+  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done, bool only_first = false);
 
   // The store of that origin, or nullptr.
   Store* store(Origin origin) const;
 
  private:
-  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done);
+  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done, bool only_this);
 
   std::vector<Store*> stores_;
 };

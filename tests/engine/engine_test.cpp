@@ -262,7 +262,7 @@ TEST(Engine, ANvmeTierThatFailsSendsReadsToSource) {
 }
 
 // Two nodes: node 0 keeps every file for both; node 1 starts once node 0 has staged them all (a keeper
-// asked for a file it has not read yet refuses, and the asker reads SOURCE: see docs/peers.md).
+// asked for a file it has not read yet refuses: see AFileItsKeeperHasNotReadYetIsAskedAgain...).
 struct TwoNodes {
   // `refusing`: node 0 refuses every request from the start.
   explicit TwoNodes(const MemoryTree& tree, bool refusing = false)
@@ -301,15 +301,36 @@ TEST(Engine, APeerServesWhatItKeeps) {
 TEST(Engine, APeerThatRefusesOrVanishesSendsReadsToSource) {
   MemoryTree tree(sizes(80, 1000, 2000));
   TwoNodes t(tree, true);
-  ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+  // Files not needed soon wait for the keeper (it may not have read them yet); the rest go to SOURCE.
+  ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) {
+    return s["peers"]["deferred"] > 0u && s["ram"]["files"] > 0u && s["ram"]["files"] < tree.files();
+  })) << t.node1->stats_json();
   EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
-  EXPECT_EQ(t.source1.bytes_read(), tree.total());
+  EXPECT_EQ(t.source1.bytes_read(), tree.total());  // every file from SOURCE in the end, once
   EXPECT_EQ(stats(*t.node1)["peers"]["staged_files"], 0u);
   // Gone: not asked at all; reads on demand go to SOURCE at once.
   t.net.vanish(0);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(5)[0]), 0u);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// A node staging far ahead asks the keeper for files it has not read yet and is refused: it asks again
+// once the readers need them soon, by when the keeper has them — SOURCE does not see them a second time.
+TEST(Engine, AFileItsKeeperHasNotReadYetIsAskedAgainNotReadFromSource) {
+  MemoryTree tree(sizes(80, 1000, 2000));
+  TwoNodes t(tree, true);  // node 0 refuses: it "has not read" anything yet
+  ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) { return s["peers"]["deferred"] >= 40u; }))
+      << t.node1->stats_json();
+  const uint64_t early = t.source1.bytes_read();  // the files needed soon, refused twice: from SOURCE
+  EXPECT_LT(early, tree.total() / 2);
+  t.net.refuse(0, false);  // node 0 has read them now
+  EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
+  const auto s = stats(*t.node1);
+  EXPECT_EQ(t.source1.bytes_read(), early) << s.dump();  // the deferred files all came from node 0
+  EXPECT_GE(s["peers"]["staged_files"].get<uint64_t>() + s["peers"]["demand_files"].get<uint64_t>(), 40u) << s.dump();
+  // The stager asks at most twice a file (deferred, then needed soon); a reader's own miss may ask once more.
+  EXPECT_LE(s["peers"]["requests"].get<uint64_t>(), 3 * tree.files()) << s.dump();
 }
 
 TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {

@@ -195,12 +195,15 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         h.check(len(epochs) == 12 and all(int(n) == len(want) // 6 and w == "0" for _, _, n, w in epochs),
                 "6 ranks (2 per host) × 2 epochs through torchvision: every file right")
         traffic = sum(int(b) for b in nodes.values()) / total
-        # The shipped options give each node the default RAM, more than the data set: a node stages the next epoch
-        # while its peers still read this one, and their refusals (not read yet) send it to SOURCE. So
-        # here only no more than a plain mount's 2× is asked (see docs/peers.md); part 1 shows "once".
-        # Under a sanitizer the daemons answer their peers several times slower, and more of these
-        # refusals happen: one ASan run read 2.002× (as test_peers allows 1.10 there for its 1.05).
-        ceiling = EPOCHS * (1.02 if os.environ.get("CLAIRFS_SANITIZED") else 1.0)
+        # The shipped options give each node the default RAM, more than the data set, and loaders that hold
+        # more than an epoch ahead (batch_size=256, workers=8): a node stages every planned epoch at once,
+        # and asks keepers for files they have not read yet. Those wait for their keeper (docs/peers.md);
+        # files needed soon go where the model says is quicker, and on this busy machine that is often
+        # SOURCE. A node that never asked a peer would read about 5/3× here (its own third in epoch 0,
+        # then two thirds of its new third); four runs read 1.21-1.26× (before the epoch limit on
+        # "soon", up to 2.09×). Under a sanitizer the daemons answer their peers several times slower:
+        # there only about a plain mount's 2× is asked (one ASan run read 2.002× before these changes).
+        ceiling = EPOCHS * 1.02 if os.environ.get("CLAIRFS_SANITIZED") else 5 / 3
         h.check(len(nodes) == 3 and traffic <= ceiling and all(int(x) > 0 for x in fetched),
                 "SOURCE read %.3f× over the job (a plain mount: %d×; the ceiling here %.2f×); each host fetched from "
                 "the others %s" % (traffic, EPOCHS, ceiling, fetched))

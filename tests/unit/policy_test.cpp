@@ -39,6 +39,31 @@ TEST(Policy, WalksThePlanSkippingWhatIsHeldOrBusy) {
   EXPECT_EQ(policy.next_candidate([](EntryId) { return false; })->id, 5u);
 }
 
+// "Needed soon" (latency matters, a keeper's refusal goes to SOURCE) reaches half the eviction window,
+// at most as far as the loaders hold files ahead, and never past the next epoch: a loader reads ahead within its epoch only, and with
+// windows larger than an epoch every planned epoch was "soon" — a node then read from SOURCE, for
+// epochs its job might never reach, files its peers held.
+TEST(Policy, NeededSoonEndsWithTheNextEpoch) {
+  fakes::MemoryTree tree(std::vector<uint64_t>(10, 100));
+  const StreamSource source = in_order(10);
+  PlannerConfig pc = planner_config(tree.manifest);
+  pc.horizon = 3;
+  Planner planner(pc, source);
+  while (const auto e = planner.wanted_epoch()) planner.add_epoch(Planner::build(source, *e, 1, tree.manifest.size()));
+  ASSERT_EQ(planner.planned_end(), 40u);  // epochs 0-3, 10 keys each
+  const uint64_t mean = mean_sample_size(tree.manifest);
+  StagingPolicy wide(tree.manifest, planner, PolicyConfig{1000, 1, 1000, 2, {}, 0, mean});  // loaders: 1,000 ahead
+  EXPECT_TRUE(wide.needed_soon(0));
+  EXPECT_TRUE(wide.needed_soon(19));   // the next epoch
+  EXPECT_FALSE(wide.needed_soon(20));  // the one after
+  EXPECT_FALSE(wide.needed_soon(39));
+  // Loaders 2 ahead, 2 reads in flight, RAM for no file: the eviction window is what they hold (4 keys),
+  // half of it soon.
+  StagingPolicy narrow(tree.manifest, planner, PolicyConfig{1000, 1, 2, 2, {}, 0, mean});
+  EXPECT_TRUE(narrow.needed_soon(1));
+  EXPECT_FALSE(narrow.needed_soon(2));
+}
+
 TEST(Policy, MakesRoomByEvictingTheFarthestNeededOnlyIfLater) {
   TierIndex index;
   index.set(1, 10, false);
@@ -73,17 +98,17 @@ TEST(Policy, OwnedFilesGoOnlyForOwnedFiles) {
 TEST(PeerModel, AsksPeersUntilWarmThenPrefersThemUnlessFourTimesSlower) {
   PeerModel m;
   // Cold: always the peer.
-  EXPECT_TRUE(m.prefer_peer(0, 0, 100, 0, 0, 32));
+  EXPECT_TRUE(m.prefer_peer(true, 0, 0, 32));
   for (int i = 0; i < 16; ++i) {
     m.note(true, 0.010);
     m.note(false, 0.001);
   }
   // Warm: a peer 10× slower than SOURCE loses a file needed soon (but every 32nd choice probes it)...
   int peer = 0;
-  for (int i = 0; i < 64; ++i) peer += m.prefer_peer(0, 0, 100, 0, 0, 32);
+  for (int i = 0; i < 64; ++i) peer += m.prefer_peer(true, 0, 0, 32);
   EXPECT_EQ(peer, 2);
-  // ...and wins one needed beyond half the eviction window.
-  EXPECT_TRUE(m.prefer_peer(60, 0, 100, 0, 0, 32));
+  // ...and wins one not needed soon.
+  EXPECT_TRUE(m.prefer_peer(false, 0, 0, 32));
 }
 
 }  // namespace
