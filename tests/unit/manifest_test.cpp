@@ -330,5 +330,54 @@ TEST_F(ManifestTest, SerializedBytesComeBackTheSameAndDamageIsRefused) {
   EXPECT_THROW(Manifest::deserialize("", default_extensions(), root_), std::runtime_error);
 }
 
+TEST_F(ManifestTest, TheIndexInPiecesIsTheSameBytesAndReadsBackAsItArrives) {
+  // How the index goes to the other nodes: written in pieces as it is sent, read as the pieces arrive.
+  for (int i = 0; i < 5000; ++i) file("c" + std::to_string(i % 7) + "/" + std::to_string(i) + ".jpg", std::string(i % 5, 'x'));
+  link("../c1/1.jpg", "c2/l.jpg");
+  const Manifest m = scan();
+  std::string pieces;
+  size_t calls = 0;
+  m.serialize_to([&](const char* data, size_t len) {
+    pieces.append(data, len);
+    ++calls;
+  });
+  const std::string whole = m.serialize();
+  EXPECT_EQ(pieces, whole);
+  EXPECT_EQ(m.serialized_size(), whole.size());
+  EXPECT_GT(calls, 3u);  // the entries in more than one piece
+  // Read back through reads of odd lengths, as a receiver's pieces end anywhere.
+  for (size_t step : {size_t{1}, size_t{7}, size_t{4096}, whole.size()}) {
+    size_t at = 0;
+    auto read = [&](char* to, size_t len) {
+      if (len > whole.size() - at) throw std::runtime_error("past the end");
+      for (size_t done = 0; done < len;) {
+        const size_t n = std::min(step, len - done);
+        std::memcpy(to + done, whole.data() + at, n);
+        at += n;
+        done += n;
+      }
+    };
+    const Manifest back = Manifest::read_from(read, whole.size(), default_extensions(), root_);
+    EXPECT_EQ(at, whole.size());
+    EXPECT_EQ(back.serialize(), whole) << "reads of " << step;
+    EXPECT_EQ(sample_paths(back), sample_paths(m));
+  }
+  // A size that does not match the header, or damage, is refused.
+  size_t at = 0;
+  auto read = [&](char* to, size_t len) {
+    std::memcpy(to, whole.data() + at, std::min(len, whole.size() - at));
+    at += len;
+  };
+  EXPECT_THROW(Manifest::read_from(read, whole.size() + 1, default_extensions(), root_), std::runtime_error);
+  std::string damaged = whole;
+  damaged[whole.size() - 3] ^= 1;
+  at = 0;
+  auto read_damaged = [&](char* to, size_t len) {
+    std::memcpy(to, damaged.data() + at, len);
+    at += len;
+  };
+  EXPECT_THROW(Manifest::read_from(read_damaged, damaged.size(), default_extensions(), root_), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace clairfs
