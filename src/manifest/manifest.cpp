@@ -307,7 +307,7 @@ Manifest Manifest::read_from(const Source& read, uint64_t size, const std::vecto
   checked_layout(h, size - sizeof(Header));
   EntryTable entries;
   entries.reserve(h.entry_count);
-  std::vector<Entry> piece(4096);
+  std::vector<Entry> piece(static_cast<size_t>(std::min<uint64_t>(h.entry_count, 4096)));  // a small index: a small buffer
   uint64_t hv = kHashSeed;
   for (uint64_t done = 0; done < h.entry_count;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), h.entry_count - done));
