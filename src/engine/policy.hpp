@@ -12,7 +12,6 @@
 // the stager's alone.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>

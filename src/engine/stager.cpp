@@ -187,6 +187,7 @@ void Stager::evict_ram(EntryId id) {
 }
 
 bool Stager::make_ram_room(uint64_t size, uint64_t key, bool owned) {
+  if (!state_.policy.within_window(key)) return ram_.reserve(size);  // beyond it: free room only
   return StagingPolicy::make_room(
       state_.policy.ram(), key, owned, [&] { return ram_.reserve(size); },
       [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
@@ -211,7 +212,7 @@ void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
     if (key == kNever) continue;
     const uint64_t size = bytes->size();
     const bool owned = policy.owned(id);
-    if (policy.within_window(key) ? make_ram_room(size, key, owned) : ram_.reserve(size)) {
+    if (make_ram_room(size, key, owned)) {
       ram_.insert(id, bytes);
       DemandAllowance::hand_over(bytes);
       policy.ram().set(id, key, owned);
@@ -266,23 +267,23 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       continue;
     }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-    const bool owned = policy.owned(c->id);
-    if (policy.within_window(c->key) ? !make_ram_room(c->size, c->key, owned) : !ram_.reserve(c->size)) break;
+    if (!make_ram_room(c->size, c->key, policy.owned(c->id))) break;
     Origin first = Origin::kSource;
+    const bool soon = policy.needed_soon(c->key);
     if (nvme_ && nvme_->find(c->id))
       first = Origin::kNvme;
     else if (peers_ && peers_->may_hold(c->id) &&
-             model_.prefer_peer(policy.needed_soon(c->key), peers_->in_flight(),
+             model_.prefer_peer(soon, peers_->in_flight(),
                                 io_.ring_in_flight() + static_cast<unsigned>(picks.size()), io_.depth()))
       first = Origin::kPeer;
-    picks.push_back(Pick{c->id, c->key, false, first, first == Origin::kPeer && may_defer(c->key)});
+    picks.push_back(Pick{c->id, c->key, false, first, first == Origin::kPeer && may_defer(soon)});
     state_.in_flight.insert(c->id);
     policy.take();
   }
 }
 
-bool Stager::may_defer(uint64_t key) const {
-  return !state_.policy.needed_soon(key) && deferred_.size() < kMaxDeferred;
+bool Stager::may_defer(bool soon) const {
+  return !soon && deferred_.size() < kMaxDeferred;
 }
 
 void Stager::pop_deferred() {
@@ -302,7 +303,7 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
     if (!policy.needed_soon(key)) return;  // nor are the others, needed later
     const uint64_t size = manifest_.entry(id).size;
     // Full of files needed sooner, or beyond the eviction window and no free room: wait for the readers.
-    if (policy.within_window(key) ? !make_ram_room(size, key, policy.owned(id)) : !ram_.reserve(size)) return;
+    if (!make_ram_room(size, key, policy.owned(id))) return;
     pop_deferred();
     picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
     state_.in_flight.insert(id);

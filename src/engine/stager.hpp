@@ -87,8 +87,10 @@ class Stager {
   void pick_readahead(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   void pick_planned(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
-  // Whether a pick going to the keeper first may wait for it (not needed soon, room in deferred_).
-  bool may_defer(uint64_t key) const REQUIRES(state_.mutex);
+  // Whether a pick going to the keeper first may wait for it (not needed `soon`, room in deferred_).
+  bool may_defer(bool soon) const;
+  // Room in RAM for a file needed at `key`: by eviction (next use) within the eviction window, free room
+  // only beyond it.
   bool make_ram_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
   bool make_nvme_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
   void evict_ram(EntryId id) REQUIRES(state_.mutex);

@@ -44,6 +44,9 @@ static_assert(sizeof(Header) == 64);
 // in pieces; hash_end the last bytes and the final mix.
 constexpr uint64_t kHashSeed = 0x9e3779b97f4a7c15ull;
 
+// Entries put in file form, or read from it, at a time (serialize_to, read_from).
+constexpr size_t kEntriesPerPiece = 4096;
+
 uint64_t hash_words(const char* data, size_t len, uint64_t h) {
   for (size_t i = 0; i + 8 <= len; i += 8) {
     uint64_t w;
@@ -213,13 +216,12 @@ uint64_t Manifest::serialized_size() const {
 }
 
 void Manifest::serialize_to(const Sink& sink) const {
-  constexpr size_t kPiece = 4096;  // entries put in file form at a time
   std::vector<Entry> piece;
-  piece.reserve(kPiece);
+  piece.reserve(kEntriesPerPiece);
   auto each_piece = [&](const auto& f) {
     for (size_t i = 0; i < entries_.size();) {
       piece.clear();
-      for (; i < entries_.size() && piece.size() < kPiece; ++i) piece.push_back(entries_[i]);
+      for (; i < entries_.size() && piece.size() < kEntriesPerPiece; ++i) piece.push_back(entries_[i]);
       f(reinterpret_cast<const char*>(piece.data()), piece.size() * sizeof(Entry));
     }
   };
@@ -307,7 +309,7 @@ Manifest Manifest::read_from(const Source& read, uint64_t size, const std::vecto
   checked_layout(h, size - sizeof(Header));
   EntryTable entries;
   entries.reserve(h.entry_count);
-  std::vector<Entry> piece(static_cast<size_t>(std::min<uint64_t>(h.entry_count, 4096)));  // a small index: a small buffer
+  std::vector<Entry> piece(static_cast<size_t>(std::min<uint64_t>(h.entry_count, kEntriesPerPiece)));  // a small index: a small buffer
   uint64_t hv = kHashSeed;
   for (uint64_t done = 0; done < h.entry_count;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), h.entry_count - done));
