@@ -115,11 +115,10 @@ struct SampleClass {
 class Manifest {
  public:
   // Scans SOURCE (an absolute path) once. Unreadable subdirectories are listed empty, with a warning
-  // on stderr. Throws std::runtime_error if SOURCE itself cannot be read. The lstat calls go out many at
-  // a time through io_uring once SOURCE answers them slowly (a mean of 50 µs over the first 256), or from
-  // the start with `stats_together` (for tests).
+  // on stderr. Throws std::runtime_error if SOURCE itself cannot be read. `threads` list directories at
+  // once (0: the default); the tree is the same whatever their number.
   static Manifest scan(const std::string& source, const std::vector<std::string>& extensions,
-                       bool stats_together = false);
+                       unsigned threads = 0);
 
   // Loads a file written by save(). `source` is where SOURCE is now (absolute symlink targets inside it
   // stay inside); empty means where it was when indexed. Throws std::runtime_error naming the defect.

@@ -40,9 +40,8 @@ struct Request {
   size_t done = 0;
   unsigned tries = 0;  // opens
   uint64_t tag = 0;
-  enum class Op { kRead, kWrite, kOpen, kStatx } op = Op::kRead;
-  std::string path;  // opens and stats: kept alive until the kernel has read it
-  struct statx* stx = nullptr;
+  enum class Op { kRead, kWrite, kOpen } op = Op::kRead;
+  std::string path;  // opens: kept alive until the kernel has read it
   open_how how{};
 };
 
@@ -64,9 +63,6 @@ struct Ring::Impl {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     if (r.op == Request::Op::kOpen)
       io_uring_prep_openat2(sqe, r.fd, r.path.c_str(), &r.how);
-    else if (r.op == Request::Op::kStatx)
-      io_uring_prep_statx(sqe, r.fd, r.path.c_str(), AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT,
-                          STATX_TYPE | STATX_MODE | STATX_UID | STATX_GID | STATX_SIZE | STATX_MTIME, r.stx);
     else if (r.op == Request::Op::kWrite)
       io_uring_prep_write(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), static_cast<__u64>(r.done));
     else
@@ -131,16 +127,6 @@ void Ring::submit_open(int dir_fd, std::string path, uint64_t tag) {
   start(impl_->add(std::move(r)));
 }
 
-void Ring::submit_statx(int dir_fd, std::string name, struct statx* out, uint64_t tag) {
-  Request r;
-  r.fd = dir_fd;
-  r.tag = tag;
-  r.op = Request::Op::kStatx;
-  r.path = std::move(name);
-  r.stx = out;
-  start(impl_->add(std::move(r)));
-}
-
 std::vector<Ring::Completion> Ring::reap_for(std::chrono::milliseconds timeout) {
   if (in_flight_ == 0 || timeout.count() <= 0) return reap(false);
   io_uring_cqe* cqe = nullptr;
@@ -164,7 +150,7 @@ std::vector<Ring::Completion> Ring::reap(bool wait) {
     auto it = impl_->requests.find(id);
     if (it != impl_->requests.end()) {
       Request& r = it->second;
-      const bool is_open = r.op == Request::Op::kOpen || r.op == Request::Op::kStatx;  // done in one go
+      const bool is_open = r.op == Request::Op::kOpen;  // done in one go
       if (is_open && res != -EINTR && (res != -EAGAIN || ++r.tries >= kOpenEagainTries)) {
         done.push_back({r.tag, res});
         impl_->requests.erase(it);

@@ -14,8 +14,6 @@
 #include <string>
 #include <vector>
 
-struct statx;
-
 namespace clairfs {
 
 // liburing's version, as loaded when it can say (2.4 on), else as built against (--version).
@@ -43,9 +41,6 @@ class Ring {
   // Queues an open of `path` (relative, < PATH_MAX) beneath `dir_fd` for reading, following no symlink
   // and never leaving dir_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS). REQUIRES: room as above.
   void submit_open(int dir_fd, std::string path, uint64_t tag);
-  // Queues an lstat of `name` in `dir_fd` (statx, AT_SYMLINK_NOFOLLOW) into `out`; the completion's result
-  // is 0 or -errno. REQUIRES: room as above; out stays valid until the completion is reaped.
-  void submit_statx(int dir_fd, std::string name, struct statx* out, uint64_t tag);
   // Waits for at least one completion if `wait` and any are in flight; returns all that are ready.
   std::vector<Completion> reap(bool wait);
   // Waits up to `timeout` for at least one completion if any are in flight; returns all that are ready.

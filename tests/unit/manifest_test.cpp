@@ -2,6 +2,7 @@
 // and its validation.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -277,20 +278,47 @@ TEST(EntryTable, GivesBackEveryEntryAsAdded) {
   EXPECT_THROW(big.push_back(file), std::runtime_error);
 }
 
-TEST_F(ManifestTest, StatsThroughIoUringGiveTheSameTree) {
-  // The scan a slow SOURCE gets: many directories' lstat calls at once through io_uring.
+TEST_F(ManifestTest, OneThreadOrManyGiveTheSameTree) {
+  // Directories listed by many threads at once are still taken in entry order.
   for (int c = 0; c < 20; ++c)
     for (int i = 0; i < 150; ++i) file("c" + std::to_string(c) + "/f" + std::to_string(i) + ".png", std::string(i, 'x'));
   file("c3/deep/er/x.jpg", "123");
   link("../c1/f5.png", "c2/l.png");
   link("/nowhere", "c2/dangling.png");
   ASSERT_EQ(::mkfifo((root_ + "/c4/fifo").c_str(), 0600), 0);
-  const Manifest plain = Manifest::scan(root_, default_extensions(), false);
-  const Manifest together = Manifest::scan(root_, default_extensions(), true);
+  const Manifest plain = Manifest::scan(root_, default_extensions(), 1);
+  const Manifest together = Manifest::scan(root_, default_extensions(), 16);
   EXPECT_EQ(together.size(), plain.size());
   EXPECT_EQ(together.serialize(), plain.serialize());
   EXPECT_EQ(sample_paths(together), sample_paths(plain));
   EXPECT_EQ(together.entry(together.resolve_relative("c1/f7.png")).size, 7u);
+}
+
+TEST_F(ManifestTest, AnUnreadableDirectoryIsShownEmptyAndTheRestScanned) {
+  for (int c = 0; c < 40; ++c) file("c" + std::to_string(c) + "/f.png");
+  file("c7/deeper/g.png");
+  ASSERT_EQ(::chmod((root_ + "/c7").c_str(), 0), 0);
+  ASSERT_EQ(::chmod(root_.c_str(), 0755), 0);
+  // Root reads anything: the scan runs in a child that is nobody. Exit codes name the failed check.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0)) ::_exit(10);
+    try {
+      const Manifest m = Manifest::scan(root_, default_extensions(), 16);
+      if (m.samples().size() != 39) ::_exit(1);
+      const EntryId c7 = m.lookup(0, "c7");
+      if (c7 == kNoEntry || !S_ISDIR(m.entry(c7).mode) || m.entry(c7).child_count != 0) ::_exit(2);
+      if (m.resolve_relative("c39/f.png") == kNoEntry) ::_exit(3);
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(ManifestTest, SerializedEntriesAreTheFileFormatsBytes) {
