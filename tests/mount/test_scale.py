@@ -4,8 +4,8 @@ through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64
 Then that index broadcast to a second MPI process (bench/index_bcast) arrives whole, and the cluster
 simulation (bench/cluster_sim, the engine's planner and policy on every node) at 200,000 samples on 16
 and 64 nodes reads SOURCE once in epoch 0 and, with room, never after. Last, a SOURCE that answers each
-lookup after 200 µs with listings that carry no attributes: the scan's lstat calls go out together through
-io_uring there, and the bytes read through the mount are still synthfs's. The full runs are in
+lookup after 200 µs with listings that carry no attributes: the scan's threads stat many directories at
+once there, and the bytes read through the mount are still synthfs's. The full runs are in
 scripts/bench --scale; times are reported there, never judged here."""
 import json
 import os
