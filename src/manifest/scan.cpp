@@ -170,6 +170,7 @@ class Scan {
         if (i == 0) throw std::runtime_error("cannot read SOURCE '" + source_ + "': " + std::strerror(-l->rc));
         log_warning("cannot read directory '" + where(i) + "' in SOURCE: " + std::strerror(-l->rc) + "; shown empty");
         l->children.clear();
+        l->order.clear();
       }
       add_children(i, *l);
       spare_.push_back(std::move(l));
@@ -195,7 +196,7 @@ class Scan {
     std::string text;
     std::vector<Child> children;  // in the order listed
     std::vector<uint32_t> order;  // children's indexes by name
-    bool done = false;
+    bool done = false;  // guarded by the scan's mutex: set by the worker once the rest is written
 
     std::string_view name(const Child& c) const { return std::string_view(text).substr(c.name_off, c.name_len); }
     std::string_view target(const Child& c) const { return std::string_view(text).substr(c.link_off, c.link_len); }
