@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
@@ -56,7 +57,13 @@ with h.tempdir() as tmp:
             line for line in readme.splitlines() if line.startswith("Order")])
         ok, auto, err = run_job(mnt, digests, job)
         h.check(ok, "seed=auto: the job read every file right %s" % err)
+        # The kernel sends a file's release after the job's close returns: the last few reads of epoch 1
+        # may still be on their way to the engine (seen under TSan: 2,990 of 3,000 counted).
+        deadline = time.monotonic() + 20
         s = h.stats(mnt)
+        while s.get("ranks") and s["ranks"][0]["done"] < s["ranks"][0]["total"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            s = h.stats(mnt)
         learned = s["learned"]
         h.check(learned["state"].strip() == "found" and learned["seed"].strip() == "seed=7" and learned["after_opens"] <= 48,
                 "seed=auto: learned %s after %d opens (%s)" % (learned["seed"].strip(), learned["after_opens"],
