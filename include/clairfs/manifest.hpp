@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "util/realloc_array.hpp"
+
 namespace clairfs {
 
 using EntryId = uint32_t;
@@ -57,6 +59,9 @@ class EntryTable {
   void reserve(size_t n) { rows_.reserve(n); }
   // Throws std::runtime_error past 2^24 distinct (mode, owner, group) or 2^40 bytes of names.
   void push_back(const Entry& e);
+  // A directory's children, once they are known (the scan adds a directory before them).
+  // REQUIRES: `dir` was added as a directory.
+  void set_children(size_t dir, EntryId first_child, uint32_t child_count, uint32_t subdir_count);
   // Frees what only adding needed.
   void finish();
   size_t size() const { return rows_.size(); }
@@ -96,7 +101,7 @@ class EntryTable {
     size_t operator()(const AttrKey& k) const { return std::hash<uint64_t>()(k.owner * 0x9e3779b97f4a7c15ull ^ k.mode); }
   };
 
-  std::vector<Row> rows_;
+  ReallocArray<Row> rows_;
   std::vector<Attr> attrs_;
   std::vector<Dir> dirs_;
   std::unordered_map<AttrKey, uint32_t, AttrHash> attr_index_;  // while adding
@@ -181,7 +186,7 @@ class Manifest {
   // REQUIRES: entries in breadth-first layout as described above.
   static Manifest from_parts(std::vector<Entry> entries, std::string names,
                              const std::vector<std::string>& extensions, std::string source_root);
-  static Manifest from_parts(EntryTable entries, std::string names, const std::vector<std::string>& extensions,
+  static Manifest from_parts(EntryTable entries, ReallocArray<char> names, const std::vector<std::string>& extensions,
                              std::string source_root);
 
  private:
@@ -192,7 +197,7 @@ class Manifest {
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
 
   EntryTable entries_;
-  std::string names_;
+  ReallocArray<char> names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
   std::vector<EntryId> samples_;
   std::unordered_map<uint32_t, std::string> sample_paths_;  // sample_path where it is not the entry's

@@ -47,6 +47,13 @@ void EntryTable::push_back(const Entry& e) {
   rows_.push_back(r);
 }
 
+void EntryTable::set_children(size_t dir, EntryId first_child, uint32_t child_count, uint32_t subdir_count) {
+  Dir& d = dirs_[rows_[dir].size_or_dir & ~(uint64_t{1} << 63)];
+  d.first_child = first_child;
+  d.child_count = child_count;
+  d.subdir_count = subdir_count;
+}
+
 void EntryTable::finish() {
   rows_.shrink_to_fit();
   attrs_.shrink_to_fit();

@@ -99,11 +99,11 @@ void write_all(int fd, const void* data, size_t len, const std::string& file) {
 }  // namespace
 
 std::string_view Manifest::name(EntryId id) const {
-  return std::string_view(names_).substr(entries_.name_off(id), entries_.name_len(id));
+  return view(names_).substr(entries_.name_off(id), entries_.name_len(id));
 }
 
 std::string_view Manifest::link_target(EntryId id) const {
-  return std::string_view(names_).substr(entries_.name_off(id) + entries_.name_len(id), entries_.link_len(id));
+  return view(names_).substr(entries_.name_off(id) + entries_.name_len(id), entries_.link_len(id));
 }
 
 bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_.mode(id)); }
@@ -153,12 +153,13 @@ Manifest Manifest::from_parts(std::vector<Entry> entries, std::string names,
   table.reserve(entries.size());
   for (const Entry& e : entries) table.push_back(e);
   std::vector<Entry>().swap(entries);
-  return from_parts(std::move(table), std::move(names), extensions, std::move(source_root));
+  return from_parts(std::move(table), ReallocArray<char>(names.data(), names.size()), extensions, std::move(source_root));
 }
 
-Manifest Manifest::from_parts(EntryTable entries, std::string names, const std::vector<std::string>& extensions,
+Manifest Manifest::from_parts(EntryTable entries, ReallocArray<char> names, const std::vector<std::string>& extensions,
                               std::string source_root) {
   entries.finish();
+  names.shrink_to_fit();
   Manifest m;
   m.entries_ = std::move(entries);
   m.names_ = std::move(names);
@@ -319,7 +320,8 @@ Manifest Manifest::read_from(const Source& read, uint64_t size, const std::vecto
     done += n;
   }
   hv = hash_end(nullptr, 0, hv);
-  std::string names(h.names_size, '\0');
+  ReallocArray<char> names;
+  names.resize(h.names_size);
   read(names.data(), names.size());
   std::string root(h.root_len, '\0');
   read(root.data(), root.size());

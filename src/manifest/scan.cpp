@@ -67,71 +67,6 @@ int list_names(int dir_fd, Each each) {
   return -err;
 }
 
-// What the scan accumulates, grown in chunks: a vector that doubles holds its old and new arrays at
-// once (up to three times what it keeps: 1.4 GB for the entries of 14 M files), chunks never more than
-// one chunk beyond. take() makes the manifest's table, chunk by chunk, freeing each.
-class ChunkedEntries {
- public:
-  void push_back(const Entry& e) {
-    if (chunks_.empty() || chunks_.back().size() == kPerChunk) chunks_.emplace_back().reserve(kPerChunk);
-    chunks_.back().push_back(e);
-    ++size_;
-  }
-  Entry& operator[](size_t i) { return chunks_[i / kPerChunk][i % kPerChunk]; }
-  const Entry& operator[](size_t i) const { return chunks_[i / kPerChunk][i % kPerChunk]; }
-  size_t size() const { return size_; }
-  EntryTable take() {
-    EntryTable out;
-    out.reserve(size_);
-    for (auto& c : chunks_) {
-      for (const Entry& e : c) out.push_back(e);
-      std::vector<Entry>().swap(c);
-    }
-    return out;
-  }
-
- private:
-  static constexpr size_t kPerChunk = 1 << 18;  // 14 MiB of entries
-  std::vector<std::vector<Entry>> chunks_;
-  size_t size_ = 0;
-};
-
-// The names (each followed by a symlink's target), the same way; a name never spans two chunks.
-class ChunkedNames {
- public:
-  // Appends a name and its target; returns where they start in the whole.
-  uint64_t append(std::string_view name, std::string_view target) {
-    const size_t need = name.size() + target.size();
-    if (chunks_.empty() || chunks_.back().size() + need > kPerChunk) {
-      base_.push_back(size_);
-      chunks_.emplace_back().reserve(std::max(kPerChunk, need));
-    }
-    const uint64_t at = size_;
-    chunks_.back().append(name).append(target);
-    size_ += need;
-    return at;
-  }
-  std::string_view view(uint64_t at, size_t len) const {
-    const size_t c = static_cast<size_t>(std::upper_bound(base_.begin(), base_.end(), at) - base_.begin()) - 1;
-    return std::string_view(chunks_[c]).substr(at - base_[c], len);
-  }
-  std::string take() {
-    std::string out;
-    out.reserve(size_);
-    for (auto& c : chunks_) {
-      out += c;
-      std::string().swap(c);
-    }
-    return out;
-  }
-
- private:
-  static constexpr size_t kPerChunk = 4 << 20;
-  std::vector<std::string> chunks_;
-  std::vector<uint64_t> base_;  // where each chunk starts in the whole
-  uint64_t size_ = 0;
-};
-
 // The breadth-first walk. Directories are taken in the order of their entries, so the tree is the
 // same whatever the threads; their listings are made ahead by a pool of threads, each listing one
 // directory and stat-ing its children as it lists them. Threads are what a scan needs on either kind of
@@ -158,11 +93,11 @@ class Scan {
   void run(const struct stat& root_st) {
     entries_.push_back(entry_from_stat(root_st));
     for (size_t i = 0; i < entries_.size(); ++i) {
-      if (!S_ISDIR(entries_[i].mode)) continue;
+      if (!S_ISDIR(entries_.mode(i))) continue;
       // The listings ahead: directories already known, in entry order.
       if (next_dir_ <= i) next_dir_ = i;
       while (next_dir_ < entries_.size() && in_window() < window_limit_) {
-        if (S_ISDIR(entries_[next_dir_].mode)) queue_listing(next_dir_);
+        if (S_ISDIR(entries_.mode(next_dir_))) queue_listing(next_dir_);
         ++next_dir_;
       }
       std::unique_ptr<Listing> l = take_front();
@@ -176,8 +111,9 @@ class Scan {
       spare_.push_back(std::move(l));
     }
   }
-  ChunkedEntries& entries() { return entries_; }
-  ChunkedNames& names() { return names_; }
+  // The tree, in the manifest's form: made as the walk goes, not copied after it.
+  EntryTable& entries() { return entries_; }
+  ReallocArray<char>& names() { return names_; }
 
  private:
   // One child as listed; its name and a symlink's target are in its listing's text (one allocation for
@@ -212,8 +148,8 @@ class Scan {
   }
   std::vector<std::string_view> components(size_t dir) const {
     std::vector<std::string_view> parts;
-    for (size_t id = dir; id != 0; id = entries_[id].parent)
-      parts.push_back(names_.view(entries_[id].name_off, entries_[id].name_len));
+    for (size_t id = dir; id != 0; id = entries_.parent(id))
+      parts.push_back(view(names_).substr(entries_.name_off(id), entries_.name_len(id)));
     std::reverse(parts.begin(), parts.end());
     return parts;
   }
@@ -311,7 +247,7 @@ class Scan {
   }
 
   void add_children(size_t dir, const Listing& l) {
-    size_t kept = 0;
+    uint32_t kept = 0, subdirs = 0;
     for (const Child& c : l.children) {
       if (c.err == ENOENT) continue;  // removed while we listed
       if (c.err) {
@@ -319,10 +255,10 @@ class Scan {
         continue;
       }
       ++kept;
+      subdirs += S_ISDIR(c.e.mode);
     }
     if (entries_.size() + kept >= kNoEntry) throw std::runtime_error("SOURCE has too many entries (2^32)");
-    entries_[dir].first_child = static_cast<EntryId>(entries_.size());
-    entries_[dir].child_count = static_cast<uint32_t>(kept);
+    entries_.set_children(dir, static_cast<EntryId>(entries_.size()), kept, subdirs);
     for (uint32_t k : l.order) {
       const Child& c = l.children[k];
       if (c.err) continue;
@@ -330,8 +266,9 @@ class Scan {
       e.parent = static_cast<EntryId>(dir);
       e.name_len = c.name_len;
       e.link_len = c.link_len;
-      e.name_off = names_.append(l.name(c), l.target(c));
-      if (S_ISDIR(e.mode)) ++entries_[dir].subdir_count;
+      e.name_off = names_.size();
+      names_.append(l.text.data() + c.name_off, c.name_len);
+      names_.append(l.text.data() + c.link_off, c.link_len);
       entries_.push_back(e);
     }
   }
@@ -339,8 +276,8 @@ class Scan {
   const int root_;
   const std::string& source_;
   // Main thread only:
-  ChunkedEntries entries_;
-  ChunkedNames names_;
+  EntryTable entries_;
+  ReallocArray<char> names_;
   size_t next_dir_ = 0;  // the next entry to look at for a directory to list
   size_t window_limit_;  // listings queued or made ahead of the one the walk waits for
   std::vector<std::unique_ptr<Listing>> spare_;  // taken, for the next directories
@@ -364,7 +301,7 @@ Manifest Manifest::scan(const std::string& source, const std::vector<std::string
   if (threads == 0) threads = kScanThreads;
   Scan walk(root.get(), source, threads);
   walk.run(st);
-  return from_parts(walk.entries().take(), walk.names().take(), extensions, source);
+  return from_parts(std::move(walk.entries()), std::move(walk.names()), extensions, source);
 }
 
 }  // namespace clairfs

@@ -278,6 +278,52 @@ TEST(EntryTable, GivesBackEveryEntryAsAdded) {
   EXPECT_THROW(big.push_back(file), std::runtime_error);
 }
 
+TEST(EntryTable, ADirectorysChildrenAreSetAfterIt) {
+  Entry dir;
+  dir.mode = S_IFDIR | 0755;
+  dir.size = 4096;
+  Entry file;
+  file.mode = S_IFREG | 0644;
+  EntryTable t;
+  t.push_back(dir);
+  t.push_back(file);
+  t.push_back(dir);
+  t.set_children(0, 1, 2, 1);
+  t.set_children(2, 3, 0, 0);
+  t.finish();
+  EXPECT_EQ(t[0].first_child, 1u);
+  EXPECT_EQ(t[0].child_count, 2u);
+  EXPECT_EQ(t[0].subdir_count, 1u);
+  EXPECT_EQ(t[0].size, 4096u);
+  EXPECT_EQ(t[2].first_child, 3u);
+  EXPECT_EQ(t[1].size, 0u);
+}
+
+TEST(ReallocArray, KeepsItsValuesAsItGrowsAndShrinks) {
+  // 48 MiB: past glibc's largest mmap threshold, so the block is a mapping of its own, moved by mremap.
+  ReallocArray<uint64_t> a;
+  for (uint64_t i = 0; i < (6u << 20); ++i) a.push_back(i * 0x9e3779b97f4a7c15ull);
+  ASSERT_EQ(a.size(), 6u << 20);
+  EXPECT_GE(a.capacity(), a.size());
+  a.shrink_to_fit();
+  EXPECT_EQ(a.capacity(), a.size());
+  for (uint64_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], i * 0x9e3779b97f4a7c15ull) << i;
+  ReallocArray<uint64_t> moved(std::move(a));
+  EXPECT_EQ(a.size(), 0u);  // NOLINT(bugprone-use-after-move): a moved-from array is empty
+  EXPECT_EQ(moved.back(), ((6u << 20) - 1) * 0x9e3779b97f4a7c15ull);
+  ReallocArray<char> text("abc", 3);
+  text.resize(6);  // zero bytes after
+  text.append("de", 2);
+  EXPECT_EQ(view(text), std::string_view("abc\0\0\0de", 8));
+  text.resize(2);
+  EXPECT_EQ(view(text), "ab");
+  text.shrink_to_fit();
+  text.resize(0);
+  text.shrink_to_fit();
+  EXPECT_TRUE(text.empty());
+  EXPECT_EQ(text.data(), nullptr);
+}
+
 TEST_F(ManifestTest, OneThreadOrManyGiveTheSameTree) {
   // Directories listed by many threads at once are still taken in entry order.
   for (int c = 0; c < 20; ++c)
