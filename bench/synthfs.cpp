@@ -42,6 +42,10 @@ struct Shape {
 Shape g_shape;
 unsigned g_meta_latency_us = 0;
 bool g_readdirplus = true;
+// Every file's owner, asked once: a system call per entry listed cost the 14.2 M run ~8% of the CPU it
+// shares with the client, which a real SOURCE's server does not take.
+uid_t g_uid;
+gid_t g_gid;
 constexpr double kTimeout = 86400.0;
 constexpr time_t kMtime = 1700000000;
 constexpr fuse_ino_t kRoot = 1;
@@ -102,8 +106,8 @@ struct stat attr_of(fuse_ino_t ino) {
   struct stat st {};
   st.st_ino = ino;
   st.st_mtime = st.st_ctime = st.st_atime = kMtime;
-  st.st_uid = getuid();
-  st.st_gid = getgid();
+  st.st_uid = g_uid;
+  st.st_gid = g_gid;
   if (ino == kRoot || is_dir(ino)) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = ino == kRoot ? 2 + g_shape.classes : 2;
@@ -291,6 +295,8 @@ uint64_t value(int argc, char** argv, int* k) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_uid = getuid();
+  g_gid = getgid();
   std::string where, check_dir;
   uint64_t sample = 1000, threads = 8;
   for (int k = 1; k < argc; ++k) {
