@@ -169,6 +169,9 @@ class Manifest {
   std::vector<std::string_view> components(EntryId id) const;
 
   const std::vector<EntryId>& samples() const { return samples_; }
+  // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
+  // a rule, and then a walk over millions of samples need not look at each.
+  uint64_t irregular_samples() const { return irregular_samples_; }
   // The path ImageFolder gives sample i (relative to the root): through the symlinks it walked, which
   // is not path(samples()[i]) for a sample reached through a symlinked directory or a linked file.
   std::string sample_path(size_t i) const {
@@ -200,6 +203,7 @@ class Manifest {
   ReallocArray<char> names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
   std::vector<EntryId> samples_;
+  uint64_t irregular_samples_ = 0;
   std::unordered_map<uint32_t, std::string> sample_paths_;  // sample_path where it is not the entry's
   std::vector<SampleClass> classes_;
   std::vector<std::string> warnings_;

@@ -37,13 +37,14 @@ StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std:
   return [&manifest, &oracle, ranks = std::move(ranks)](uint64_t epoch) {
     const EpochOrder order = oracle.epoch(epoch);
     const auto& samples = manifest.samples();
+    const bool check = manifest.irregular_samples() > 0;  // a look-up per sample: ~1 s a mount at 14.2 M
     std::vector<std::vector<EntryId>> seq(ranks.size());
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] >= order.world_size()) continue;
       seq[i].reserve(order.loaded(ranks[i]));
       for (uint64_t k = 0; k < order.loaded(ranks[i]); ++k) {
         const EntryId id = samples[order.at(ranks[i], k)];
-        if (S_ISREG(manifest.entry(id).mode)) seq[i].push_back(id);
+        if (!check || S_ISREG(manifest.entry(id).mode)) seq[i].push_back(id);
       }
     }
     return seq;

@@ -84,6 +84,7 @@ EntryId Manifest::resolve(EntryId id) const {
 
 void Manifest::compute_samples(const std::vector<std::string>& extensions) {
   samples_.clear();
+  irregular_samples_ = 0;
   sample_paths_.clear();
   classes_.clear();
   warnings_.clear();
@@ -154,6 +155,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
         if (w.via_link || S_ISLNK(entries_.mode(k)))
           sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         samples_.push_back(target == kNoEntry ? k : target);
+        irregular_samples_ += !S_ISREG(entries_.mode(samples_.back()));
       }
     }
   }

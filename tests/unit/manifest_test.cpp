@@ -101,6 +101,11 @@ TEST_F(ManifestTest, SymlinkedDirectoriesAreFollowed) {
   EXPECT_EQ(sample_paths(m), expect);
   EXPECT_EQ(m.classes().size(), 3u);
   EXPECT_EQ(m.name(m.classes()[1].entry), "d");
+  EXPECT_EQ(m.irregular_samples(), 1u);  // y.png
+  file("c/b.png");
+  EXPECT_EQ(scan().irregular_samples(), 1u);
+  ::unlink((root_ + "/c/y.png").c_str());
+  EXPECT_EQ(scan().irregular_samples(), 0u);
 }
 
 TEST_F(ManifestTest, SymlinkCycleIsWalkedOnceWithAWarning) {
