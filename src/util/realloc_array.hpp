@@ -65,15 +65,20 @@ class ReallocArray {
   T& operator[](size_t i) { return data_[i]; }
   const T& operator[](size_t i) const { return data_[i]; }
   T& back() { return data_[size_ - 1]; }
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  const T* begin() const { return data_; }
-  const T* end() const { return data_ + size_; }
+  // Never null (as std::string's): an empty array's bytes may be passed to memcpy and read(2).
+  T* data() { return data_ ? data_ : none(); }
+  const T* data() const { return data_ ? data_ : none(); }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size_; }
   size_t size() const { return size_; }
   size_t capacity() const { return cap_; }
   bool empty() const { return size_ == 0; }
 
  private:
+  static T* none() {
+    alignas(T) static unsigned char nothing[sizeof(T)];
+    return reinterpret_cast<T*>(nothing);
+  }
   // Doubling: realloc of a mapped block costs a system call, so not one per value.
   void grow(size_t need) { set_capacity(std::max(need, cap_ < 16 ? 16 : cap_ * 2)); }
   void set_capacity(size_t n) {
