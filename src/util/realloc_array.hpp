@@ -7,7 +7,9 @@
 // mremap: page tables move, no byte is copied, and the capacity not yet written costs no memory.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
