@@ -10,6 +10,8 @@ namespace clairfs {
 namespace {
 constexpr uint64_t kNameOffBits = 40;
 constexpr uint32_t kAttrLimit = uint32_t{1} << 24;
+// A row's size_or_dir with this bit set, or a directory's, is an index into the table of directories.
+constexpr uint64_t kInDirs = uint64_t{1} << 63;
 }  // namespace
 
 void EntryTable::push_back(const Entry& e) {
@@ -40,7 +42,7 @@ void EntryTable::push_back(const Entry& e) {
     // Only directories have children (anything else saying so is kept, for validation to refuse) and no
     // size reaches 2^63 (a loaded file's may: kept the same way).
     if (e.first_child || e.child_count || e.subdir_count || e.size >> 63) {
-      r.size_or_dir = dirs_.size() | uint64_t{1} << 63;
+      r.size_or_dir = dirs_.size() | kInDirs;
       dirs_.push_back({e.size, e.first_child, e.child_count, e.subdir_count});
     }
   }
@@ -48,7 +50,7 @@ void EntryTable::push_back(const Entry& e) {
 }
 
 void EntryTable::set_children(size_t dir, EntryId first_child, uint32_t child_count, uint32_t subdir_count) {
-  Dir& d = dirs_[rows_[dir].size_or_dir & ~(uint64_t{1} << 63)];
+  Dir& d = dirs_[rows_[dir].size_or_dir & ~kInDirs];
   d.first_child = first_child;
   d.child_count = child_count;
   d.subdir_count = subdir_count;
@@ -74,8 +76,8 @@ Entry EntryTable::operator[](size_t id) const {
   e.uid = a.uid;
   e.gid = a.gid;
   e.parent = r.parent;
-  if (S_ISDIR(a.mode) || r.size_or_dir >> 63) {
-    const Dir& d = dirs_[r.size_or_dir & ~(uint64_t{1} << 63)];
+  if (S_ISDIR(a.mode) || (r.size_or_dir & kInDirs)) {
+    const Dir& d = dirs_[r.size_or_dir & ~kInDirs];
     e.size = d.size;
     e.first_child = d.first_child;
     e.child_count = d.child_count;

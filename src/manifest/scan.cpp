@@ -267,8 +267,7 @@ class Scan {
       e.name_len = c.name_len;
       e.link_len = c.link_len;
       e.name_off = names_.size();
-      names_.append(l.text.data() + c.name_off, c.name_len);
-      names_.append(l.text.data() + c.link_off, c.link_len);
+      for (std::string_view part : {l.name(c), l.target(c)}) names_.append(part.data(), part.size());
       entries_.push_back(e);
     }
   }
