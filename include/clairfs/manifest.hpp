@@ -168,7 +168,7 @@ class Manifest {
   // Path components from the root down to id.
   std::vector<std::string_view> components(EntryId id) const;
 
-  const std::vector<EntryId>& samples() const { return samples_; }
+  const ReallocArray<EntryId>& samples() const { return samples_; }
   // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
   // a rule, and then a walk over millions of samples need not look at each.
   uint64_t irregular_samples() const { return irregular_samples_; }
@@ -202,7 +202,7 @@ class Manifest {
   EntryTable entries_;
   ReallocArray<char> names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
-  std::vector<EntryId> samples_;
+  ReallocArray<EntryId> samples_;
   uint64_t irregular_samples_ = 0;
   std::unordered_map<uint32_t, std::string> sample_paths_;  // sample_path where it is not the entry's
   std::vector<SampleClass> classes_;

@@ -146,19 +146,23 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
     for (const WalkDir& w : dirs) {
       const Entry d = entries_[w.dir];
       for (EntryId k = d.first_child; k < d.first_child + d.child_count; ++k) {
-        if (followed_dir(k) != kNoEntry) continue;  // os.walk lists it under dirs, not files
+        // A directory, or a symlink to one: os.walk lists it under dirs, not files. Most entries are
+        // regular files, taken without resolving.
+        const uint32_t mode = entries_.mode(k);
+        if (S_ISDIR(mode) || (S_ISLNK(mode) && followed_dir(k) != kNoEntry)) continue;
         if (!has_extension(name(k), extensions)) continue;
-        const EntryId target = resolve(k);
+        const EntryId target = S_ISLNK(mode) ? resolve(k) : k;
         if (target == kNoEntry) warn_outside(k);
         // ImageFolder names a sample by the path it walked: through symlinked directories, and the
         // link itself for a linked file. Kept where that is not the entry's own path.
-        if (w.via_link || S_ISLNK(entries_.mode(k)))
+        if (w.via_link || S_ISLNK(mode))
           sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         samples_.push_back(target == kNoEntry ? k : target);
-        irregular_samples_ += !S_ISREG(entries_.mode(samples_.back()));
+        irregular_samples_ += !S_ISREG(target == k ? mode : entries_.mode(samples_.back()));
       }
     }
   }
+  samples_.shrink_to_fit();
 }
 
 }  // namespace clairfs

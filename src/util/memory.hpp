@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 
 namespace clairfs {
 
@@ -15,6 +16,12 @@ void return_large_buffers();
 // Smaller buffers (most files of a typical data set) come from the arenas, one per thread that
 // allocates (16 front-end threads, the stager), and their freed pages stay there. tick() hands whole
 // free pages back to the system, at most once per interval. Not thread-safe: one caller (the stager).
+// Asks the kernel to back [p, p + bytes) with huge pages (transparent ones, 2 MiB on x86-64) where it
+// can: the whole 2 MiB-aligned pages inside. For the large tables filled once at start-up (the
+// manifest's, the epochs' orders): each 4 KiB page costs a fault when first written, and faults are most
+// of the time of filling them (a virtual machine's above all). With THP off, or "never", it does nothing.
+void advise_huge_pages(void* p, size_t bytes);
+
 class FreePageReturner {
  public:
   explicit FreePageReturner(std::chrono::milliseconds interval) : interval_(interval) {}

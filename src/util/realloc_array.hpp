@@ -4,7 +4,8 @@
 // of names). A std::vector grows by allocating twice the size and copying, and shrink_to_fit copies once
 // more: the copies cost seconds and hold old and new at once. glibc serves a block past its mmap
 // threshold (return_large_buffers) from a mapping of its own, and realloc moves such a block with
-// mremap: page tables move, no byte is copied, and the capacity not yet written costs no memory.
+// mremap: page tables move, no byte is copied, and the capacity not yet written costs no memory. A
+// large block is backed by huge pages where the kernel can (advise_huge_pages).
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+
+#include "util/memory.hpp"
 
 namespace clairfs {
 
@@ -60,6 +63,7 @@ class ReallocArray {
   void reserve(size_t n) {
     if (n > cap_) set_capacity(n);
   }
+  void clear() { size_ = 0; }
   void shrink_to_fit() {
     if (cap_ > size_) set_capacity(size_);
   }
@@ -95,7 +99,10 @@ class ReallocArray {
     if (!p) throw std::bad_alloc();
     data_ = static_cast<T*>(p);
     cap_ = n;
+    if (n * sizeof(T) >= kHugeFrom) advise_huge_pages(data_, n * sizeof(T));
   }
+
+  static constexpr size_t kHugeFrom = size_t{4} << 20;
 
   T* data_ = nullptr;
   size_t size_ = 0;
