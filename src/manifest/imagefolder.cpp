@@ -98,6 +98,9 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
       warnings_.push_back("symlink '" + path(id) + "' leads outside SOURCE or nowhere; clairfs does not follow it");
   };
 
+  // At most one sample per entry; the room never written costs no memory, and the block is large enough
+  // for huge pages from the start (growing it would fault its first megabytes in 4 KiB pages).
+  samples_.reserve(entries_.size());
   const Entry root = entries_[0];
   struct WalkDir {
     std::string path;

@@ -56,12 +56,12 @@ class ReallocArray {
   }
   // New values are zero bytes.
   void resize(size_t n) {
-    if (n > cap_) set_capacity(n);
+    if (n > cap_) set_capacity(n), advise();
     if (n > size_) std::memset(static_cast<void*>(data_ + size_), 0, (n - size_) * sizeof(T));
     size_ = n;
   }
   void reserve(size_t n) {
-    if (n > cap_) set_capacity(n);
+    if (n > cap_) set_capacity(n), advise();
   }
   void clear() { size_ = 0; }
   void shrink_to_fit() {
@@ -99,7 +99,12 @@ class ReallocArray {
     if (!p) throw std::bad_alloc();
     data_ = static_cast<T*>(p);
     cap_ = n;
-    if (n * sizeof(T) >= kHugeFrom) advise_huge_pages(data_, n * sizeof(T));
+  }
+  // A block sized at once (reserve, resize: a size known ahead) is filled soon after: huge pages spare
+  // most of its faults. Not for one grown value by value: measured, a walk of 1.28 M files took 0.3 s
+  // longer with its growing tables advised.
+  void advise() {
+    if (cap_ * sizeof(T) >= kHugeFrom) advise_huge_pages(data_, cap_ * sizeof(T));
   }
 
   static constexpr size_t kHugeFrom = size_t{4} << 20;
