@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "util/log.hpp"
+#include "util/memory.hpp"
 #include "util/text.hpp"
 
 namespace clairfs {
@@ -41,7 +42,7 @@ StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std:
     std::vector<std::vector<EntryId>> seq(ranks.size());
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] >= order.world_size()) continue;
-      seq[i].reserve(order.loaded(ranks[i]));
+      reserve_huge(seq[i], order.loaded(ranks[i]));
       for (uint64_t k = 0; k < order.loaded(ranks[i]); ++k) {
         const EntryId id = samples[order.at(ranks[i], k)];
         if (!check || S_ISREG(manifest.entry(id).mode)) seq[i].push_back(id);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "util/memory.hpp"
+
 namespace clairfs {
 
 namespace {
@@ -21,7 +23,7 @@ constexpr size_t kMaxLateDrops = 1 << 16;
 
 PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config)
     : manifest_(manifest), planner_(planner), ram_(ram), config_(config) {
-  in_kernel_.assign(manifest_.size(), kNone);
+  assign_huge(in_kernel_, manifest_.size(), uint8_t{kNone});
   const uint64_t mean = std::max<uint64_t>(1, config_.mean_size);
   if (config_.no_open) {
     // Half the budget at most: the other half is for pushing ahead.

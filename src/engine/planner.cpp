@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "util/memory.hpp"
+
 namespace clairfs {
 
 EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t ranks, uint64_t entries) {
@@ -19,7 +21,7 @@ EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t
   uint64_t items = 0;
   for (const auto& s : e.seq) items += s.size();
   if (items * 2 >= entries) {
-    e.first.assign(entries, EpochStreams::kAbsent);
+    assign_huge(e.first, entries, EpochStreams::kAbsent);
     for (uint64_t k = 0; k < e.steps; ++k)
       for (uint64_t r = 0; r < ranks; ++r)
         if (k < e.seq[r].size()) {
@@ -27,7 +29,7 @@ EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t
           if (f == EpochStreams::kAbsent) f = static_cast<uint32_t>(k * ranks + r);
         }
   } else {
-    e.sparse.reserve(items);
+    reserve_huge(e.sparse, items);
     for (uint64_t k = 0; k < e.steps; ++k)
       for (uint64_t r = 0; r < ranks; ++r)
         if (k < e.seq[r].size()) e.sparse.emplace_back(e.seq[r][k], static_cast<uint32_t>(k * ranks + r));

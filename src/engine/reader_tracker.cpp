@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "util/memory.hpp"
+
 namespace clairfs {
 
 namespace {
@@ -119,7 +121,7 @@ void ReaderTracker::note_rate(uint64_t rank, uint64_t opens) {
 void ReaderTracker::read_ahead(EntryId id, pid_t pid) {
   const auto& samples = manifest_.samples();
   if (sample_of_.empty()) {
-    sample_of_.assign(manifest_.size(), UINT32_MAX);
+    assign_huge(sample_of_, manifest_.size(), UINT32_MAX);
     for (uint32_t i = 0; i < samples.size(); ++i) sample_of_[samples[i]] = i;
   }
   const uint32_t i = sample_of_[id];

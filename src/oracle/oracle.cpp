@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "util/memory.hpp"
+
 namespace clairfs {
 
 namespace {
@@ -80,7 +82,8 @@ std::vector<uint32_t> Oracle::permutation(uint64_t epoch) const {
       return shuffle::torch_randperm_after(n_, shuffle::torch_seed32(s_.seed, 0), skip, s_.torch_shuffle);
     }
     case Order::kSequential: {
-      std::vector<uint32_t> r(n_);
+      std::vector<uint32_t> r;
+      assign_huge(r, n_, 0u);
       std::iota(r.begin(), r.end(), 0u);
       return r;
     }
@@ -118,7 +121,7 @@ EpochOrder Oracle::split(std::vector<uint32_t> indices) const {
   if (total <= n) {
     indices.resize(total);
   } else {
-    indices.reserve(total);
+    reserve_huge(indices, total);
     for (uint64_t i = n; i < total; ++i) indices.push_back(indices[i - n]);
   }
   return EpochOrder(std::move(indices), world, per_rank, loaded_count(per_rank, s_.batch_size, s_.loader_drop_last));

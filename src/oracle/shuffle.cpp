@@ -8,6 +8,7 @@
 
 #include "clairfs/oracle.hpp"
 #include "oracle/mt19937.hpp"
+#include "util/memory.hpp"
 
 namespace clairfs::shuffle {
 
@@ -79,7 +80,8 @@ uint64_t torch_randperm_draws(uint64_t n, TorchShuffle kind) {
 std::vector<uint32_t> torch_randperm_after(uint64_t n, uint32_t seed32, uint64_t skip, TorchShuffle kind) {
   Mt19937 g(seed32);
   if (skip) g.jump(skip);
-  std::vector<uint32_t> r(n);
+  std::vector<uint32_t> r;
+  assign_huge(r, n, 0u);
   if (kind == TorchShuffle::kLargeSplit && n >= kLargeSplitThreshold) {
     inside_out(r, g);
   } else {
@@ -97,7 +99,8 @@ std::vector<uint32_t> clairfs_permutation(uint64_t n, SeedInt seed, uint64_t epo
   // docs/order.md specifies this exactly; examples/clairfs_order.py is a reference implementation.
   uint64_t state = static_cast<uint64_t>(static_cast<SeedUint>(seed)) ^ (epoch * 0xd1342543de82ef95ull);
   splitmix64(state);  // one step so that seed 0, epoch 0 does not start at state 0
-  std::vector<uint32_t> r(n);
+  std::vector<uint32_t> r;
+  assign_huge(r, n, 0u);
   std::iota(r.begin(), r.end(), 0u);
   for (uint64_t i = n; i > 1; --i) {
     // Lemire's unbiased bounded draw: j uniform in [0, i).

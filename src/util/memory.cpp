@@ -10,6 +10,7 @@ namespace clairfs {
 void return_large_buffers() { ::mallopt(M_MMAP_THRESHOLD, 128 << 10); }
 
 void advise_huge_pages(void* p, size_t bytes) {
+  if (bytes < (size_t{4} << 20)) return;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const uintptr_t from = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);

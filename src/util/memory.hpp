@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <vector>
 
 namespace clairfs {
 
@@ -20,7 +21,23 @@ void return_large_buffers();
 // can: the whole 2 MiB-aligned pages inside. For the large tables filled once at start-up (the
 // manifest's, the epochs' orders): each 4 KiB page costs a fault when first written, and faults are most
 // of the time of filling them (a virtual machine's above all). With THP off, or "never", it does nothing.
+// Below 4 MiB, nothing (a system call would cost more than it saves).
 void advise_huge_pages(void* p, size_t bytes);
+
+// A vector made `n` values long for a table filled at once: its block reserved and advised before a
+// byte of it is written.
+template <typename T>
+void assign_huge(std::vector<T>& v, size_t n, const T& value) {
+  v.clear();
+  v.reserve(n);
+  advise_huge_pages(v.data(), n * sizeof(T));
+  v.assign(n, value);
+}
+template <typename T>
+void reserve_huge(std::vector<T>& v, size_t n) {
+  v.reserve(n);
+  advise_huge_pages(v.data(), n * sizeof(T));
+}
 
 class FreePageReturner {
  public:
