@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -329,6 +331,36 @@ TEST(ReallocArray, KeepsItsValuesAsItGrowsAndShrinks) {
   EXPECT_TRUE(text.empty());
   EXPECT_NE(text.data(), nullptr);  // as std::string's: memcpy and read(2) may be given it
   EXPECT_EQ(ReallocArray<int>().data(), ReallocArray<int>().end());
+}
+
+// The KiB of the mapping holding `p` that huge pages back (smaps' AnonHugePages); -1 if none holds it.
+long huge_kib_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2) {  // a mapping's first line
+      in = from <= at && at < to;
+    } else if (in && line.rfind("AnonHugePages:", 0) == 0) {
+      return std::stol(line.substr(14));
+    }
+  }
+  return -1;
+}
+
+TEST(ReallocArray, ABlockSizedAtOnceIsOnHugePages) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator maps blocks its own way";
+#endif
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string modes((std::istreambuf_iterator<char>(thp)), {});
+  if (modes.empty() || modes.find("[never]") != std::string::npos) GTEST_SKIP() << "no transparent huge pages here";
+  ReallocArray<char> a;
+  a.resize(size_t{32} << 20);  // sized at once, then written (zeroed)
+  // Its middle: the advice splits the mapping at the 2 MiB boundaries inside, so its start is apart.
+  EXPECT_GT(huge_kib_at(a.data() + (size_t{16} << 20)), 0)
+      << "a 32 MiB block sized at once has no huge page (THP: " << modes << ")";
 }
 
 TEST_F(ManifestTest, OneThreadOrManyGiveTheSameTree) {
