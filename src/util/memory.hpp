@@ -1,5 +1,6 @@
-// What the daemon tells glibc's allocator, so that memory the budgets no longer count goes back to the
-// system rather than staying in the allocator's free lists.
+// What the daemon tells glibc's allocator and the kernel about its memory: that what the budgets no
+// longer count goes back to the system rather than staying in the allocator's free lists, and that the
+// large tables made at start-up want huge pages.
 #pragma once
 
 #include <chrono>
@@ -14,13 +15,10 @@ namespace clairfs {
 // a soak's daemon held 210-325 MiB against a 49 MB RAM budget.
 void return_large_buffers();
 
-// Smaller buffers (most files of a typical data set) come from the arenas, one per thread that
-// allocates (16 front-end threads, the stager), and their freed pages stay there. tick() hands whole
-// free pages back to the system, at most once per interval. Not thread-safe: one caller (the stager).
 // Asks the kernel to back [p, p + bytes) with huge pages (transparent ones, 2 MiB on x86-64) where it
 // can: the whole 2 MiB-aligned pages inside. For the large tables filled once at start-up (the
-// manifest's, the epochs' orders): each 4 KiB page costs a fault when first written, and faults are most
-// of the time of filling them (a virtual machine's above all). With THP off, or "never", it does nothing.
+// manifest's, the epochs' orders): each 4 KiB page costs a fault when first written, and on the VM the
+// benchmarks ran on, faults were most of the time of filling them. With THP "never", it does nothing.
 // Below 4 MiB, nothing (a system call would cost more than it saves).
 void advise_huge_pages(void* p, size_t bytes);
 
@@ -39,6 +37,9 @@ void reserve_huge(std::vector<T>& v, size_t n) {
   advise_huge_pages(v.data(), n * sizeof(T));
 }
 
+// Smaller buffers (most files of a typical data set) come from the arenas, one per thread that
+// allocates (16 front-end threads, the stager), and their freed pages stay there. tick() hands whole
+// free pages back to the system, at most once per interval. Not thread-safe: one caller (the stager).
 class FreePageReturner {
  public:
   explicit FreePageReturner(std::chrono::milliseconds interval) : interval_(interval) {}

@@ -5,7 +5,7 @@
 // more: the copies cost seconds and hold old and new at once. glibc serves a block past its mmap
 // threshold (return_large_buffers) from a mapping of its own, and realloc moves such a block with
 // mremap: page tables move, no byte is copied, and the capacity not yet written costs no memory. A
-// large block is backed by huge pages where the kernel can (advise_huge_pages).
+// block sized at once (reserve, resize) asks for huge pages (advise_huge_pages).
 #pragma once
 
 #include <algorithm>
@@ -56,12 +56,18 @@ class ReallocArray {
   }
   // New values are zero bytes.
   void resize(size_t n) {
-    if (n > cap_) set_capacity(n), advise();
+    if (n > cap_) {
+      set_capacity(n);
+      advise();
+    }
     if (n > size_) std::memset(static_cast<void*>(data_ + size_), 0, (n - size_) * sizeof(T));
     size_ = n;
   }
   void reserve(size_t n) {
-    if (n > cap_) set_capacity(n), advise();
+    if (n > cap_) {
+      set_capacity(n);
+      advise();
+    }
   }
   void clear() { size_ = 0; }
   void shrink_to_fit() {
