@@ -160,8 +160,9 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
         // link itself for a linked file. Kept where that is not the entry's own path.
         if (w.via_link || S_ISLNK(mode))
           sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
-        samples_.push_back(target == kNoEntry ? k : target);
-        irregular_samples_ += !S_ISREG(target == k ? mode : entries_.mode(samples_.back()));
+        const EntryId sample = target == kNoEntry ? k : target;
+        samples_.push_back(sample);
+        irregular_samples_ += !S_ISREG(sample == k ? mode : entries_.mode(sample));
       }
     }
   }
