@@ -35,7 +35,9 @@ PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier
 
 void PageWindow::drop(EntryId id) {
   if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) return;
-  if (in_kernel_[id] == kPushed) kernel_bytes_ -= manifest_.entry(id).size;
+  // A push's bytes stay counted until the drop is done: the kernel holds them until then, and a push
+  // into the room they leave must not overtake it.
+  if (in_kernel_[id] == kPushed) dropping_pushes_.insert(id);
   in_kernel_[id] = kDropping;
   if (open_count_.count(id)) drop_on_release_.insert(id);
   else drops_.push_back(id);
@@ -169,8 +171,10 @@ std::vector<EntryId> PageWindow::take_drops(const std::function<bool(EntryId)>& 
 }
 
 void PageWindow::dropped(const std::vector<EntryId>& ids) {
-  for (EntryId id : ids)
+  for (EntryId id : ids) {
     if (in_kernel_[id] == kDropping) in_kernel_[id] = kNone;
+    if (dropping_pushes_.erase(id)) kernel_bytes_ -= manifest_.entry(id).size;
+  }
 }
 
 }  // namespace clairfs

@@ -95,7 +95,7 @@ class PageWindow {
  private:
   // What the kernel may hold of a file: none of its pages (as far as we know), pages read through the
   // mount, a push (its size counted in kernel_bytes_), or a drop queued and not yet done (the pages
-  // may still be read).
+  // may still be read; a push's size stays counted until the drop is done).
   enum InKernel : uint8_t { kNone = 0, kRead = 1, kPushed = 2, kDropping = 3 };
   // A use left unpushed in no-open mode, so that its read tells where the reader is.
   bool beacon(uint64_t key) const;
@@ -115,6 +115,7 @@ class PageWindow {
   std::vector<EntryId> drops_;                      // for the stager
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
+  std::unordered_set<EntryId> dropping_pushes_;       // pushes whose drop is queued: in kernel_bytes_ still
   // No-open mode: passed files whose pages go once the cursor is drop_delay_ keys past them (a reader
   // of the rank may still be on one: workers read out of order within the tolerance).
   std::deque<std::pair<uint64_t, EntryId>> late_drops_;

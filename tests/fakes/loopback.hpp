@@ -3,8 +3,10 @@
 // command; PageCacheDouble stands for the kernel's page cache, recording pushes and drops.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -127,6 +129,11 @@ class PageCacheDouble final : public PageCache {
     if (refuse_) return -ENOENT;
     pushed_.insert(id);
     pushes_++;
+    peak_held_ = std::max(peak_held_, pushed_.size());
+    if (push_time_.count() > 0) {  // the copy into the kernel takes a while
+      lock.unlock();
+      std::this_thread::sleep_for(push_time_);
+    }
     return 0;
   }
   int drop(EntryId id) override {
@@ -156,6 +163,10 @@ class PageCacheDouble final : public PageCache {
     std::lock_guard<std::mutex> lock(mutex_);
     refuse_ = on;
   }
+  void push_takes(std::chrono::milliseconds t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    push_time_ = t;
+  }
   uint64_t pushes() {
     std::lock_guard<std::mutex> lock(mutex_);
     return pushes_;
@@ -167,6 +178,11 @@ class PageCacheDouble final : public PageCache {
   size_t held() {
     std::lock_guard<std::mutex> lock(mutex_);
     return pushed_.size();
+  }
+  // The most files held pushed at once.
+  size_t peak_held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_held_;
   }
 
  private:
@@ -180,7 +196,9 @@ class PageCacheDouble final : public PageCache {
   std::condition_variable unlocked_;
   unsigned waiting_ = 0;
   bool refuse_ = false;
+  std::chrono::milliseconds push_time_{0};
   std::unordered_set<EntryId> pushed_, locked_;
+  size_t peak_held_ = 0;
   uint64_t pushes_ = 0, drops_ = 0;
 };
 
