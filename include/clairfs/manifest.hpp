@@ -15,10 +15,15 @@
 // validation pass that rejects anything that could make a lookup go out of bounds.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
+#include <array>
+#include <atomic>
+#include <bit>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -59,14 +64,29 @@ class EntryTable {
   void reserve(size_t n) { rows_.reserve(n); }
   // Throws std::runtime_error past 2^24 distinct (mode, owner, group) or 2^40 bytes of names.
   void push_back(const Entry& e);
+  // A file whose attributes come later (set_late): only its type (e.mode & S_IFMT), name and parent
+  // are known, and they are all another thread may read of it until then (mode() gives the type).
+  void push_back_late(const Entry& e);
   // A directory's children, once they are known (the scan adds a directory before them).
   // REQUIRES: `dir` was added as a directory.
   void set_children(size_t dir, EntryId first_child, uint32_t child_count, uint32_t subdir_count);
   // Frees what only adding needed.
   void finish();
   size_t size() const { return rows_.size(); }
+  // REQUIRES: the entry's attributes are known (late_state() is not kUnknown), unless none are late.
   Entry operator[](size_t id) const;
-  uint32_t mode(size_t id) const { return attrs_[attr_of(rows_[id])].mode; }
+  // Its mode; of a late entry not stat-ed yet, the type alone.
+  uint32_t mode(size_t id) const { return attrs_[attr_index(id)].mode; }
+
+  // Late attributes. Any thread may ask late_state(); set_late() publishes an entry's attributes (its
+  // fields written before, the state after, with release order), so a reader that sees its state
+  // change may read them.
+  enum LateState : uint32_t { kUnknown = 0, kKnown = 1, kGone = 2 };
+  bool has_late() const { return late_.size() != 0; }
+  LateState late_state(size_t id) const;
+  // `st` from lstat of the entry, or nullptr: gone. A type other than the one listed counts as gone.
+  // REQUIRES: calls serialized by the caller; late_state(id) is kUnknown.
+  void set_late(size_t id, const struct stat* st);
   EntryId parent(size_t id) const { return rows_[id].parent; }
   uint64_t name_off(size_t id) const { return rows_[id].name & ((uint64_t{1} << 40) - 1); }
   uint16_t name_len(size_t id) const { return static_cast<uint16_t>(rows_[id].name >> 48); }
@@ -92,6 +112,10 @@ class EntryTable {
     uint32_t child_count, subdir_count;
   };
   static uint32_t attr_of(const Row& r) { return static_cast<uint32_t>((r.name >> 40 & 0xff) << 16 | r.attr_low); }
+  // The row's attribute index, or the one set_late() gave.
+  uint32_t attr_index(size_t id) const;
+  // Index of (mode, uid, gid) in attrs_, added if new. Throws past kAttrLimit.
+  uint32_t attr_for(uint32_t mode, uint32_t uid, uint32_t gid);
   struct AttrKey {
     uint64_t owner;  // uid << 32 | gid
     uint32_t mode;
@@ -101,8 +125,33 @@ class EntryTable {
     size_t operator()(const AttrKey& k) const { return std::hash<uint64_t>()(k.owner * 0x9e3779b97f4a7c15ull ^ k.mode); }
   };
 
+  // Distinct (mode, owner, group) in chunks that never move: set_late() adds to it while other threads
+  // read it. Chunk 0 holds indexes [0, kFirst), chunk k > 0 [kFirst * 2^(k-1), kFirst * 2^k).
+  class AttrStore {
+   public:
+    static constexpr size_t kFirst = 16, kChunks = 21;  // 2^24 in all
+    const Attr& operator[](size_t i) const { return slot(i); }
+    size_t size() const { return size_; }
+    void push_back(const Attr& a);
+    size_t memory_bytes() const;
+
+   private:
+    static size_t chunk_of(size_t i) { return i < kFirst ? 0 : static_cast<size_t>(std::bit_width(i / kFirst)); }
+    static size_t chunk_size(size_t k) { return k == 0 ? kFirst : kFirst << (k - 1); }
+    Attr& slot(size_t i) const {
+      const size_t k = chunk_of(i);
+      return chunks_[k][k == 0 ? i : i - (kFirst << (k - 1))];
+    }
+    std::array<std::unique_ptr<Attr[]>, kChunks> chunks_;
+    size_t size_ = 0;
+  };
+
   ReallocArray<Row> rows_;
-  std::vector<Attr> attrs_;
+  AttrStore attrs_;
+  // Entries whose attributes come later: per entry 0 (the row's own), or kLate plus a LateState, or
+  // kLateAttr plus the attribute index once set_late() gave it. Empty when no entry is late. Read and
+  // written through std::atomic_ref.
+  ReallocArray<uint32_t> late_;
   std::vector<Dir> dirs_;
   std::unordered_map<AttrKey, uint32_t, AttrHash> attr_index_;  // while adding
   // The last combination added, found again without hashing (any value is a valid key: no sentinel).
@@ -122,8 +171,32 @@ class Manifest {
   // Scans SOURCE (an absolute path) once. Unreadable subdirectories are listed empty, with a warning
   // on stderr. Throws std::runtime_error if SOURCE itself cannot be read. `threads` list directories at
   // once (0: the default); the tree is the same whatever their number.
+  //
+  // Attributes::kLater: files listed as regular files are not stat-ed, as `find -type f` does not (at
+  // millions of files that is most of a scan's time: the kernel makes an inode and a dentry for each
+  // file stat-ed). Their type and names are known, so the samples are; sizes, times, modes and owners
+  // come from fill_attributes() (in the background, after the mount) or ensure() (one at once).
+  enum class Attributes { kNow, kLater };
   static Manifest scan(const std::string& source, const std::vector<std::string>& extensions,
-                       unsigned threads = 0);
+                       unsigned threads = 0, Attributes files = Attributes::kNow);
+
+  Manifest();
+  ~Manifest();
+  Manifest(Manifest&&) noexcept;
+  Manifest& operator=(Manifest&&) noexcept;
+
+  // --- late attributes (scan with Attributes::kLater); thread-safe ---
+  // Whether some entry's attributes are not known yet. Until they all are, a thread other than the
+  // filler reads an entry's attributes (entry(), not just mode() or names) only after ensure().
+  bool attributes_pending() const;
+  // Makes the entry's attributes known, stat-ing it now if the fill has not reached it. False if it is
+  // gone from SOURCE or no longer the type listed (its attributes are then the type alone, size 0).
+  bool ensure(EntryId id) const;
+  // Stats every entry whose attributes are not known, `threads` at once (0: the scan's default), until
+  // all are or `stop` is set.
+  void fill_attributes(const std::atomic<bool>& stop, unsigned threads = 0) const;
+  // Entries found gone (or replaced) when their attributes were asked for.
+  uint64_t gone_at_fill() const;
 
   // Loads a file written by save(). `source` is where SOURCE is now (absolute symlink targets inside it
   // stay inside); empty means where it was when indexed. Throws std::runtime_error naming the defect.
@@ -158,6 +231,8 @@ class Manifest {
   std::string_view name(EntryId id) const;
   std::string_view link_target(EntryId id) const;
   bool is_dir(EntryId id) const;
+  // Its st_mode; the type alone while late (see ensure()).
+  uint32_t mode(EntryId id) const { return entries_.mode(id); }
 
   // The child of `dir` named `name`, or kNoEntry.
   EntryId lookup(EntryId dir, std::string_view name) const;
@@ -199,7 +274,12 @@ class Manifest {
   EntryId resolve(EntryId id) const;
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
 
-  EntryTable entries_;
+  struct LateFill;
+  // Publishes an entry's attributes (nullptr: gone) unless another thread did.
+  void set_late(EntryId id, const struct stat* st) const;
+
+  mutable EntryTable entries_;  // mutable: late attributes are set by ensure() and fill_attributes()
+  std::unique_ptr<LateFill> late_;  // with late attributes: SOURCE and the fill's state
   ReallocArray<char> names_;
   std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
   ReallocArray<EntryId> samples_;

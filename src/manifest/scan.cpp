@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -41,7 +42,7 @@ Entry entry_from_stat(const struct stat& st) {
   return e;
 }
 
-// Calls `each` with every name in a directory but "." and "..". Returns 0 or -errno.
+// Calls `each` with every name in a directory but "." and ".." and its type (DT_*). Returns 0 or -errno.
 template <typename Each>
 int list_names(int dir_fd, Each each) {
   int fd = ::dup(dir_fd);
@@ -61,7 +62,7 @@ int list_names(int dir_fd, Each each) {
       break;
     }
     if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
-    each(static_cast<const char*>(d->d_name));
+    each(static_cast<const char*>(d->d_name), d->d_type);
   }
   ::closedir(dir);
   return -err;
@@ -75,7 +76,8 @@ int list_names(int dir_fd, Each each) {
 // the CPU is the limit, and the listings of a FUSE SOURCE wait for its server meanwhile.
 class Scan {
  public:
-  Scan(int root, const std::string& source, unsigned threads) : root_(root), source_(source) {
+  Scan(int root, const std::string& source, unsigned threads, bool files_later)
+      : root_(root), source_(source), files_later_(files_later) {
     window_limit_ = std::max<size_t>(2 * threads, 4);
     for (unsigned t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
   }
@@ -122,7 +124,8 @@ class Scan {
     size_t name_off = 0, link_off = 0;
     uint16_t name_len = 0, link_len = 0;
     int err = 0;  // errno of its lstat (or readlink), 0 if they worked
-    Entry e;      // from lstat; the tree's fields are filled in by the walk
+    bool late = false;  // a regular file as listed, not stat-ed: its attributes come later
+    Entry e;      // from lstat (or the listing's type); the tree's fields are filled in by the walk
   };
   // A directory's listing. Kept for the next directory once taken: its arrays, allocated afresh for each
   // of thousands of directories, would cost page faults.
@@ -208,7 +211,9 @@ class Scan {
 
   // One directory: its names, each stat-ed as it is listed (on a FUSE SOURCE, a lookup between two reads
   // of a directory has the kernel ask for the next names with their attributes, readdirplus, so that the
-  // lstat calls after them cost no round trip), its symlinks' targets, sorted by name.
+  // lstat calls after them cost no round trip), its symlinks' targets, sorted by name. With files_later_,
+  // a name listed as a regular file is not stat-ed (as `find -type f` does not): stat-ing it is what
+  // costs the kernel an inode and a dentry for every file of SOURCE.
   void list(Listing& l) {
     std::vector<std::string_view> parts(l.path.begin(), l.path.end());
     int fd = open_beneath(root_, parts, O_RDONLY | O_DIRECTORY);
@@ -217,11 +222,16 @@ class Scan {
       return;
     }
     UniqueFd dir(fd);
-    l.rc = list_names(dir.get(), [&](const char* name) {
+    l.rc = list_names(dir.get(), [&](const char* name, unsigned char type) {
       Child& c = l.children.emplace_back();
       c.name_off = l.text.size();
       c.name_len = static_cast<uint16_t>(std::strlen(name));
       l.text.append(name, c.name_len);
+      if (files_later_ && type == DT_REG) {
+        c.late = true;
+        c.e.mode = S_IFREG;
+        return;
+      }
       struct stat st;  // NOLINT: filled by fstatat
       if (::fstatat(dir.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) c.err = errno;
       else c.e = entry_from_stat(st);
@@ -268,12 +278,14 @@ class Scan {
       e.link_len = c.link_len;
       e.name_off = names_.size();
       for (std::string_view part : {l.name(c), l.target(c)}) names_.append(part.data(), part.size());
-      entries_.push_back(e);
+      if (c.late) entries_.push_back_late(e);
+      else entries_.push_back(e);
     }
   }
 
   const int root_;
   const std::string& source_;
+  const bool files_later_;
   // Main thread only:
   EntryTable entries_;
   ReallocArray<char> names_;
@@ -292,15 +304,93 @@ class Scan {
 
 }  // namespace
 
-Manifest Manifest::scan(const std::string& source, const std::vector<std::string>& extensions, unsigned threads) {
+Manifest Manifest::scan(const std::string& source, const std::vector<std::string>& extensions, unsigned threads,
+                        Attributes files) {
   UniqueFd root(::open(source.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(root.get(), &st) != 0) throw std::runtime_error("cannot stat SOURCE '" + source + "'");
   if (threads == 0) threads = kScanThreads;
-  Scan walk(root.get(), source, threads);
+  Scan walk(root.get(), source, threads, files == Attributes::kLater);
   walk.run(st);
-  return from_parts(std::move(walk.entries()), std::move(walk.names()), extensions, source);
+  Manifest m = from_parts(std::move(walk.entries()), std::move(walk.names()), extensions, source);
+  if (m.entries_.has_late()) m.late_ = std::make_unique<LateFill>(std::move(root), m.entries_);
+  return m;
+}
+
+// ---- late attributes --------------------------------------------------------------------------------
+
+struct Manifest::LateFill {
+  LateFill(UniqueFd r, const EntryTable& table) : root(std::move(r)) {
+    for (size_t i = 0; i < table.size(); ++i) pending += table.late_state(i) == EntryTable::kUnknown;
+  }
+  UniqueFd root;
+  Mutex mutex;  // serializes set_late()
+  std::atomic<uint64_t> pending{0};  // entries whose attributes are not known yet
+  std::atomic<uint64_t> gone{0};     // found gone (or of another type) when stat-ed
+};
+
+Manifest::Manifest() = default;
+Manifest::~Manifest() = default;
+Manifest::Manifest(Manifest&&) noexcept = default;
+Manifest& Manifest::operator=(Manifest&&) noexcept = default;
+
+bool Manifest::attributes_pending() const { return late_ && late_->pending.load(std::memory_order_acquire) != 0; }
+
+void Manifest::set_late(EntryId id, const struct stat* st) const {
+  MutexLock lock(late_->mutex);
+  if (entries_.late_state(id) != EntryTable::kUnknown) return;  // stat-ed meanwhile by another thread
+  entries_.set_late(id, st);
+  if (entries_.late_state(id) == EntryTable::kGone) late_->gone++;
+  late_->pending.fetch_sub(1, std::memory_order_release);
+}
+
+bool Manifest::ensure(EntryId id) const {
+  EntryTable::LateState state = entries_.late_state(id);
+  if (state == EntryTable::kUnknown) {
+    std::vector<std::string_view> parts = components(entries_.parent(id));
+    const int fd = open_beneath(late_->root.get(), parts, O_RDONLY | O_DIRECTORY);
+    struct stat st {};
+    const bool ok = fd >= 0 && ::fstatat(fd, std::string(name(id)).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (fd >= 0) ::close(fd);
+    set_late(id, ok ? &st : nullptr);
+    state = entries_.late_state(id);
+  }
+  return state == EntryTable::kKnown;
+}
+
+uint64_t Manifest::gone_at_fill() const { return late_ ? late_->gone.load() : 0; }
+
+void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) const {
+  if (!attributes_pending()) return;
+  std::vector<EntryId> dirs;  // those with late children
+  for (size_t i = 0; i < size(); ++i) {
+    if (!is_dir(static_cast<EntryId>(i))) continue;
+    const Entry d = entries_[i];
+    for (EntryId c = d.first_child; c < d.first_child + d.child_count; ++c)
+      if (entries_.late_state(c) == EntryTable::kUnknown) {
+        dirs.push_back(static_cast<EntryId>(i));
+        break;
+      }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; !stop.load(std::memory_order_relaxed) && (k = next.fetch_add(1)) < dirs.size();) {
+      const Entry d = entries_[dirs[k]];
+      UniqueFd dir(open_beneath(late_->root.get(), components(dirs[k]), O_RDONLY | O_DIRECTORY));
+      for (EntryId c = d.first_child; c < d.first_child + d.child_count && !stop.load(std::memory_order_relaxed); ++c) {
+        if (entries_.late_state(c) != EntryTable::kUnknown) continue;
+        struct stat st {};
+        const bool ok = dir && ::fstatat(dir.get(), std::string(name(c)).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+        set_late(c, ok ? &st : nullptr);
+      }
+    }
+  };
+  if (threads == 0) threads = kScanThreads;
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace clairfs

@@ -381,6 +381,66 @@ TEST_F(ManifestTest, OneThreadOrManyGiveTheSameTree) {
   EXPECT_EQ(together.entry(together.resolve_relative("c1/f7.png")).size, 7u);
 }
 
+// Files' attributes later: the tree, the samples and (once filled) every attribute are the scan's.
+TEST_F(ManifestTest, AttributesLaterGiveTheSameTreeOnceFilled) {
+  for (int c = 0; c < 20; ++c)
+    for (int i = 0; i < 150; ++i) file("c" + std::to_string(c) + "/f" + std::to_string(i) + ".png", std::string(i, 'x'));
+  file("c3/deep/er/x.jpg", "123");
+  ASSERT_EQ(::chmod((root_ + "/c3/f9.png").c_str(), 0600), 0);
+  ASSERT_EQ(::chown((root_ + "/c5/f1.png").c_str(), 123, 456), 0);
+  link("../c1/f5.png", "c2/l.png");
+  ASSERT_EQ(::mkfifo((root_ + "/c4/fifo").c_str(), 0600), 0);
+  const Manifest now = Manifest::scan(root_, default_extensions());
+  const Manifest later = Manifest::scan(root_, default_extensions(), 16, Manifest::Attributes::kLater);
+  EXPECT_FALSE(now.attributes_pending());
+  ASSERT_TRUE(later.attributes_pending());
+  EXPECT_EQ(sample_paths(later), sample_paths(now));
+  const EntryId f7 = later.resolve_relative("c1/f7.png");
+  EXPECT_EQ(later.mode(f7), uint32_t{S_IFREG});  // the type alone so far
+  EXPECT_TRUE(S_ISDIR(later.entry(later.lookup(0, "c1")).mode));  // directories are stat-ed in the walk
+  EXPECT_EQ(later.entry(later.resolve_relative("c4/fifo")).mode, now.entry(now.resolve_relative("c4/fifo")).mode);
+  // One at once, before the fill.
+  ASSERT_TRUE(later.ensure(f7));
+  EXPECT_EQ(later.entry(f7).size, 7u);
+  EXPECT_EQ(later.entry(f7).mtime_ns, now.entry(f7).mtime_ns);
+  std::atomic<bool> stop{false};
+  later.fill_attributes(stop, 4);
+  EXPECT_FALSE(later.attributes_pending());
+  EXPECT_EQ(later.gone_at_fill(), 0u);
+  EXPECT_EQ(later.serialize(), now.serialize());
+}
+
+// The fill and readers asking for files one at once, together (TSan runs this), and a file gone before
+// its attributes were asked for.
+TEST_F(ManifestTest, AttributesAskedForWhileTheFillRunsAreTheFiles) {
+  for (int c = 0; c < 8; ++c)
+    for (int i = 0; i < 400; ++i) file("c" + std::to_string(c) + "/f" + std::to_string(i) + ".png", std::string(i % 97, 'x'));
+  const Manifest m = Manifest::scan(root_, default_extensions(), 4, Manifest::Attributes::kLater);
+  const EntryId gone = m.resolve_relative("c6/f10.png");
+  ASSERT_NE(gone, kNoEntry);
+  fs::remove(root_ + "/c6/f10.png");
+  std::atomic<bool> stop{false};
+  std::thread filler([&] { m.fill_attributes(stop, 4); });
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 3; ++t)
+    readers.emplace_back([&, t] {
+      for (size_t k = t; k < m.samples().size(); k += 3) {
+        const EntryId id = m.samples()[k];
+        if (id == gone) continue;
+        const std::string name(m.name(id));
+        const uint64_t want = std::stoull(name.substr(1, name.size() - 5)) % 97;
+        if (!m.ensure(id) || m.entry(id).size != want || !S_ISREG(m.entry(id).mode)) wrong++;
+      }
+    });
+  for (auto& r : readers) r.join();
+  filler.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_FALSE(m.attributes_pending());
+  EXPECT_FALSE(m.ensure(gone));
+  EXPECT_EQ(m.gone_at_fill(), 1u);
+}
+
 TEST_F(ManifestTest, AnUnreadableDirectoryIsShownEmptyAndTheRestScanned) {
   for (int c = 0; c < 40; ++c) file("c" + std::to_string(c) + "/f.png");
   file("c7/deeper/g.png");
