@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
@@ -175,11 +177,43 @@ std::string singleton_message(const Launch& launch) {
          ") but MPI sees this one alone: start clairfs with the mpiexec of the MPICH it was built with";
 }
 
+// The files' attributes, read in the background after a scan that left them for later (one node, no
+// manifest=): the mount is up once the names are listed, as `find` lists them.
+class BackgroundFill {
+ public:
+  explicit BackgroundFill(const Manifest& m) : thread_([this, &m] { run(m); }) {}
+  ~BackgroundFill() {
+    stop_ = true;
+    thread_.join();
+  }
+  BackgroundFill(const BackgroundFill&) = delete;
+  BackgroundFill& operator=(const BackgroundFill&) = delete;
+
+ private:
+  void run(const Manifest& m) {
+    // Below the threads that serve reads; the fill's own threads inherit it.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t files = m.attributes_pending();
+    m.fill_attributes(stop_);
+    if (stop_) return;
+    log_info("read the attributes of " + std::to_string(files) + " files in " +
+             std::to_string(seconds_since(t0)).substr(0, 5) + " s");
+    if (const uint64_t gone = m.gone_at_fill())
+      log_warning(std::to_string(gone) + " files listed at mount were gone from SOURCE (or replaced) when their "
+                  "attributes were read; reads of them fail (EIO)");
+  }
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: started once stop_ is set up
+};
+
 // What a running mount is made of, in the order it is built; it goes in the reverse order, after the
 // peer layer has completed every fetch while the engine still exists.
 struct Daemon {
   std::optional<Manifest> manifest;
   std::optional<SourceReader> reader;
+  std::optional<BackgroundFill> fill;  // after a scan that left files' attributes for later
   std::optional<Oracle> oracle;
   FusePageCache page_cache;       // before the engine that pushes into it
   std::optional<MpiPeers> peers;  // before the engine: the engine calls it
@@ -312,7 +346,11 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
   try {
     if (!world || world->rank() == 0) {
       try {
-        d.manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions)
+        // On one node, files' attributes are read after the mount is up (the index sent to other
+        // nodes carries them, so a scan for several reads them first).
+        const bool later = !world || world->size() == 1;
+        d.manifest = o.manifest.empty() ? Manifest::scan(o.source_abs, o.extensions, 0,
+                                                         later ? Manifest::Attributes::kLater : Manifest::Attributes::kNow)
                                         : Manifest::load(o.manifest, o.extensions, o.source_abs);
         for (const auto& w : d.manifest->warnings()) log_warning(w);
         d.reader.emplace(*d.manifest, o.source_abs);
@@ -326,7 +364,7 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
       // arrives: at 14.2 M entries it is 1.1 GB, which no node holds whole beside the manifest.
       if (world) {
         (void)world->broadcast(failure, 0);
-        if (failure.empty())
+        if (failure.empty() && world->size() > 1)
           world->send_pieces(d.manifest->serialized_size(), [&](const MpiWorld::Write& write) { d.manifest->serialize_to(write); });
       }
     } else {
@@ -337,6 +375,21 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
       d.reader.emplace(*d.manifest, o.source_abs);
     }
     if (failure.empty()) d.oracle.emplace(d.manifest->samples().size(), schedule_from_options(o, *d.manifest));
+    // Few enough files: their attributes now, before the mount (as a scan of them all would).
+    if (failure.empty() && d.manifest->attributes_pending() != 0) {
+      if (d.manifest->attributes_pending() <= o.stat_later) {
+        const std::atomic<bool> go_on{false};
+        d.manifest->fill_attributes(go_on);
+        if (const uint64_t gone = d.manifest->gone_at_fill())
+          log_warning(std::to_string(gone) + " files listed were gone from SOURCE (or replaced) when stat-ed; "
+                      "reads of them fail (EIO)");
+      } else {
+        log_info("mounting once SOURCE's names are listed (" + std::to_string(d.manifest->attributes_pending()) +
+                 " files, stat_later=" + std::to_string(o.stat_later) + "); their attributes are read after, "
+                 "staging starts then");
+        d.fill.emplace(*d.manifest);
+      }
+    }
   } catch (const std::exception& e) {
     if (failure.empty()) failure = e.what();
   }
@@ -364,6 +417,14 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   return c;
 }
 
+// nvme= as the engine will use it: a directory it can make its cache folder in (NvmeError if not).
+void check_nvme_dir(const std::string& dir) {
+  std::string probe = dir + "/.clairfs-probe.XXXXXX";
+  if (!::mkdtemp(probe.data()))
+    throw NvmeError("nvme='" + dir + "': cannot create a cache directory there: " + std::strerror(errno));
+  ::rmdir(probe.c_str());
+}
+
 // An NVMe budget above what the disk has free: said once (admission stops when the disk fills).
 void warn_of_nvme_beyond_the_disk(const Options& o) {
   struct statvfs fs {};
@@ -388,7 +449,11 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
     log_info("node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) + ", serving " +
              std::to_string(o.ranks.size()) + " training rank(s)");
   warn_of_nvme_beyond_the_disk(o);
-  if (o.seed_auto) {
+  // The engine starts once the files' attributes are read (a scan that left them for later); the
+  // options it would refuse are checked now, so that the mount does.
+  const bool later = d.manifest->attributes_pending() != 0 && o.ram > 0;
+  if (later && !o.nvme.empty()) check_nvme_dir(o.nvme);
+  if (o.seed_auto || later) {
     LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,
                     d.oracle->schedule().torch_shuffle};
     d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q),
@@ -396,7 +461,8 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
                          EngineConfig config = c;
                          config.opened_before = std::move(opened_before);
                          return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
-                       });
+                       },
+                       o.seed_auto ? nullptr : &*d.oracle);
   } else if (o.ram > 0) {
     try {
       EngineConfig c = engine_config(o, d.page_cache);
@@ -429,12 +495,13 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
                                              : d.learning ? d.learning->stats_json()
                                                           : d.reader->stats_json());
     j["log"] = fixed_width(log_destination(), kLogWidth);  // a string of one width: stats keeps one length
+    j["attributes_pending"] = d.manifest->attributes_pending();  // files whose sizes are still to be read
     return j;
   };
   auto stats = [counters]() { return counters().dump(2) + "\n"; };
   auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return openmetrics(counters(), mountpoint); };
   ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}};
-  if (d.learning) cc.learned = [&d]() { return d.learning->oracle(); };
+  if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
   std::optional<MetricsFile> metrics_file;
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));

@@ -61,6 +61,14 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     else
       std::printf("  seed=auto: the job reads as %s, but staging could not start (see the log)\n", seed.c_str());
   }
+  if (j.contains("waited")) {
+    const std::string state = trimmed(j["waited"].value("state", std::string()));
+    if (state == "waiting")
+      std::printf("  reading the files' sizes after the mount (%llu to go); staging starts then, reads go to SOURCE until then\n",
+                  static_cast<unsigned long long>(get(j, {"attributes_pending"})));
+    else if (state == "failed")
+      std::printf("  staging could not start (see the log); reads go to SOURCE\n");
+  }
   if (j.contains("ranks")) {
     for (const auto& r : j["ranks"]) {
       const uint64_t done = r.value("done", uint64_t{0}), total = r.value("total", uint64_t{0});
@@ -91,7 +99,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
       fill("NVMe", get(j, {"nvme", "used"}), get(j, {"nvme", "capacity"}));
       if (!j["nvme"].value("admitting", true)) std::printf("               NVMe admission stopped (disk full or unwritable)\n");
     }
-  } else if (!j.contains("learned")) {
+  } else if (!j.contains("learned") && !j.contains("waited")) {
     std::printf("  staging off (mounted with ram=0)\n");
   }
   std::printf("  opens served ");

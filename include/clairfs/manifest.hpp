@@ -186,9 +186,11 @@ class Manifest {
   Manifest& operator=(Manifest&&) noexcept;
 
   // --- late attributes (scan with Attributes::kLater); thread-safe ---
-  // Whether some entry's attributes are not known yet. Until they all are, a thread other than the
+  // Entries whose attributes are not known yet (0: none). Until they all are, a thread other than the
   // filler reads an entry's attributes (entry(), not just mode() or names) only after ensure().
-  bool attributes_pending() const;
+  uint64_t attributes_pending() const;
+  // Whether the entry's attributes are known now (false for one gone).
+  bool known(EntryId id) const { return entries_.late_state(id) == EntryTable::kKnown; }
   // Makes the entry's attributes known, stat-ing it now if the fill has not reached it. False if it is
   // gone from SOURCE or no longer the type listed (its attributes are then the type alone, size 0).
   bool ensure(EntryId id) const;

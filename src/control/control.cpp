@@ -68,8 +68,8 @@ mode_t who_lists_everything(const Manifest& m) {
   const Entry& root = m.entry(0);
   mode_t who = 0777;
   for (size_t i = 0; i < m.size() && who != 0; ++i) {
+    if (!m.is_dir(static_cast<EntryId>(i))) continue;  // a file's attributes may not be known yet
     const Entry& e = m.entry(static_cast<EntryId>(i));
-    if (!S_ISDIR(e.mode)) continue;
     const bool others = (e.mode & 05) == 05;
     const bool group = others || (e.gid == root.gid && (e.mode & 050) == 050);
     const bool owner = group || (e.uid == root.uid && (e.mode & 0500) == 0500);

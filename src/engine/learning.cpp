@@ -28,9 +28,13 @@ size_t next_try(size_t tried) {
 }  // namespace
 
 LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
-                               Start start)
+                               Start start, const Oracle* told)
     : manifest_(manifest), reader_(reader), schedule_(std::move(schedule)), question_(std::move(question)),
-      start_(std::move(start)) {
+      start_(std::move(start)), told_(told) {
+  {
+    MutexLock lock(mutex_);
+    state_ = told_ ? "waiting" : "learning";
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -50,7 +54,7 @@ ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid) {
   {
     MutexLock lock(mutex_);
     if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
-    if (opens_.size() < kMaxOpens && state_ == "learning") {
+    if (opens_.size() < kMaxOpens && (state_ == "learning" || state_ == "waiting")) {
       opens_.emplace_back(id, pid);
       wake = opens_.size() >= next_try(tried_at_);
     }
@@ -105,62 +109,80 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
 void LearningEngine::run() {
   // Shuffles of the whole data set are background work: below the threads that serve reads.
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
+  const Oracle* oracle = told_;
+  if (!told_) {
+    std::optional<Learned> found = learn(kept);
+    if (!found) return;
+    Schedule s = schedule_;
+    s.seed = found->seed;
+    log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
+             std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
+             std::to_string(found->candidates) + " orders tried); staging follows it");
+    {
+      MutexLock lock(mutex_);
+      found_ = "seed=" + seed_text(found->seed);
+      found_after_ = kept.size();
+    }
+    oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
+    oracle = oracle_.get();
+  }
+  // The engine stages by the files' sizes: with a scan that left them for later, it starts once the
+  // fill has read them all (reads go to SOURCE meanwhile).
+  {
+    MutexLock lock(mutex_);
+    while (!stop_ && manifest_.attributes_pending() != 0) lock.wait_for(wake_, std::chrono::milliseconds(50));
+    if (stop_) return;
+    if (told_) kept = opens_;
+  }
+  // The engine, placed where the opens kept put the job, then the opens kept since, then the switch
+  // (under the lock, so that no open falls between the two).
+  const size_t placed = kept.size();
+  std::string failure;
+  try {
+    engine_ = start_(*oracle, std::move(kept));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  MutexLock lock(mutex_);
+  if (!failure.empty()) {
+    state_ = "failed";
+    log_warning(std::string(told_ ? "" : "seed=auto: ") + "staging could not start: " + failure +
+                "; reads go to SOURCE as on a plain mount");
+    engine_.reset();
+    return;
+  }
+  engine_->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
+  state_ = told_ ? "told" : "found";
+  oracle_ready_.store(oracle, std::memory_order_release);
+  engine_ready_.store(engine_.get(), std::memory_order_release);
+  opens_.clear();
+  opens_.shrink_to_fit();
+}
+
+std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_t>>& kept) {
   for (;;) {
     std::vector<EntryId> ids;
-    std::vector<std::pair<EntryId, pid_t>> kept;
     {
       MutexLock lock(mutex_);
       while (!stop_ && state_ == "learning" && opens_.size() < next_try(tried_at_) && opens_.size() < kMaxOpens)
         lock.wait(wake_);
-      if (stop_ || state_ != "learning") return;
+      if (stop_ || state_ != "learning") return std::nullopt;
       if (opens_.size() >= kMaxOpens && tried_at_ == opens_.size()) {
         state_ = "not found";
         log_warning("seed=auto: no likely seed fits the first " + std::to_string(opens_.size()) +
                     " opens; staging stays off, reads go to SOURCE as on a plain mount (give seed=)");
-        return;
+        return std::nullopt;
       }
       tried_at_ = opens_.size();
       kept = opens_;
       for (const auto& o : opens_) ids.push_back(o.first);
     }
-    std::optional<Learned> found;
     try {
-      found = learn_seed(manifest_, question_, ids);
+      if (std::optional<Learned> found = learn_seed(manifest_, question_, ids)) return found;
     } catch (const std::exception& e) {
       log_warning(std::string("seed=auto: ") + e.what());
     }
-    if (!found) continue;
-    // Found: the oracle and the engine, placed where the opens tried put the job, then the opens kept
-    // since, then the switch (under the lock, so that no open falls between the two).
-    Schedule s = schedule_;
-    s.seed = found->seed;
-    const size_t placed = kept.size();
-    log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
-             std::to_string(question_.start_epoch) + " (found after " + std::to_string(ids.size()) + " opens, " +
-             std::to_string(found->candidates) + " orders tried); staging follows it");
-    std::string failure;
-    try {
-      oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
-      engine_ = start_(*oracle_, std::move(kept));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    MutexLock lock(mutex_);
-    found_ = "seed=" + seed_text(found->seed);
-    found_after_ = ids.size();
-    if (!failure.empty()) {
-      state_ = "failed";
-      log_warning("seed=auto: staging could not start: " + failure + "; reads go to SOURCE as on a plain mount");
-      engine_.reset();
-      return;
-    }
-    engine_->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
-    state_ = "found";
-    oracle_ready_.store(oracle_.get(), std::memory_order_release);
-    engine_ready_.store(engine_.get(), std::memory_order_release);
-    opens_.clear();
-    opens_.shrink_to_fit();
-    return;
   }
 }
 
@@ -174,6 +196,12 @@ std::string LearningEngine::stats_json() const {
     j["stalls"]["opens"] = j["stalls"].value("opens", uint64_t{0}) + source_files_.load();
   }
   MutexLock lock(mutex_);
+  if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
+    j["waited"] = {{"state", fixed_width(state_, 9)},
+                   {"source_bytes", source_bytes_.load()},
+                   {"source_files", source_files_.load()}};
+    return j.dump(2) + "\n";
+  }
   // Strings of one width: the stats file keeps one length (control.hpp).
   j["learned"] = {{"state", fixed_width(state_, 9)},
                   {"seed", fixed_width(found_, 48)},

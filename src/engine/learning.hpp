@@ -8,6 +8,11 @@
 // When no seed fits the first kMaxOpens opens, it stops trying, says so once, and the mount stays plain:
 // never more SOURCE reads than a plain mount's.
 //
+// With the seed told (`told`, the oracle of the mount), there is nothing to learn: the engine waits only
+// for the files' attributes, which a scan that left them for later (Manifest::Attributes::kLater) has
+// read in the background, and starts as above with the opens kept meanwhile. The same waiting applies
+// after a seed is learned.
+//
 // Threads: the request threads call the Engine methods and stats_json; the learning thread builds the
 // engine. One mutex guards the kept opens and the switch; once the engine is there, calls take no lock.
 #pragma once
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -42,8 +48,10 @@ class LearningEngine final : public Engine {
 
   static constexpr size_t kMaxOpens = 65536;
 
-  // REQUIRES: manifest and reader outlive it. `schedule`: the mount's, its seed to be learned.
-  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question, Start start);
+  // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
+  // `told`: the oracle of the seed given instead (nothing learned), or nullptr.
+  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question, Start start,
+                 const Oracle* told = nullptr);
   ~LearningEngine() override;
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
@@ -60,19 +68,23 @@ class LearningEngine final : public Engine {
   // Keeps an open for learning; returns the engine instead once there is one.
   ClairvoyantEngine* keep(EntryId id, pid_t pid) EXCLUDES(mutex_);
   void run() EXCLUDES(mutex_);
+  // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
+  // `kept`), or nullopt when stopped or given up.
+  std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
 
   const Manifest& manifest_;
   SourceReader& reader_;
   const Schedule schedule_;
   const LearnQuestion question_;
   const Start start_;
+  const Oracle* const told_;
 
   mutable Mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::pair<EntryId, pid_t>> opens_ GUARDED_BY(mutex_);
   std::unordered_map<pid_t, EntryId> last_unopened_ GUARDED_BY(mutex_);  // no-open mode: a reader's last file
   size_t tried_at_ GUARDED_BY(mutex_) = 0;  // opens the last try saw
-  std::string state_ GUARDED_BY(mutex_) = "learning";  // learning, found, not found, failed
+  std::string state_ GUARDED_BY(mutex_);  // learning, found, not found, failed; told: waiting, told, failed
   std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found
   size_t found_after_ GUARDED_BY(mutex_) = 0;
   bool stop_ GUARDED_BY(mutex_) = false;

@@ -43,6 +43,13 @@ SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
 }
 
 int SourceReader::open_verified(EntryId id) {
+  // Attributes not known yet (a scan that left them for later): the kernel asks for them before any
+  // open, so this one is seldom the first; known now, or the file is gone.
+  if (!manifest_.ensure(id)) {
+    counters_.changed++;
+    log_warning("'" + manifest_.path(id) + "' is gone from SOURCE or was replaced; read refused (EIO)");
+    return -EIO;
+  }
   // O_NONBLOCK: a FIFO put in the file's place must not hold this thread (verify() refuses it).
   int fd = open_beneath(root_.get(), manifest_.components(id), O_RDONLY | O_NONBLOCK);
   if (fd < 0) {

@@ -56,6 +56,7 @@ struct Handlers {
     fuse_reply_err(req, err);
   }
 
+  // REQUIRES: the entry's attributes are known (ensure()).
   static void fill_stat(const Frontend& fe, EntryId id, struct stat* st) {
     const Entry& e = fe.manifest_.entry(id);
     std::memset(st, 0, sizeof(*st));
@@ -77,6 +78,7 @@ struct Handlers {
     st->st_ctim = st->st_mtim;
   }
 
+  // REQUIRES: as fill_stat.
   static void fill_entry(const Frontend& fe, EntryId id, fuse_entry_param* ep) {
     std::memset(ep, 0, sizeof(*ep));
     ep->ino = to_ino(id);
@@ -161,7 +163,9 @@ struct Handlers {
     if (!fe.manifest_.is_dir(id_of(parent))) return reply_error(req, ENOTDIR);
     const EntryId child = fe.manifest_.lookup(id_of(parent), name);
     fuse_entry_param ep;
-    if (child == kNoEntry) {
+    // A file gone from SOURCE before its attributes were read (a scan that left them for later) is
+    // not there any more.
+    if (child == kNoEntry || !fe.manifest_.ensure(child)) {
       // A negative entry (ino 0) lets the kernel cache the miss for entry_timeout.
       std::memset(&ep, 0, sizeof(ep));
       ep.entry_timeout = fe.config_.entry_timeout;
@@ -185,6 +189,7 @@ struct Handlers {
       return (void)fuse_reply_attr(req, &st, control_attr_timeout(fe, ino));
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
+    if (!fe.manifest_.ensure(id_of(ino))) return reply_error(req, ESTALE);
     fill_stat(fe, id_of(ino), &st);
     fuse_reply_attr(req, &st, fe.config_.attr_timeout);
   }
@@ -192,7 +197,7 @@ struct Handlers {
   static void readlink(fuse_req_t req, fuse_ino_t ino) {
     Frontend& fe = self(req);
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
-    if (!S_ISLNK(fe.manifest_.entry(id_of(ino)).mode)) return reply_error(req, EINVAL);
+    if (!S_ISLNK(fe.manifest_.mode(id_of(ino)))) return reply_error(req, EINVAL);
     const std::string target(fe.manifest_.link_target(id_of(ino)));
     fuse_reply_readlink(req, target.c_str());
   }
@@ -256,7 +261,16 @@ struct Handlers {
       else if (p == 1) { id = d.parent; name = ".."; }
       else { id = d.first_child + static_cast<EntryId>(p - 2); name = fe.manifest_.name(id); }
       size_t need;
-      if (plus) {
+      if (plus && !fe.manifest_.known(id)) {
+        // Attributes not read yet (or the file is gone): the name and type alone, as for control
+        // files; the kernel looks it up when it needs more.
+        fuse_entry_param ep;
+        std::memset(&ep, 0, sizeof(ep));
+        ep.attr.st_ino = to_ino(id);
+        ep.attr.st_mode = fe.manifest_.mode(id);
+        need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &ep,
+                                      static_cast<off_t>(p + 1));
+      } else if (plus) {
         fuse_entry_param ep;
         fill_entry(fe, id, &ep);
         if (p < 2) ep.ino = 0, ep.attr.st_ino = to_ino(id);  // no lookup count taken for . and ..
@@ -265,7 +279,7 @@ struct Handlers {
       } else {
         struct stat st {};
         st.st_ino = to_ino(id);
-        st.st_mode = fe.manifest_.entry(id).mode;
+        st.st_mode = fe.manifest_.mode(id);
         need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(p + 1));
       }
       if (need > size - used) break;
@@ -301,9 +315,9 @@ struct Handlers {
     if (fe.no_open_) return reply_error(req, ENOSYS);
     if (ControlTree::owns(ino)) return open_control(req, ino, fi);
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
-    const Entry& e = fe.manifest_.entry(id_of(ino));
-    if (S_ISDIR(e.mode)) return reply_error(req, EISDIR);
-    if (!S_ISREG(e.mode)) return reply_error(req, ENXIO);  // FIFOs, sockets, devices are not served
+    const uint32_t mode = fe.manifest_.mode(id_of(ino));
+    if (S_ISDIR(mode)) return reply_error(req, EISDIR);
+    if (!S_ISREG(mode)) return reply_error(req, ENXIO);  // FIFOs, sockets, devices are not served
     uint64_t handle = 0;
     if (int rc = fe.engine_.open(id_of(ino), fuse_req_ctx(req)->pid, &handle); rc < 0) return reply_error(req, -rc);
     fi->fh = handle;
@@ -343,7 +357,7 @@ struct Handlers {
       return reply_control_read(req, *file, size, off);
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
-    if (!S_ISREG(fe.manifest_.entry(id_of(ino)).mode)) return reply_error(req, EISDIR);
+    if (!S_ISREG(fe.manifest_.mode(id_of(ino)))) return reply_error(req, EISDIR);
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
     const ssize_t n = fe.engine_.read_unopened(id_of(ino), fuse_req_ctx(req)->pid, buf.data(), size, off);
@@ -384,7 +398,7 @@ struct Handlers {
     const bool acl = std::strcmp(name, "system.posix_acl_access") == 0 || std::strcmp(name, "system.posix_acl_default") == 0;
     if (!acl || ControlTree::owns(ino) || !valid(fe, ino)) return reply_error(req, ENODATA);
     const EntryId id = id_of(ino);
-    if (!S_ISREG(fe.manifest_.entry(id).mode) && !S_ISDIR(fe.manifest_.entry(id).mode)) return reply_error(req, ENODATA);
+    if (!S_ISREG(fe.manifest_.mode(id)) && !S_ISDIR(fe.manifest_.mode(id))) return reply_error(req, ENODATA);
     std::string value;
     const ssize_t n = xattr_beneath(fe.root_fd_, fe.manifest_.components(id), name, &value);
     // None, or the file is gone or replaced (it reads EIO then): the mode bits decide.

@@ -109,8 +109,8 @@ std::string_view Manifest::link_target(EntryId id) const {
 bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_.mode(id)); }
 
 EntryId Manifest::lookup(EntryId dir, std::string_view child) const {
+  if (!S_ISDIR(entries_.mode(dir))) return kNoEntry;  // before reading the rest: a file's may be late
   const Entry d = entries_[dir];
-  if (!S_ISDIR(d.mode)) return kNoEntry;
   EntryId lo = d.first_child, hi = d.first_child + d.child_count;
   while (lo < hi) {
     EntryId mid = lo + (hi - lo) / 2;

@@ -1,6 +1,7 @@
 """Scale, small. bench/scale.py over a synthetic SOURCE of 200,000 files (bench/synthfs): clairfs mounts it
-from a walk and from a manifest, eight ranks read in their order, the stager stages, and every byte read
-through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64 MiB + 100 B per file.
+from a walk (stat_later=0: up once the names are listed, the files' attributes read after, staging then)
+and from a manifest, eight ranks read in their order at once (files stat-ed as they are asked for), the
+stager stages once the attributes are read, and every byte read through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64 MiB + 100 B per file.
 Then that index broadcast to a second MPI process (bench/index_bcast) arrives whole, and the cluster
 simulation (bench/cluster_sim, the engine's planner and policy on every node) at 200,000 samples on 16
 and 64 nodes reads SOURCE once in epoch 0 and, with room, never after. Last, a SOURCE that answers each
@@ -23,7 +24,8 @@ with h.tempdir() as tmp:
     out = tmp + "/scale.json"
     index = tmp + "/index"
     r = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "bench", "scale.py"), build, "--files", "200000",
-                        "--classes", "1000", "--reads", "100", "--json", out, "--keep-index", index, "--settle", "3"],
+                        "--classes", "1000", "--reads", "100", "--json", out, "--keep-index", index, "--settle", "3",
+                        "--stat-later", "0"],
                        capture_output=True, text=True, timeout=500)
     print(r.stdout)
     h.check(r.returncode == 0 and os.path.exists(out), "scale.py ran (rc %d) %s" % (r.returncode, r.stderr.strip()[-300:]))
