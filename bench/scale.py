@@ -105,7 +105,7 @@ def main():
                     while still < a.settle:
                         time.sleep(1)
                         s = stats(mnt)
-                        if s.get("attributes_pending", 0) > 0:
+                        if s.get("attributes_pending", 0) > 0 or "ram" not in s:  # the engine not started yet
                             continue
                         out.setdefault("attributes_s", time.monotonic() - t0)
                         tier = s["ram"]

@@ -348,12 +348,14 @@ void Manifest::set_late(EntryId id, const struct stat* st) const {
 bool Manifest::ensure(EntryId id) const {
   EntryTable::LateState state = entries_.late_state(id);
   if (state == EntryTable::kUnknown) {
-    std::vector<std::string_view> parts = components(entries_.parent(id));
-    const int fd = open_beneath(late_->root.get(), parts, O_RDONLY | O_DIRECTORY);
+    const int fd = open_beneath(late_->root.get(), components(entries_.parent(id)), O_RDONLY | O_DIRECTORY);
     struct stat st {};
-    const bool ok = fd >= 0 && ::fstatat(fd, std::string(name(id)).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    int err = fd < 0 ? -fd : 0;
+    if (fd >= 0 && ::fstatat(fd, std::string(name(id)).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) err = errno;
     if (fd >= 0) ::close(fd);
-    set_late(id, ok ? &st : nullptr);
+    // Out of descriptors, memory, a signal: not known now, asked again next time (the fill too).
+    if (err != 0 && err != ENOENT && err != ENOTDIR && err != ELOOP && err != EXDEV && err != EACCES) return false;
+    set_late(id, err == 0 ? &st : nullptr);
     state = entries_.late_state(id);
   }
   return state == EntryTable::kKnown;
@@ -380,7 +382,10 @@ void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) 
   auto work = [&] {
     for (size_t k; !stop.load(std::memory_order_relaxed) && (k = next.fetch_add(1)) < dirs.size();) {
       UniqueFd dir(open_beneath(late_->root.get(), components(dirs[k]), O_RDONLY | O_DIRECTORY));
-      if (dir)
+      if (!dir)
+        log_warning("cannot list directory '" + path(dirs[k]) + "' in SOURCE again: " + std::strerror(-dir.get()) +
+                    "; its files are taken as gone");
+      else
         (void)list_names(dir.get(), [&](const char* child, unsigned char) {
           const EntryId c = lookup(dirs[k], child);
           if (c == kNoEntry || entries_.late_state(c) != EntryTable::kUnknown || stop.load(std::memory_order_relaxed)) return;
