@@ -378,8 +378,8 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
     // Few enough files: their attributes now, before the mount (as a scan of them all would).
     if (failure.empty() && d.manifest->attributes_pending() != 0) {
       if (d.manifest->attributes_pending() <= o.stat_later) {
-        const std::atomic<bool> go_on{false};
-        d.manifest->fill_attributes(go_on);
+        const std::atomic<bool> never_stopped{false};
+        d.manifest->fill_attributes(never_stopped);
         if (const uint64_t gone = d.manifest->gone_at_fill())
           log_warning(std::to_string(gone) + " files listed were gone from SOURCE (or replaced) when stat-ed; "
                       "reads of them fail (EIO)");

@@ -110,11 +110,10 @@ void LearningEngine::run() {
   // Shuffles of the whole data set are background work: below the threads that serve reads.
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
-  const Oracle* oracle = told_;
+  Schedule s = schedule_;
   if (!told_) {
     std::optional<Learned> found = learn(kept);
     if (!found) return;
-    Schedule s = schedule_;
     s.seed = found->seed;
     log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
              std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
@@ -124,8 +123,6 @@ void LearningEngine::run() {
       found_ = "seed=" + seed_text(found->seed);
       found_after_ = kept.size();
     }
-    oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
-    oracle = oracle_.get();
   }
   // The engine stages by the files' sizes: with a scan that left them for later, it starts once the
   // fill has read them all (reads go to SOURCE meanwhile).
@@ -139,7 +136,12 @@ void LearningEngine::run() {
   // (under the lock, so that no open falls between the two).
   const size_t placed = kept.size();
   std::string failure;
+  const Oracle* oracle = told_;
   try {
+    if (!told_) {
+      oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
+      oracle = oracle_.get();
+    }
     engine_ = start_(*oracle, std::move(kept));
   } catch (const std::exception& e) {
     failure = e.what();
