@@ -333,15 +333,25 @@ TEST(Engine, AFileItsKeeperHasNotReadYetIsAskedAgainNotReadFromSource) {
   EXPECT_LE(s["peers"]["requests"].get<uint64_t>(), 3 * tree.files()) << s.dump();
 }
 
-TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
-  MemoryTree tree(sizes(100, 1000, 1000));
-  MemorySource source(tree);
+// 100 files of 1,000 bytes, all staged, with a page-cache budget of ten of them (each test waits for
+// the ten to be pushed before it reads).
+class TenPushed : public ::testing::Test {
+ protected:
+  TenPushed() : e(tree.manifest, streams, source, with_kernel()) {}
+  EngineConfig with_kernel() {
+    EngineConfig c = config(1 << 20);
+    c.pagecache = 10 * 1000;
+    c.page_cache = &kernel;
+    return c;
+  }
+  MemoryTree tree{sizes(100, 1000, 1000)};
+  MemorySource source{tree};
   fakes::PageCacheDouble kernel;
-  const auto streams = one_rank(tree);
-  EngineConfig c = config(1 << 20);
-  c.pagecache = 10 * 1000;
-  c.page_cache = &kernel;
-  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  const StreamSource streams = one_rank(tree);
+  ClairvoyantEngine e;
+};
+
+TEST_F(TenPushed, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
   ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["used"] == 10000u; }));
   EXPECT_EQ(kernel.held(), 10u);
   // The readers read the ten pushed files: their pages go (at release), the next ten are pushed.
@@ -357,15 +367,7 @@ TEST(Engine, PushesStayWithinThePageCacheBudgetAndPassedPagesAreDropped) {
 // Readers passing files while a push is under way: the room those files leave is free only once their
 // pages are dropped, so the kernel never holds more than the budget of pushed pages (pushes used to
 // take that room at once, up to 64 of them before the drops were done).
-TEST(Engine, APushDoesNotOvertakeTheDropThatMadeItsRoom) {
-  MemoryTree tree(sizes(100, 1000, 1000));
-  MemorySource source(tree);
-  fakes::PageCacheDouble kernel;
-  const auto streams = one_rank(tree);
-  EngineConfig c = config(1 << 20);
-  c.pagecache = 10 * 1000;
-  c.page_cache = &kernel;
-  ClairvoyantEngine e(tree.manifest, streams, source, c);
+TEST_F(TenPushed, APushDoesNotOvertakeTheDropThatMadeItsRoom) {
   ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["used"] == 10000u; }));
   kernel.push_takes(std::chrono::milliseconds(5));
   const std::vector<EntryId> order = streams(0)[0];
