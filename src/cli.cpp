@@ -632,21 +632,34 @@ std::optional<std::string> option_group(int& i, int argc, char** argv) {
 }
 
 int run_index(int argc, char** argv) {
-  // clairfs index SOURCE FILE [-o extensions=LIST]
+  // clairfs index SOURCE FILE [-o extensions=LIST,mode=OCTAL]
+  const char* usage = "usage: clairfs index SOURCE FILE [-o extensions=LIST,mode=OCTAL]";
   std::vector<std::string> positional;
   std::vector<std::string> extensions = default_extensions();
+  // 0600: the index names every file of SOURCE; mode= widens it for daemons that run as other users.
+  mode_t mode = 0600;
   try {
     for (int i = 2; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "-h" || a == "--help") {
-        std::puts("usage: clairfs index SOURCE FILE [-o extensions=LIST]\n"
-                  "Scans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.");
+        std::printf("%s\nScans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.\n"
+                    "FILE is made 0600 (it names every file of SOURCE); mode=0640 or 0644 lets other users' daemons read it.\n",
+                    usage);
         return 0;
       }
       if (const auto group = option_group(i, argc, argv)) {
         for (const auto& opt : split_option_string(*group)) {
-          if (opt.rfind("extensions=", 0) != 0) throw UsageError("unknown option '" + opt + "' for clairfs index (only extensions=)");
-          extensions = parse_extensions(opt.substr(11));
+          if (opt.rfind("extensions=", 0) == 0) {
+            extensions = parse_extensions(opt.substr(11));
+          } else if (opt.rfind("mode=", 0) == 0) {
+            const std::string v = opt.substr(5);
+            if (v.empty() || v.size() > 4 || v.find_first_not_of("01234567") != std::string::npos ||
+                (std::stoul(v, nullptr, 8) & ~0666UL) != 0)
+              throw UsageError("mode=" + v + ": give an octal mode of read and write bits only, such as 0600 or 0644");
+            mode = static_cast<mode_t>(std::stoul(v, nullptr, 8));
+          } else {
+            throw UsageError("unknown option '" + opt + "' for clairfs index (extensions= or mode=)");
+          }
         }
       } else if (!a.empty() && a[0] == '-') {
         throw UsageError("unknown flag '" + a + "' for clairfs index");
@@ -654,7 +667,7 @@ int run_index(int argc, char** argv) {
         positional.push_back(a);
       }
     }
-    if (positional.size() != 2) throw UsageError("usage: clairfs index SOURCE FILE [-o extensions=LIST]");
+    if (positional.size() != 2) throw UsageError(usage);
     struct stat st {};
     if (::stat(positional[0].c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw UsageError("SOURCE '" + positional[0] + "' is not a directory");
@@ -671,7 +684,7 @@ int run_index(int argc, char** argv) {
     Manifest m = Manifest::scan(source, extensions);
     const double scan_s = seconds_since(t0);
     for (const auto& w : m.warnings()) log_warning(w);
-    m.save(positional[1]);
+    m.save(positional[1], mode);
     std::printf("clairfs: indexed %zu entries (%zu samples in %zu classes) of %s in %.2f s into %s\n", m.size(),
                 m.samples().size(), m.classes().size(), source.c_str(), scan_s, positional[1].c_str());
     return 0;
@@ -722,17 +735,21 @@ int run_cleanup(int argc, char** argv) {
   auto say = [&](const std::string& line) { std::printf("clairfs cleanup on %s: %s\n", host.c_str(), line.c_str()); };
   bool stayed = false;
   for (const auto& given : mountpoints) {
-    const std::string mnt = absolute_parent_resolved(given);
-    const auto m = mount_at(mnt);
-    if (!m || m->fstype != "fuse.clairfs") continue;
-    const bool dead = is_dead_fuse_mount(mnt);
-    if (!detach_mount(mnt)) {
-      say(std::string(dead ? "dead" : "live") + " clairfs mount at " + mnt + " stays: cannot unmount it: " + std::strerror(errno));
-      stayed = true;
-    } else if (dead) {
-      say("removed the dead clairfs mount at " + mnt + " (its daemon had died)");
-    } else if (!stop) {
-      say("unmounted " + mnt + ", still served by a live daemon (it ends by itself now)");
+    const std::string mnt = lexically_absolute(given);
+    switch (detach_clairfs_mount(mnt)) {
+      case Detached::kNotClairfs: break;
+      case Detached::kSymlink:
+        say(mnt + " not looked at: a symlink in its path (give the path with none)");
+        stayed = true;
+        break;
+      case Detached::kFailed:
+        say("clairfs mount at " + mnt + " stays: cannot unmount it: " + std::strerror(errno));
+        stayed = true;
+        break;
+      case Detached::kDead: say("removed the dead clairfs mount at " + mnt + " (its daemon had died)"); break;
+      case Detached::kLive:
+        if (!stop) say("unmounted " + mnt + ", still served by a live daemon (it ends by itself now)");
+        break;
     }
   }
   for (const auto& nvme : nvmes)

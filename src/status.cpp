@@ -35,6 +35,16 @@ uint64_t get(const nlohmann::json& j, std::initializer_list<const char*> path) {
   return at->is_number() ? at->get<uint64_t>() : 0;
 }
 
+// Every string in `j` made safe to print (escape_controls): the stats file is read from any DIR given,
+// and its strings (names of SOURCE's files among them) are not ours to trust.
+void escape_strings(nlohmann::json& j) {
+  if (j.is_string()) {
+    j = escape_controls(j.get<std::string>());
+  } else if (j.is_structured()) {
+    for (auto& v : j) escape_strings(v);
+  }
+}
+
 // One screen of status from the stats `j`. Throws nlohmann::json::exception on stats of another shape.
 void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   const char* tiers[] = {"pagecache", "ram", "nvme", "peer", "source"};
@@ -46,7 +56,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     std::printf("  %-12s %s %s of %s\n", label, bar(budget ? static_cast<double>(used) / static_cast<double>(budget) : 0).c_str(),
                 human_bytes(static_cast<double>(used)).c_str(), human_bytes(static_cast<double>(budget)).c_str());
   };
-  std::printf("clairfs at %s\n", mountpoint.c_str());
+  std::printf("clairfs at %s\n", escape_controls(mountpoint).c_str());
   if (j.contains("learned")) {
     const auto& l = j["learned"];
     const std::string state = trimmed(l.value("state", std::string()));
@@ -145,6 +155,7 @@ bool show(const std::string& mountpoint) {
   nlohmann::json j;
   try {
     in >> j;
+    escape_strings(j);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "clairfs: cannot read %s/.clairfs/stats: %s\n", mountpoint.c_str(), e.what());
     return false;

@@ -205,8 +205,10 @@ class Manifest {
   static Manifest load(const std::string& file, const std::vector<std::string>& extensions,
                        const std::string& source = "");
 
-  // Writes the tree (not the samples, which depend on extensions) atomically: temp file + rename.
-  void save(const std::string& file) const;
+  // Writes the tree (not the samples, which depend on extensions) atomically: a fresh temporary beside
+  // `file`, renamed over it (ReplacingFile: no symlink followed, nothing planted written through), made
+  // with `mode` (0600 by default: it names every file).
+  void save(const std::string& file, mode_t mode = 0600) const;
   // The bytes save() writes, and back. deserialize() checks them like load() and throws
   // std::runtime_error naming the defect.
   std::string serialize() const;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "util/fs.hpp"
 #include "util/log.hpp"
 #include "util/text.hpp"
 
@@ -202,30 +203,25 @@ void MetricsFile::run() {
 }
 
 bool MetricsFile::write_once() {
-  const std::string tmp = path_ + ".tmp";
   std::string text;
   try {
     text = text_();
   } catch (const std::exception&) {  // the stats could not be made this time: tried again next time
     text.clear();
   }
-  bool ok = !text.empty();
-  int error = ok ? 0 : EINVAL;
-  if (ok) {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    ok = fd >= 0;
-    if (ok) {
-      ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-      ok = ::close(fd) == 0 && ok;
-    }
-    ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
-    if (!ok) {
-      error = errno;
-      ::unlink(tmp.c_str());
-    }
+  int rc = 0;
+  if (!text.empty()) {
+    // A fresh temporary each time (not a fixed FILE.tmp, where a FIFO someone planted would block us).
+    ReplacingFile out(path_, 0644);
+    rc = out.error();
+    if (rc == 0 && ::write(out.fd(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      rc = errno ? -errno : -ENOSPC;
+    if (rc == 0) rc = out.commit(false);
   }
+  const bool ok = rc == 0 && !text.empty();
   if (!ok && !failing_)
-    log_warning("cannot write metrics_file '" + path_ + "': " + std::strerror(error) + " (tried again every few seconds)");
+    log_warning("cannot write metrics_file '" + path_ + "': " + (rc < 0 ? why_not_written(rc) : "the stats could not be made") +
+                " (tried again every few seconds)");
   if (ok && failing_) log_info("metrics_file '" + path_ + "' written again");
   failing_ = !ok;
   return ok;

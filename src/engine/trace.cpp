@@ -1,5 +1,6 @@
 #include "engine/trace.hpp"
 
+#include "util/fs.hpp"
 #include "util/text.hpp"
 
 #include <fcntl.h>
@@ -12,8 +13,11 @@
 namespace clairfs {
 
 TraceEngine::TraceEngine(Engine& inner, const Manifest& manifest, const std::string& file)
-    : inner_(inner), manifest_(manifest), fd_(::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
-  if (!fd_) throw std::runtime_error("trace '" + file + "': " + std::strerror(errno));
+    : inner_(inner), manifest_(manifest) {
+  // 0600: the trace names every file read.
+  const int fd = open_for_append(file, 0600);
+  if (fd < 0) throw std::runtime_error("trace '" + file + "': " + why_not_written(fd));
+  fd_ = UniqueFd(fd);
 }
 
 int TraceEngine::open(EntryId id, pid_t pid, uint64_t* handle) {

@@ -253,23 +253,12 @@ std::string Manifest::serialize() const {
   return out;
 }
 
-void Manifest::save(const std::string& file) const {
-  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
-  try {
-    serialize_to([&](const char* data, size_t len) { write_all(fd.get(), data, len, file); });
-    if (::fsync(fd.get()) != 0) throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(errno));
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  fd = UniqueFd();
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write manifest '" + file + "': " + std::strerror(err));
-  }
+void Manifest::save(const std::string& file, mode_t mode) const {
+  ReplacingFile out(file, mode);
+  if (out.error() < 0) throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(out.error()));
+  serialize_to([&](const char* data, size_t len) { write_all(out.fd(), data, len, file); });
+  if (const int rc = out.commit(true); rc < 0)
+    throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(rc));
 }
 
 Manifest Manifest::load(const std::string& file, const std::vector<std::string>& extensions,

@@ -23,6 +23,7 @@
 #include "clairfs/options.hpp"
 #include "options/parse.hpp"
 #include "options/table.hpp"
+#include "util/fs.hpp"
 #include "util/mounts.hpp"
 #include "util/text.hpp"
 
@@ -291,8 +292,8 @@ void check_paths(Options& o) {
     require_path("metrics_file's folder", dir, S_IFDIR, W_OK | X_OK);
   }
   if (!o.trace.empty()) {
-    const int fd = ::open(o.trace.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) throw UsageError("trace '" + o.trace + "': " + std::strerror(errno));
+    const int fd = open_for_append(o.trace, 0600);
+    if (fd < 0) throw UsageError("trace '" + o.trace + "': " + why_not_written(fd));
     ::close(fd);
     o.trace = absolute(o.trace);  // the daemon changes directory to /
   }

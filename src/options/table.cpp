@@ -208,7 +208,8 @@ const std::vector<OptionSpec> kTable = {
      "where the daemon's lines go once it runs in the background",
      "Where the daemon's lines go once it runs in the background (in the foreground, `-f`, and under a "
      "launcher they go to stderr unless `log=` is given): `syslog`, `stderr`, or an absolute FILE (appended, "
-     "timestamped). Without it: syslog when the node has one, else `/var/tmp/clairfs-UID/MOUNTPOINT.log` (the "
+     "timestamped). Without it: syslog when the node has one, else `MOUNTPOINT.log` in a folder of the user's own "
+     "(`/var/log/clairfs/` for root, `~/.local/state/clairfs/` or `$XDG_STATE_HOME/clairfs/` for others; the "
      "mount point's `/` written as `-`: `/mnt/train` logs to `mnt-train.log`). `clairfs status` names it.",
      [](Options& o, const GivenOption& g) {
        if (g.value.empty()) bad_value(g.key, g.value, "give syslog, stderr or an absolute path");

@@ -9,6 +9,9 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
+#include <random>
 
 namespace clairfs {
 
@@ -88,6 +91,95 @@ ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& componen
     if (errno != ERANGE) return -errno;  // ERANGE: it grew between the two calls
   }
   return -EIO;
+}
+
+int open_parent_dir(const std::string& path, std::string* name) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+  *name = slash == std::string::npos ? p : p.substr(slash + 1);
+  if (name->empty() || *name == "." || *name == "..") return -EISDIR;
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_MAGICLINKS | (::geteuid() == 0 ? RESOLVE_NO_SYMLINKS : 0);
+  for (unsigned again = 0;;) {
+    const long fd = ::syscall(SYS_openat2, AT_FDCWD, dir.c_str(), &how, sizeof(how));
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno == EAGAIN && ++again < kOpenEagainTries) continue;
+    if (errno != EINTR) return -errno;
+  }
+}
+
+namespace {
+
+// 0 when `fd` is a regular file with one link, else -errno (see why_not_written).
+int check_plain_file(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode)) return -EINVAL;
+  if (st.st_nlink > 1) return -EMLINK;
+  return 0;
+}
+
+}  // namespace
+
+int open_for_append(const std::string& path, mode_t mode) {
+  std::string name;
+  const int dir = open_parent_dir(path, &name);
+  if (dir < 0) return dir;
+  UniqueFd held(dir);
+  // O_NONBLOCK: a FIFO put at the name would block the open (no reader) or every write after it.
+  UniqueFd fd(::openat(dir, name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode));
+  if (!fd) return errno == ENXIO ? -EINVAL : -errno;  // ENXIO: a FIFO nobody reads
+  if (const int rc = check_plain_file(fd.get()); rc < 0) return rc;
+  if (const int rc = make_blocking(fd.get()); rc < 0) return rc;
+  return fd.release();
+}
+
+std::string why_not_written(int rc) {
+  switch (-rc) {
+    case ELOOP: return ::geteuid() == 0 ? "a symlink in its path (as root, give the path with no symlink in it)" : "it is a symlink";
+    case EINVAL: return "not a regular file";
+    case EMLINK: return "the file has other hard links";
+    default: return std::strerror(-rc);
+  }
+}
+
+ReplacingFile::ReplacingFile(const std::string& path, mode_t mode) {
+  const int dir = open_parent_dir(path, &name_);
+  if (dir < 0) {
+    error_ = dir;
+    return;
+  }
+  dir_ = UniqueFd(dir);
+  std::random_device random;
+  for (int tries = 0; tries < 16; ++tries) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, "%08x", static_cast<unsigned>(random()));
+    tmp_ = "." + name_ + ".tmp." + suffix;
+    // O_EXCL with O_NOFOLLOW: only a file made here and now, whatever was planted beside it.
+    fd_ = UniqueFd(::openat(dir, tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
+    if (fd_ || errno != EEXIST) break;
+  }
+  if (!fd_) {
+    error_ = -errno;
+    tmp_.clear();
+  }
+}
+
+ReplacingFile::~ReplacingFile() {
+  if (!tmp_.empty()) ::unlinkat(dir_.get(), tmp_.c_str(), 0);
+}
+
+int ReplacingFile::commit(bool sync) {
+  if (error_ < 0) return error_;
+  int rc = 0;
+  if (sync && ::fsync(fd_.get()) != 0) rc = -errno;
+  if (::close(fd_.release()) != 0 && rc == 0) rc = -errno;
+  if (rc == 0 && ::renameat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str()) != 0) rc = -errno;
+  if (rc == 0) tmp_.clear();
+  return rc;
 }
 
 int make_blocking(int fd) {

@@ -1,4 +1,5 @@
-// File-system helpers shared by the scanner and the source reader.
+// File-system helpers shared by the scanner and the source reader, and the way the daemon and its tools
+// write files on paths a user may have a say in (log=, trace=, metrics_file=, an index).
 #pragma once
 
 #include <sys/types.h>
@@ -49,6 +50,42 @@ int make_blocking(int fd);
 // The extended attribute `name` of the regular file or directory at `components` beneath root_fd, into
 // *out: its size, or -errno (-ENODATA: it has none, or the entry is of another kind, a symlink say).
 ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out);
+
+// Files written where a user may have planted something. Run as root, no symlink is followed anywhere
+// in the path (openat2 RESOLVE_NO_SYMLINKS: a user who can write a parent directory could swap it for a
+// link); otherwise never the last name. Only a regular file with a single link is written to (a hard
+// link to another file, a FIFO or a device in its place is refused), and opening never blocks.
+//
+// The directory that holds `path`, opened O_PATH, its last name in *name: the fd, or -errno (-ELOOP: a
+// symlink in the path).
+int open_parent_dir(const std::string& path, std::string* name);
+// Opens `path` to append to it, created with `mode` if missing: the fd (blocking, close-on-exec), or -errno.
+int open_for_append(const std::string& path, mode_t mode);
+// Why a file could not be opened or written, from -errno: strerror's words, but a symlink (-ELOOP), a file
+// of another kind (-EINVAL) and one with other hard links (-EMLINK) said as such.
+std::string why_not_written(int rc);
+
+// A file written whole, then put in place: bytes go to a temporary beside `path` (a fresh random name,
+// O_EXCL, never a name that was there before), which commit() renames over `path`. Not committed, the
+// temporary is removed.
+class ReplacingFile {
+ public:
+  // -errno in error() when the temporary could not be made.
+  ReplacingFile(const std::string& path, mode_t mode);
+  ~ReplacingFile();
+  ReplacingFile(const ReplacingFile&) = delete;
+  ReplacingFile& operator=(const ReplacingFile&) = delete;
+  int fd() const { return fd_.get(); }
+  int error() const { return error_; }
+  // fsync (when `sync`), close and rename over the path: 0 or -errno.
+  int commit(bool sync);
+
+ private:
+  UniqueFd dir_;
+  UniqueFd fd_;
+  std::string name_, tmp_;
+  int error_ = 0;
+};
 
 // Reads up to `size` bytes at `offset`, going on after short reads and EINTR: the bytes read (fewer
 // only at end of file), or -errno.

@@ -1,5 +1,8 @@
 #include "util/log.hpp"
 
+#include "util/fs.hpp"
+#include "util/text.hpp"
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,7 +13,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <ctime>
 #include <mutex>
 #include <string>
@@ -98,13 +103,8 @@ bool connects(int type) {
 
 // Opens a log file for appending; "" or why not.
 std::string open_file(const std::string& path, Sink& sink) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
-  if (fd < 0) return "cannot log to '" + path + "': " + std::strerror(errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return "cannot log to '" + path + "': not a regular file";
-  }
+  const int fd = open_for_append(path, 0640);
+  if (fd < 0) return "cannot log to '" + path + "': " + why_not_written(fd);
   sink = Sink{Kind::kFile, fd, path};
   return "";
 }
@@ -122,6 +122,11 @@ std::string default_log_file(const std::string& mountpoint) {
   for (char c : mountpoint) name += c == '/' ? '-' : c;
   while (!name.empty() && name.front() == '-') name.erase(name.begin());
   if (name.empty()) name = "root";
+  if (::geteuid() == 0) return "/var/log/clairfs/" + name + ".log";
+  const char* state = std::getenv("XDG_STATE_HOME");
+  const char* home = std::getenv("HOME");
+  if (state && state[0] == '/') return std::string(state) + "/clairfs/" + name + ".log";
+  if (home && home[0] == '/') return std::string(home) + "/.local/state/clairfs/" + name + ".log";
   return "/var/tmp/clairfs-" + std::to_string(::getuid()) + "/" + name + ".log";
 }
 
@@ -144,9 +149,11 @@ std::string set_log_target(const std::string& target, const std::string& mountpo
     // No syslog here: the documented file, in a folder of the user's own.
     const std::string path = default_log_file(mountpoint);
     const std::string dir = path.substr(0, path.rfind('/'));
+    std::error_code ec;
+    std::filesystem::create_directories(dir.substr(0, dir.rfind('/')), ec);  // ~/.local/state, say
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return "cannot make '" + dir + "' for the log: " + std::strerror(errno);
     struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
       return "'" + dir + "' (for the log: this node has no syslog) is not a folder of this user's; give log=FILE";
     return open_file(path, g_target);
   }
@@ -185,7 +192,7 @@ void log_line(LogLevel level, const std::string& message) {
     return;
   }
   flush_repeats();
-  write_line(level, message);
+  write_line(level, escape_controls(message));  // names from SOURCE may hold newlines and escapes
   g_last = message;
   g_last_level = level;
   g_last_at = now;

@@ -47,9 +47,10 @@ std::string log_destination();
 // Says a pending count of repeated lines (at exit).
 void log_flush();
 
-// The file a mount of `mountpoint` logs to when the node has no syslog and log= is not given:
-// /var/tmp/clairfs-UID/MOUNTPOINT.log, the mount point's '/' written as '-' ("/mnt/train" ->
-// "mnt-train.log").
+// The file a mount of `mountpoint` logs to when the node has no syslog and log= is not given, in a folder
+// no other user can make first: /var/log/clairfs/ for root, $XDG_STATE_HOME/clairfs/ (default
+// ~/.local/state/clairfs/) for a user, /var/tmp/clairfs-UID/ for one without a HOME; the mount point's
+// '/' written as '-' ("/mnt/train" -> "mnt-train.log").
 std::string default_log_file(const std::string& mountpoint);
 // True when syslog can be reached here (a socket at /dev/log that accepts a connection).
 bool syslog_reachable();

@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -36,28 +39,49 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
+// A cache folder as a daemon of this user makes it (mkdtemp: 0700, owned by the user): one planted by
+// someone else in a shared DIR is left alone, whatever its name says.
+bool made_by_us(int folder) {
+  struct stat st {};
+  return ::fstat(folder, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 07777) == 0700;
+}
+
 bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
 }  // namespace
 
-std::optional<MountEntry> mount_at(const std::string& abs_path) {
+namespace {
+
+// Each mount in /proc/self/mountinfo, in order, with its id, until `fn` returns false.
+template <typename Fn>
+void each_mount(Fn fn) {
   std::ifstream in("/proc/self/mountinfo");
-  std::optional<MountEntry> found;
   std::string line;
   while (std::getline(in, line)) {
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
     std::istringstream fields(line);
-    std::string id, parent, dev, root, point;
+    long id = -1;
+    std::string parent, dev, root, point;
     fields >> id >> parent >> dev >> root >> point;
     const size_t dash = line.find(" - ");
-    if (dash == std::string::npos || unescape(point) != abs_path) continue;
+    if (dash == std::string::npos) continue;
     std::istringstream tail(line.substr(dash + 3));
     MountEntry e;
-    e.mountpoint = abs_path;
+    e.mountpoint = unescape(point);
     tail >> e.fstype >> e.source;
     e.source = unescape(e.source);
-    found = e;  // later lines are mounted on top of earlier ones
+    if (!fn(id, e)) return;
   }
+}
+
+}  // namespace
+
+std::optional<MountEntry> mount_at(const std::string& abs_path) {
+  std::optional<MountEntry> found;
+  each_mount([&](long, const MountEntry& e) {
+    if (e.mountpoint == abs_path) found = e;  // later lines are mounted on top of earlier ones
+    return true;
+  });
   return found;
 }
 
@@ -79,6 +103,17 @@ std::string absolute_parent_resolved(const std::string& path) {
   return out == "/" ? "/" + name : out + "/" + name;
 }
 
+std::string lexically_absolute(const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.is_relative()) {
+    std::error_code ec;
+    p = std::filesystem::current_path(ec) / p;
+  }
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
 bool is_dead_fuse_mount(const std::string& abs_path) {
   // statfs, not stat: the kernel answers stat of the root from attributes it still holds, while
   // statfs always asks the daemon.
@@ -86,9 +121,34 @@ bool is_dead_fuse_mount(const std::string& abs_path) {
   return ::statfs(abs_path.c_str(), &sf) != 0 && errno == ENOTCONN;
 }
 
-bool detach_mount(const std::string& abs_path) {
-  if (::umount2(abs_path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0) return true;
-  const int first = errno;
+namespace {
+
+// The mount id of the file `fd` is open on (from /proc/self/fdinfo: no request to the file system, which
+// a dead FUSE mount would refuse), or -1.
+long mount_id_of(int fd) {
+  std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
+  std::string key;
+  long id = -1;
+  while (in >> key) {
+    if (key == "mnt_id:") {
+      in >> id;
+      break;
+    }
+  }
+  return id;
+}
+
+// The mount with id `id` in /proc/self/mountinfo.
+std::optional<MountEntry> mount_with_id(long id) {
+  std::optional<MountEntry> found;
+  each_mount([&](long mid, const MountEntry& e) {
+    if (mid == id) found = e;
+    return !found;
+  });
+  return found;
+}
+
+bool fusermount_detach(const std::string& abs_path) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int null = ::open("/dev/null", O_WRONLY);
@@ -97,11 +157,32 @@ bool detach_mount(const std::string& abs_path) {
     ::_exit(127);
   }
   int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    errno = first;
-    return false;
+  return pid > 0 && ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+}  // namespace
+
+Detached detach_clairfs_mount(const std::string& abs_path) {
+  open_how how{};
+  how.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, AT_FDCWD, abs_path.c_str(), &how, sizeof(how))));
+  if (!fd) return errno == ELOOP ? Detached::kSymlink : Detached::kNotClairfs;
+  const auto m = mount_with_id(mount_id_of(fd.get()));
+  if (!m || m->fstype != "fuse.clairfs" || m->mountpoint != abs_path) return Detached::kNotClairfs;
+  struct statfs sf {};
+  const bool dead = ::fstatfs(fd.get(), &sf) != 0 && errno == ENOTCONN;
+  // The descriptor's /proc link leads to the mount it holds, not to whatever the path names by now.
+  const std::string held = "/proc/self/fd/" + std::to_string(fd.get());
+  if (::umount2(held.c_str(), MNT_DETACH) != 0) {
+    const int first = errno;
+    // Not root: fusermount3 (set-uid) checks that the mount is the caller's own.
+    if (::geteuid() == 0 || !fusermount_detach(abs_path)) {
+      errno = first;
+      return Detached::kFailed;
+    }
   }
-  return true;
+  return dead ? Detached::kDead : Detached::kLive;
 }
 
 std::string host_name() {
@@ -129,7 +210,7 @@ std::vector<StaleCache> stale_caches(const std::string& dir) {
     const long pid = std::strtol(rest.c_str(), &end, 10);
     if (end == rest.c_str() || *end != '.' || pid_alive(pid)) continue;
     UniqueFd folder(::openat(dfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!folder) continue;
+    if (!folder || !made_by_us(folder.get())) continue;
     // A live daemon holds its folder's lock for as long as it runs (PIDs are per namespace; locks are not).
     if (::flock(folder.get(), LOCK_EX | LOCK_NB) != 0) continue;
     StaleCache c{dir + "/" + name, pid, 0};
@@ -164,9 +245,14 @@ std::vector<std::string> remove_stale_caches(const std::string& dir, bool* staye
 bool remove_cache_folder(const std::string& path) {
   UniqueFd folder(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!folder) return errno == ENOENT;
+  if (!made_by_us(folder.get())) {
+    errno = EPERM;
+    return false;
+  }
+  // Flat, regular files are all a daemon puts there: anything else is left, and the folder with it.
   if (DIR* d = ::fdopendir(::dup(folder.get()))) {
     while (dirent* e = ::readdir(d))
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlinkat(folder.get(), e->d_name, 0);
+      if (e->d_type == DT_REG || e->d_type == DT_UNKNOWN) ::unlinkat(folder.get(), e->d_name, 0);
     ::closedir(d);
   }
   return ::rmdir(path.c_str()) == 0 || errno == ENOENT;

@@ -34,9 +34,20 @@ bool is_dead_fuse_mount(const std::string& abs_path);
 // the PID and a random suffix follow. The host name keeps nodes apart on a DIR they share.
 std::string cache_folder_prefix();
 
-// Detaches the mount at `abs_path` (umount2 MNT_DETACH as root, else `fusermount3 -u -z`). Returns
-// false, with errno set, if it is still mounted.
-bool detach_mount(const std::string& abs_path);
+// `path` made absolute against the working directory and normalized by its letters alone ("a/../b" is
+// "b"), resolving no symlink: the path a command was given, as the kernel will walk it.
+std::string lexically_absolute(const std::string& path);
+
+// What detach_clairfs_mount() found and did.
+enum class Detached { kNotClairfs, kSymlink, kLive, kDead, kFailed };
+
+// Detaches the clairfs mount at `abs_path` (lexically_absolute) and says whether its daemon was alive.
+// The path is resolved once, with no symlink on the way (kSymlink if it has one), to a descriptor: its
+// mount (by id, from
+// /proc/self/fdinfo) must be a fuse.clairfs mount whose mount point is `abs_path`, and that very mount is
+// detached (umount2 through the descriptor as root, else `fusermount3 -u -z`) — a parent directory
+// swapped for a symlink in between cannot turn it onto another mount. kFailed sets errno.
+Detached detach_clairfs_mount(const std::string& abs_path);
 
 // A cache folder left in `dir` by a clairfs daemon of this host that has died.
 struct StaleCache {

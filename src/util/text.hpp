@@ -17,6 +17,26 @@ inline void append_escaped_line(std::string& out, std::string_view name) {
   out += '\n';
 }
 
+// `text` fit to show on a terminal or in a log line: control bytes (below 0x20, and 0x7f) as \xNN and
+// '\\' doubled, so that a file name with a newline or ESC in it can neither forge a line nor send a
+// terminal an escape sequence. Other bytes (UTF-8 included) as they are.
+inline std::string escape_controls(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      out += hex;
+    } else {
+      if (c == '\\') out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+
 // The inverse of append_escaped_line for one line without its '\n'.
 inline std::string unescape_line(std::string_view line) {
   std::string out;

@@ -32,5 +32,16 @@ TEST(FixedWidthScalars, KeepsTheLengthWhateverTheValuesAndStaysJson) {
 
 TEST(FixedWidthScalars, LeavesALongerScalarAsItIs) { EXPECT_EQ(fixed_width_scalars("[12345]", 3), "[12345]"); }
 
+TEST(EscapeControls, ANameCanNeitherForgeALineNorReachTheTerminal) {
+  EXPECT_EQ(escape_controls("a\nclairfs: forged\x1b[2J\x7f"), "a\\x0aclairfs: forged\\x1b[2J\\x7f");
+  EXPECT_EQ(escape_controls("tab\there"), "tab\\x09here");
+}
+
+TEST(EscapeControls, KeepsUtf8AndIsUnambiguous) {
+  EXPECT_EQ(escape_controls("caf\xc3\xa9/\xe7\x8c\xab.jpg"), "caf\xc3\xa9/\xe7\x8c\xab.jpg");
+  // A name that already reads "\x0a" stays apart from one holding a newline.
+  EXPECT_EQ(escape_controls("\\x0a"), "\\\\x0a");
+}
+
 }  // namespace
 }  // namespace clairfs
