@@ -502,6 +502,14 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return openmetrics(counters(), mountpoint); };
   ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}};
   if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
+  if (o.default_permissions) {
+    // An access ACL longer than its three base entries (user, group, other: 4 + 3 × 8 bytes) names users
+    // or groups. One getxattr a directory, once, at mount (a data set has a directory in hundreds of files).
+    cc.extended_acl = [&d](EntryId id) {
+      std::string acl;
+      return xattr_beneath(d.reader->root_fd(), d.manifest->components(id), "system.posix_acl_access", &acl) > 28;
+    };
+  }
   std::optional<MetricsFile> metrics_file;
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));

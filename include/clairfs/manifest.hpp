@@ -52,6 +52,10 @@ struct Entry {
 };
 static_assert(sizeof(Entry) == 56, "Entry is part of the manifest file format");
 
+// "" if `st` (SOURCE's file now) still describes `e` as scanned — its kind, and a regular file's size
+// and mtime — else what differs, in words ("was modified after it was indexed").
+std::string difference(const Entry& e, const struct stat& st);
+
 // The entries as held in memory: 32 bytes each where an Entry takes 56. Mode, owner and group are kept
 // once per distinct combination (a data set has a handful), a directory's children and size in a table
 // of directories (one entry in hundreds is one). entry() gives back the Entry that was added.

@@ -63,15 +63,17 @@ ControlAttr dir_attr(uint64_t ino, mode_t who = 0777) { return {ino, S_IFDIR | (
 
 // Who may read the order files, as permission classes of the root's owner and group (0777: all): an
 // order file names every sample, so it is for those who could list every directory of SOURCE (read and
-// search), as the kernel judges by the modes copied from it (default_permissions).
-mode_t who_lists_everything(const Manifest& m) {
+// search), as the kernel judges by the modes copied from it (default_permissions). A directory with an
+// ACL of named users or groups may deny any of them whatever the mode bits say: then only the owner.
+mode_t who_lists_everything(const Manifest& m, const std::function<bool(EntryId)>& extended_acl) {
   const Entry& root = m.entry(0);
   mode_t who = 0777;
   for (size_t i = 0; i < m.size() && who != 0; ++i) {
     if (!m.is_dir(static_cast<EntryId>(i))) continue;  // a file's attributes may not be known yet
     const Entry& e = m.entry(static_cast<EntryId>(i));
-    const bool others = (e.mode & 05) == 05;
-    const bool group = others || (e.gid == root.gid && (e.mode & 050) == 050);
+    const bool acl = extended_acl && extended_acl(static_cast<EntryId>(i));
+    const bool others = !acl && (e.mode & 05) == 05;
+    const bool group = others || (!acl && e.gid == root.gid && (e.mode & 050) == 050);
     const bool owner = group || (e.uid == root.uid && (e.mode & 0500) == 0500);
     if (!others) who &= ~mode_t{07};
     if (!group) who &= ~mode_t{070};
@@ -140,7 +142,7 @@ std::string padded(std::string text, size_t at, size_t size) {
 }  // namespace
 
 ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
-    : manifest_(manifest), oracle_(oracle), config_(std::move(config)), order_who_(who_lists_everything(manifest)) {
+    : manifest_(manifest), oracle_(oracle), config_(std::move(config)), order_who_(who_lists_everything(manifest, config_.extended_acl)) {
   std::string readme =
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"

@@ -72,6 +72,9 @@ struct ControlConfig {
   // seed=auto: the oracle of the seed learned, nullptr until then (no order files meanwhile). Unset: the
   // tree's own oracle.
   std::function<const Oracle*()> learned;
+  // True when SOURCE's directory `id` has an ACL beyond its mode bits (named users or groups). Unset: no
+  // ACLs are enforced (the mount does not check permissions, or the kernel cannot check ACLs).
+  std::function<bool(EntryId)> extended_acl;
 };
 
 class ControlTree {

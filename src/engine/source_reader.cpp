@@ -22,19 +22,6 @@ struct OpenFile {
   EntryId id;
 };
 
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-// "" if `st` still describes `e`, else what differs.
-std::string difference(const Entry& e, const struct stat& st) {
-  if ((st.st_mode & S_IFMT) != (e.mode & S_IFMT)) return "is no longer the same kind of file";
-  if (S_ISREG(e.mode) && static_cast<uint64_t>(st.st_size) != e.size)
-    return "has size " + std::to_string(st.st_size) + ", the manifest says " + std::to_string(e.size);
-  if (S_ISREG(e.mode) && mtime_ns(st) != e.mtime_ns) return "was modified after it was indexed";
-  return "";
-}
-
 }  // namespace
 
 SourceReader::SourceReader(const Manifest& manifest, const std::string& source)

@@ -400,9 +400,17 @@ struct Handlers {
     const EntryId id = id_of(ino);
     if (!S_ISREG(fe.manifest_.mode(id)) && !S_ISDIR(fe.manifest_.mode(id))) return reply_error(req, ENODATA);
     std::string value;
-    const ssize_t n = xattr_beneath(fe.root_fd_, fe.manifest_.components(id), name, &value);
-    // None, or the file is gone or replaced (it reads EIO then): the mode bits decide.
-    if (n < 0) return reply_error(req, ENODATA);
+    struct stat now {};
+    const ssize_t n = xattr_beneath(fe.root_fd_, fe.manifest_.components(id), name, &value, &now);
+    // The file gone, replaced or with other owner or mode bits than the kernel was told: its ACL cannot
+    // be known, and a copy staged before must not go to a user the file denied. EIO: the kernel then
+    // refuses everyone but the owner (by the mode bits) and root.
+    if (!fe.manifest_.ensure(id)) return reply_error(req, EIO);  // attributes read late: gone since
+    const Entry scanned = fe.manifest_.entry(id);
+    if (now.st_mode == 0 || !difference(scanned, now).empty() || (now.st_mode & 07777) != (scanned.mode & 07777) ||
+        now.st_uid != scanned.uid || now.st_gid != scanned.gid)
+      return reply_error(req, EIO);
+    if (n < 0) return reply_error(req, ENODATA);  // none: the mode bits decide
     if (size == 0) return (void)fuse_reply_xattr(req, value.size());
     if (size < value.size()) return reply_error(req, ERANGE);
     fuse_reply_buf(req, value.data(), value.size());

@@ -253,6 +253,15 @@ std::string Manifest::serialize() const {
   return out;
 }
 
+std::string difference(const Entry& e, const struct stat& st) {
+  const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if ((st.st_mode & S_IFMT) != (e.mode & S_IFMT)) return "is no longer the same kind of file";
+  if (S_ISREG(e.mode) && static_cast<uint64_t>(st.st_size) != e.size)
+    return "has size " + std::to_string(st.st_size) + ", the manifest says " + std::to_string(e.size);
+  if (S_ISREG(e.mode) && mtime_ns != e.mtime_ns) return "was modified after it was indexed";
+  return "";
+}
+
 void Manifest::save(const std::string& file, mode_t mode) const {
   ReplacingFile out(file, mode);
   if (out.error() < 0) throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(out.error()));

@@ -70,13 +70,17 @@ int open_beneath(int root_fd, const std::vector<std::string_view>& components, i
   return openat2_beneath(at, last.c_str(), flags);
 }
 
-ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out) {
+ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out,
+                      struct stat* seen) {
+  struct stat st {};
+  if (seen) *seen = st;
   const int fd = open_beneath(root_fd, components, O_PATH);  // no rights needed on the file itself
   if (fd < 0) return fd;
   UniqueFd held(fd);
+  if (::fstat(fd, &st) != 0) return -errno;
+  if (seen) *seen = st;
   // A symlink put in its place: getxattr through /proc would follow it out of SOURCE.
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return -ENODATA;
+  if (!(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return -ENODATA;
   // A descriptor opened O_PATH has no fgetxattr; its /proc link reaches the same inode.
   const std::string link = "/proc/self/fd/" + std::to_string(fd);
   for (int tries = 0; tries < 4; ++tries) {

@@ -2,6 +2,7 @@
 // write files on paths a user may have a say in (log=, trace=, metrics_file=, an index).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <string>
@@ -49,7 +50,9 @@ int make_blocking(int fd);
 
 // The extended attribute `name` of the regular file or directory at `components` beneath root_fd, into
 // *out: its size, or -errno (-ENODATA: it has none, or the entry is of another kind, a symlink say).
-ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out);
+// The file's attributes as it was read go to *st when given (st_mode 0 if it could not be opened).
+ssize_t xattr_beneath(int root_fd, const std::vector<std::string_view>& components, const char* name, std::string* out,
+                      struct stat* st = nullptr);
 
 // Files written where a user may have planted something. Run as root, no symlink is followed anywhere
 // in the path (openat2 RESOLVE_NO_SYMLINKS: a user who can write a parent directory could swap it for a

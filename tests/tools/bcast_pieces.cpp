@@ -3,7 +3,7 @@
 //   2. a receiver that gives up after 5 bytes does not leave the sender waiting;
 //   3. a sender that fails half-way sends zeros for the rest, so that no receiver waits;
 // after each, a plain broadcast still agrees (every node took part in every piece). Prints "ok" per
-// node and exits 0, or names what differed and exits 1.
+// node and exits 0, or names what differed and exits 1 (on every node).
 #include <signal.h>
 
 #include <cstdio>
@@ -116,5 +116,8 @@ int main() {
 
   std::printf("node %d: %s\n", world.rank(), failed.empty() ? "ok" : failed.c_str());
   std::fflush(stdout);
-  return world.all(failed.empty()) ? 0 : 1;
+  // Leaves as the daemon does (MpiWorld::leave: a bounded barrier, then _Exit), not through MPI_Finalize
+  // and the exit handlers: under AddressSanitizer, MPICH's allocations still held at exit were once
+  // reported as leaks there, and LeakSanitizer's abort failed the test.
+  world.leave(world.all(failed.empty()) ? 0 : 1);
 }
