@@ -291,6 +291,10 @@ std::optional<int> settle_options(int argc, char** argv, MpiWorld* world, Option
   }
   if (bad.empty() && world) {
     o.foreground = true;
+    // A launcher that dies takes its daemons with it (hydra's proxies kill what they run; one packet of
+    // garbage to mpiexec's control port ends it): fusermount3, in a session of its own, then unmounts
+    // each node's mount rather than leaving it dead.
+    o.auto_unmount = true;
     bad = ranks_of_this_node(o, *world);
     if (!bad.empty()) log_error(bad);
   }

@@ -254,8 +254,9 @@ const std::vector<OptionSpec> kTable = {
      "let the kernel check permissions against the mirrored modes",
      "The kernel checks each access against the mirrored modes and owners.",
      [](Options& o, const GivenOption&) { o.default_permissions = true; }},
-    {"auto_unmount", Takes::kNothing, "", S::kKernel, "off", false, "unmount when the daemon exits",
-     "Unmount when the daemon exits, even if killed.",
+    {"auto_unmount", Takes::kNothing, "", S::kKernel, "off (on under a launcher)", false, "unmount when the daemon exits",
+     "Unmount when the daemon exits, even if killed (fusermount3 stays, in a session of its own, to do it). "
+     "Always on for daemons started by a launcher (mpiexec, srun), whose death would otherwise leave dead mounts.",
      [](Options& o, const GivenOption&) { o.auto_unmount = true; }},
     {"nonempty", Takes::kNothing, "", S::kKernel, "off", false, "mount on a directory that is not empty",
      "Mount on a directory that has entries (hidden while the mount lasts). Without it such a mount is "

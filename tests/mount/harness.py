@@ -173,6 +173,15 @@ def digests(root):
             for d, _, files in os.walk(root) for f in files}
 
 
+def stats_readable(mnt):
+    """False for a dead mount (its daemon gone: ENOTCONN) or one whose stats cannot be read."""
+    try:
+        stats(mnt)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def stats(mnt):
     """A mount's .clairfs/stats, parsed."""
     with open(mnt + "/.clairfs/stats") as f:
