@@ -81,6 +81,10 @@ class ControlTree {
  public:
   static constexpr const char* kName = ".clairfs";
 
+  // Who asks: the mount's owner (and root) see live files made afresh; any other user a rendering up to
+  // kOthersRefresh old, so that a user's processes reading them in a loop cannot keep the daemon busy.
+  enum class Reader { kOwner, kOther };
+
   // REQUIRES: manifest and oracle outlive the tree.
   ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config);
 
@@ -88,15 +92,15 @@ class ControlTree {
   static uint64_t root_ino();
 
   // The child `name` of control directory `dir`; nullopt if there is none.
-  std::optional<ControlAttr> lookup(uint64_t dir, std::string_view name) const;
-  std::optional<ControlAttr> getattr(uint64_t ino) const;
+  std::optional<ControlAttr> lookup(uint64_t dir, std::string_view name, Reader who = Reader::kOwner) const;
+  std::optional<ControlAttr> getattr(uint64_t ino, Reader who = Reader::kOwner) const;
   // A directory's entries (without "." and ".."), or nullopt if `ino` is no control directory.
   std::optional<std::vector<std::pair<std::string, ControlAttr>>> list(uint64_t dir) const;
   // True for files whose contents change (stats): served uncached when opened, attributes never cached.
   static bool is_live(uint64_t ino);
   // A file's contents; nullptr if `ino` is no control file. A live file's are made afresh (if older than
-  // kLiveRefresh).
-  std::shared_ptr<const ControlFile> content(uint64_t ino) const;
+  // kLiveRefresh, or kOthersRefresh for another user).
+  std::shared_ptr<const ControlFile> content(uint64_t ino, Reader who = Reader::kOwner) const;
   // The contents the last getattr or content() described, for reads without a handle.
   std::shared_ptr<const ControlFile> current(uint64_t ino) const;
   // Bytes held by the rank files kept (open ones may hold more).
@@ -108,7 +112,7 @@ class ControlTree {
   std::shared_ptr<const ControlFile> rank_file(uint64_t epoch, uint64_t rank) const;
   // The oracle the order files follow: the learned one (nullptr until then) or the tree's own.
   const Oracle* order() const { return config_.learned ? config_.learned() : &oracle_; }
-  std::optional<ControlAttr> file_attr(uint64_t ino) const;
+  std::optional<ControlAttr> file_attr(uint64_t ino, Reader who = Reader::kOwner) const;
 
   const Manifest& manifest_;
   const Oracle& oracle_;
@@ -127,7 +131,7 @@ class ControlTree {
     std::chrono::steady_clock::time_point at{};
     std::chrono::steady_clock::duration every{};  // made afresh no sooner than this after `at`
   };
-  Live live(uint64_t ino, bool refresh) const;
+  Live live(uint64_t ino, bool refresh, Reader who) const;
   mutable std::mutex live_mutex_;
   mutable Live live_stats_;
   mutable Live live_metrics_;

@@ -154,9 +154,15 @@ struct Handlers {
     }
   }
 
+  // The mount's owner (the daemon's user) and root see live control files fresh; others a recent copy.
+  static ControlTree::Reader reader_of(fuse_req_t req) {
+    const uid_t uid = fuse_req_ctx(req)->uid;
+    return uid == 0 || uid == ::getuid() ? ControlTree::Reader::kOwner : ControlTree::Reader::kOther;
+  }
+
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     Frontend& fe = self(req);
-    if (ControlTree::owns(parent)) return reply_control_entry(req, fe.control_.lookup(parent, name));
+    if (ControlTree::owns(parent)) return reply_control_entry(req, fe.control_.lookup(parent, name, reader_of(req)));
     if (parent == FUSE_ROOT_ID && std::strcmp(name, ControlTree::kName) == 0)
       return reply_control_entry(req, fe.control_.getattr(ControlTree::root_ino()));
     if (!valid(fe, parent)) return reply_error(req, ESTALE);
@@ -183,7 +189,7 @@ struct Handlers {
     Frontend& fe = self(req);
     struct stat st;
     if (ControlTree::owns(ino)) {
-      auto a = fe.control_.getattr(ino);
+      auto a = fe.control_.getattr(ino, reader_of(req));
       if (!a) return reply_error(req, ESTALE);
       fill_control_stat(fe, *a, &st);
       return (void)fuse_reply_attr(req, &st, control_attr_timeout(fe, ino));
@@ -297,7 +303,7 @@ struct Handlers {
 
   static void open_control(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Frontend& fe = self(req);
-    auto content = fe.control_.content(ino);
+    auto content = fe.control_.content(ino, reader_of(req));
     if (!content) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
     auto* held = new std::shared_ptr<const ControlFile>(std::move(content));
     fi->fh = reinterpret_cast<uint64_t>(held);
