@@ -343,6 +343,21 @@ std::optional<int> fork_daemon(const Options& o, int& report_fd) {
   return std::nullopt;
 }
 
+// The users seed=auto learns from (empty: anyone): learn_from= as given, or the daemon's user and the
+// job's where the launch says who that is.
+std::vector<uid_t> learn_from(const Options& o) {
+  if (o.learn_from_any) return {};
+  if (!o.learn_from.empty()) return o.learn_from;
+  std::vector<uid_t> uids{::getuid()};
+  for (const char* name : {"SLURM_JOB_UID", "SUDO_UID"}) {
+    const char* v = std::getenv(name);
+    char* end = nullptr;
+    const unsigned long id = v ? std::strtoul(v, &end, 10) : 0;
+    if (v && *v && *end == '\0' && id < 0xffffffffUL) uids.push_back(static_cast<uid_t>(id));
+  }
+  return uids;
+}
+
 // Step 3: the index of SOURCE, its reader and the oracle. Node 0 alone reads SOURCE's metadata; the others
 // get the index from it. Returns why this node cannot go on ("" when it can).
 std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
@@ -466,7 +481,7 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
                          config.opened_before = std::move(opened_before);
                          return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
                        },
-                       o.seed_auto ? nullptr : &*d.oracle);
+                       o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{});
   } else if (o.ram > 0) {
     try {
       EngineConfig c = engine_config(o, d.page_cache);

@@ -70,6 +70,8 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
       std::printf("  seed=auto: no likely seed fits the first %llu opens: staging off, reads go to SOURCE (give seed=)\n", opens);
     else
       std::printf("  seed=auto: the job reads as %s, but staging could not start (see the log)\n", seed.c_str());
+    if (const uint64_t others = l.value("other_users_opens", uint64_t{0}))
+      std::printf("             %llu other users' opens not learned from (learn_from=)\n", static_cast<unsigned long long>(others));
   }
   if (j.contains("waited")) {
     const std::string state = trimmed(j["waited"].value("state", std::string()));

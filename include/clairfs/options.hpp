@@ -8,6 +8,8 @@
 // so a job script fails at mount time, not hours into a run.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -56,6 +58,10 @@ struct Options {
   // Training schedule (consumed by the oracle).
   SeedInt seed = 0;  // Python int semantics; torch accepts [-2^63, 2^64).
   bool seed_auto = false;  // seed=auto: learned from the job's first reads
+  // seed=auto learns from the reads of these users only (learn_from=; empty: auto, the daemon's user
+  // and the job's), or from anyone's (learn_from=any).
+  std::vector<uid_t> learn_from;
+  bool learn_from_any = false;
   uint64_t batch_size = 1;
   uint64_t world_size = 1;
   std::vector<uint64_t> ranks;  // training ranks this mount serves, sorted, unique

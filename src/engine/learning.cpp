@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "util/log.hpp"
@@ -28,9 +30,9 @@ size_t next_try(size_t tried) {
 }  // namespace
 
 LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
-                               Start start, const Oracle* told)
+                               Start start, const Oracle* told, std::vector<uid_t> learn_from)
     : manifest_(manifest), reader_(reader), schedule_(std::move(schedule)), question_(std::move(question)),
-      start_(std::move(start)), told_(told) {
+      start_(std::move(start)), told_(told), learn_from_(std::move(learn_from)) {
   {
     MutexLock lock(mutex_);
     state_ = told_ ? "waiting" : "learning";
@@ -55,12 +57,35 @@ ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid) {
     MutexLock lock(mutex_);
     if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
     if (opens_.size() < kMaxOpens && (state_ == "learning" || state_ == "waiting")) {
+      if (!from_the_job(pid)) {
+        ++not_the_job_;
+        return nullptr;
+      }
       opens_.emplace_back(id, pid);
       wake = opens_.size() >= next_try(tried_at_);
     }
   }
   if (wake) wake_.notify_all();
   return nullptr;
+}
+
+bool LearningEngine::from_the_job(pid_t pid) {
+  if (learn_from_.empty()) return true;
+  if (job_pids_.size() > 4096) job_pids_.clear();
+  auto [it, added] = job_pids_.try_emplace(pid, false);
+  if (!added) return it->second;
+  // The real uid, from /proc (the request's own uid is not passed down to engines): a process gone
+  // already is not the job's.
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "Uid:") {
+      uid_t uid = 0;
+      if (status >> uid) it->second = std::find(learn_from_.begin(), learn_from_.end(), uid) != learn_from_.end();
+      break;
+    }
+  }
+  return it->second;
 }
 
 int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
@@ -209,6 +234,7 @@ std::string LearningEngine::stats_json() const {
                   {"seed", fixed_width(found_, 48)},
                   {"after_opens", found_after_},
                   {"opens_seen", e ? found_after_ : opens_.size()},
+                  {"other_users_opens", not_the_job_},  // not learned from (learn_from=)
                   {"source_bytes", source_bytes_.load()},  // read before the engine was there (counted in
                   {"source_files", source_files_.load()}};  // source_traffic, tiers.source and stalls too)
   return j.dump(2) + "\n";

@@ -13,6 +13,9 @@
 // read in the background, and starts as above with the opens kept meanwhile. The same waiting applies
 // after a seed is learned.
 //
+// Only the job's readers teach it: an open counts when its process runs as one of `learn_from`'s users
+// (any user when that is empty), so another user's reads in some order cannot choose the seed.
+//
 // Threads: the request threads call the Engine methods and stats_json; the learning thread builds the
 // engine. One mutex guards the kept opens and the switch; once the engine is there, calls take no lock.
 #pragma once
@@ -49,9 +52,10 @@ class LearningEngine final : public Engine {
   static constexpr size_t kMaxOpens = 65536;
 
   // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
-  // `told`: the oracle of the seed given instead (nothing learned), or nullptr.
+  // `told`: the oracle of the seed given instead (nothing learned), or nullptr. `learn_from`: the users
+  // whose opens are learned from (empty: anyone's).
   LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question, Start start,
-                 const Oracle* told = nullptr);
+                 const Oracle* told = nullptr, std::vector<uid_t> learn_from = {});
   ~LearningEngine() override;
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
@@ -67,6 +71,8 @@ class LearningEngine final : public Engine {
  private:
   // Keeps an open for learning; returns the engine instead once there is one.
   ClairvoyantEngine* keep(EntryId id, pid_t pid) EXCLUDES(mutex_);
+  // True when `pid` runs as one of learn_from_'s users (or learn_from_ is empty).
+  bool from_the_job(pid_t pid) REQUIRES(mutex_);
   void run() EXCLUDES(mutex_);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
@@ -78,11 +84,14 @@ class LearningEngine final : public Engine {
   const LearnQuestion question_;
   const Start start_;
   const Oracle* const told_;
+  const std::vector<uid_t> learn_from_;
 
   mutable Mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::pair<EntryId, pid_t>> opens_ GUARDED_BY(mutex_);
   std::unordered_map<pid_t, EntryId> last_unopened_ GUARDED_BY(mutex_);  // no-open mode: a reader's last file
+  std::unordered_map<pid_t, bool> job_pids_ GUARDED_BY(mutex_);  // from_the_job's answers
+  uint64_t not_the_job_ GUARDED_BY(mutex_) = 0;  // opens of other users', not learned from
   size_t tried_at_ GUARDED_BY(mutex_) = 0;  // opens the last try saw
   std::string state_ GUARDED_BY(mutex_);  // learning, found, not found, failed; told: waiting, told, failed
   std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found

@@ -55,6 +55,26 @@ const std::vector<OptionSpec> kTable = {
        o.seed_auto = g.value == "auto";
        if (!o.seed_auto) o.seed = parse_seed(g.key, g.value);
      }},
+    {"learn_from", Takes::kValue, "auto|any|UID[:UID...]", S::kSchedule, "auto", false,
+     "whose reads seed=auto learns from",
+     "The users whose reads `seed=auto` learns the seed from; other users' reads never set it. `auto`: the "
+     "user the daemon runs as, and the job's user where the launch names one (`SLURM_JOB_UID`, `SUDO_UID`); "
+     "`any`: every user (anyone who can read the mount can then choose the seed it stages by); or user ids "
+     "joined by `:`.",
+     [](Options& o, const GivenOption& g) {
+       o.learn_from.clear();
+       o.learn_from_any = g.value == "any";
+       if (g.value == "auto" || g.value == "any") return;
+       for (size_t at = 0; at <= g.value.size();) {
+         const size_t end = std::min(g.value.find(':', at), g.value.size());
+         const std::string id = g.value.substr(at, end - at);
+         if (id.empty() || id.size() > 10 || id.find_first_not_of("0123456789") != std::string::npos ||
+             std::stoull(id) >= 0xffffffffull)
+           bad_value(g.key, g.value, "give auto, any, or user ids joined by ':'");
+         o.learn_from.push_back(static_cast<uid_t>(std::stoul(id)));
+         at = end + 1;
+       }
+     }},
     {"batch_size", Takes::kValue, "N", S::kSchedule, "1", false, "DataLoader batch size per rank",
      "DataLoader batch size per rank (1 to 16,777,216).",
      [](Options& o, const GivenOption& g) { o.batch_size = at_least_one(g); }},

@@ -3,7 +3,8 @@
 told only seed=auto: the seed is found within a few batches, the plan follows the job into its next epoch,
 the published order is the one a mount told the seed publishes, and SOURCE is read no more than by that
 mount. A job whose seed is no likely one is read as on a plain mount (ram=0), and says so. Bytes are
-checked by the job against SOURCE's digests. Also: what seed=auto cannot go with is refused.
+checked by the job against SOURCE's digests. Another user's reads do not choose the seed (learn_from=).
+Also: what seed=auto cannot go with is refused.
 """
 import json
 import os
@@ -115,6 +116,21 @@ with h.tempdir() as tmp:
         h.check(os.listdir(mnt + "/.clairfs/order/epoch-0") == [], "no order files while the seed is unknown")
         text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
         h.check("learning the job's seed (3000 opens seen)" in text, "clairfs status: %s" % text.splitlines()[1:2])
+
+    # Another user's reads, in the order of a likely seed, do not choose the seed: only the job's users
+    # (the daemon's, here root) are learned from. (Before, 16 such reads locked the mount onto seed 5.)
+    with h.mounted(data, mnt, "seed=5"):
+        seed5 = read(mnt + "/.clairfs/order/epoch-0/rank-0").splitlines()[:64]
+    os.chmod(tmp, 0o755)
+    with h.other_user() as run_as, h.mounted(data, mnt, (BASE % ram) + ",seed=auto,allow_other,default_permissions"):
+        got = run_as(["sh", "-c", "cd %s && cat -- %s >/dev/null" % (mnt, " ".join("'%s'" % p for p in seed5))])
+        time.sleep(1)  # the learning thread's try at 64 opens
+        s = h.stats(mnt)["learned"]
+        h.check(got.returncode == 0 and s["state"].strip() == "learning" and s["other_users_opens"] >= 64,
+                "another user's 64 reads in seed 5's order teach nothing: %s, %d of theirs not learned from %s" % (
+                    s["state"].strip() + " " + s["seed"].strip(), s["other_users_opens"], got.stderr.strip()))
+        r = h.run_clairfs(["status", mnt])
+        h.check("other users' opens" in r.stdout, "clairfs status says so: %s" % r.stdout.splitlines()[1:2])
 
     # What it cannot go with.
     for options, words in (("seed=auto,order=torch-random", "seed=auto learns DistributedSampler's shuffle only"),

@@ -120,6 +120,15 @@ TEST_F(OptionsTest, SeedsFollowPythonIntegersWithinTorchRange) {
   EXPECT_NE(error_of({"-o", "seed=-9223372036854775809"}).find("seed"), std::string::npos);
 }
 
+TEST_F(OptionsTest, LearnFromNamesUsersOrAnyone) {
+  EXPECT_TRUE(parse_o("seed=auto").learn_from.empty());
+  EXPECT_FALSE(parse_o("seed=auto").learn_from_any);
+  EXPECT_TRUE(parse_o("learn_from=any").learn_from_any);
+  EXPECT_EQ(parse_o("learn_from=1000:0:4294967294").learn_from, (std::vector<uid_t>{1000, 0, 4294967294u}));
+  for (const char* bad : {"learn_from=", "learn_from=1000:", "learn_from=x", "learn_from=4294967295", "learn_from=-1"})
+    EXPECT_NE(error_of({"-o", bad}).find("learn_from"), std::string::npos) << bad;
+}
+
 TEST_F(OptionsTest, SizesTakeBinarySuffixes) {
   EXPECT_EQ(parse_size("ram", "4096"), 4096u);
   EXPECT_EQ(parse_size("ram", "64K"), 65536u);
