@@ -519,7 +519,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   };
   auto stats = [counters]() { return counters().dump(2) + "\n"; };
   auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return openmetrics(counters(), mountpoint); };
-  ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}};
+  ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}, {}};
   if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
   if (o.default_permissions) {
     // An access ACL longer than its three base entries (user, group, other: 4 + 3 × 8 bytes) names users

@@ -27,18 +27,22 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-namespace {
-
-int openat2_beneath(int dir_fd, const char* path, int flags) {
+int open_resolved(int dir_fd, const char* path, int flags, uint64_t resolve) {
   open_how how{};
-  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOFOLLOW);
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.resolve = resolve;
   for (unsigned again = 0;;) {
     long fd = ::syscall(SYS_openat2, dir_fd, path, &how, sizeof(how));
     if (fd >= 0) return static_cast<int>(fd);
     if (errno == EAGAIN && ++again < kOpenEagainTries) continue;
     if (errno != EINTR) return -errno;
   }
+}
+
+namespace {
+
+int openat2_beneath(int dir_fd, const char* path, int flags) {
+  return open_resolved(dir_fd, path, flags | O_NOFOLLOW, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
 }
 
 }  // namespace
@@ -104,15 +108,8 @@ int open_parent_dir(const std::string& path, std::string* name) {
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
   *name = slash == std::string::npos ? p : p.substr(slash + 1);
   if (name->empty() || *name == "." || *name == "..") return -EISDIR;
-  open_how how{};
-  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
-  how.resolve = RESOLVE_NO_MAGICLINKS | (::geteuid() == 0 ? RESOLVE_NO_SYMLINKS : 0);
-  for (unsigned again = 0;;) {
-    const long fd = ::syscall(SYS_openat2, AT_FDCWD, dir.c_str(), &how, sizeof(how));
-    if (fd >= 0) return static_cast<int>(fd);
-    if (errno == EAGAIN && ++again < kOpenEagainTries) continue;
-    if (errno != EINTR) return -errno;
-  }
+  return open_resolved(AT_FDCWD, dir.c_str(), O_PATH | O_DIRECTORY,
+                       RESOLVE_NO_MAGICLINKS | (::geteuid() == 0 ? RESOLVE_NO_SYMLINKS : 0));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,10 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// openat2(dir_fd, path) with `resolve` (RESOLVE_* flags), close-on-exec, tried again on EINTR and, up to
+// kOpenEagainTries times, on EAGAIN: the fd, or -errno.
+int open_resolved(int dir_fd, const char* path, int flags, uint64_t resolve);
 
 // Opens the path made of `components` under the directory `root_fd` without following any symlink and
 // without leaving root_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), one component at a time when

@@ -6,7 +6,6 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,10 +47,6 @@ bool made_by_us(int folder) {
 
 bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
-}  // namespace
-
-namespace {
-
 // Each mount in /proc/self/mountinfo, in order, with its id, until `fn` returns false.
 template <typename Fn>
 void each_mount(Fn fn) {
@@ -73,6 +68,44 @@ void each_mount(Fn fn) {
     if (!fn(id, e)) return;
   }
 }
+
+// The mount id of the file `fd` is open on (from /proc/self/fdinfo: no request to the file system, which
+// a dead FUSE mount would refuse), or -1.
+long mount_id_of(int fd) {
+  std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
+  std::string key;
+  long id = -1;
+  while (in >> key) {
+    if (key == "mnt_id:") {
+      in >> id;
+      break;
+    }
+  }
+  return id;
+}
+
+// The mount with id `id` in /proc/self/mountinfo.
+std::optional<MountEntry> mount_with_id(long id) {
+  std::optional<MountEntry> found;
+  each_mount([&](long mid, const MountEntry& e) {
+    if (mid == id) found = e;
+    return !found;
+  });
+  return found;
+}
+
+bool fusermount_detach(const std::string& abs_path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, STDERR_FILENO);
+    ::execlp("fusermount3", "fusermount3", "-u", "-z", "--", abs_path.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  return pid > 0 && ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 
 }  // namespace
 
@@ -121,53 +154,11 @@ bool is_dead_fuse_mount(const std::string& abs_path) {
   return ::statfs(abs_path.c_str(), &sf) != 0 && errno == ENOTCONN;
 }
 
-namespace {
-
-// The mount id of the file `fd` is open on (from /proc/self/fdinfo: no request to the file system, which
-// a dead FUSE mount would refuse), or -1.
-long mount_id_of(int fd) {
-  std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
-  std::string key;
-  long id = -1;
-  while (in >> key) {
-    if (key == "mnt_id:") {
-      in >> id;
-      break;
-    }
-  }
-  return id;
-}
-
-// The mount with id `id` in /proc/self/mountinfo.
-std::optional<MountEntry> mount_with_id(long id) {
-  std::optional<MountEntry> found;
-  each_mount([&](long mid, const MountEntry& e) {
-    if (mid == id) found = e;
-    return !found;
-  });
-  return found;
-}
-
-bool fusermount_detach(const std::string& abs_path) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
-    if (null >= 0) ::dup2(null, STDERR_FILENO);
-    ::execlp("fusermount3", "fusermount3", "-u", "-z", "--", abs_path.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  return pid > 0 && ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-}  // namespace
 
 Detached detach_clairfs_mount(const std::string& abs_path) {
-  open_how how{};
-  how.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW;
-  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, AT_FDCWD, abs_path.c_str(), &how, sizeof(how))));
-  if (!fd) return errno == ELOOP ? Detached::kSymlink : Detached::kNotClairfs;
+  const int opened = open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  if (opened < 0) return opened == -ELOOP ? Detached::kSymlink : Detached::kNotClairfs;
+  UniqueFd fd(opened);
   const auto m = mount_with_id(mount_id_of(fd.get()));
   if (!m || m->fstype != "fuse.clairfs" || m->mountpoint != abs_path) return Detached::kNotClairfs;
   struct statfs sf {};
