@@ -75,12 +75,6 @@ Launch detect_launch() {
 }
 
 MpiWorld::MpiWorld(const sigset_t& stop_signals) : stop_signals_(stop_signals) {
-  // UCX's cross-memory-attach transport (cma: process_vm_readv between processes on one host) ends the
-  // process with a fatal error when the peer it copies from has died ("process_vm_readv ... returned -1:
-  // No such process"): one daemon SIGKILLed mid-transfer took another on its host with it (seen once in
-  // test_peers, under load; not reproduced in 7 runs beside a CPU hog since). A node's daemon has no peer on its own host in a real job, so cma buys nothing
-  // there; shared memory and TCP outlive a dead peer. A site's own UCX_TLS is left as it is.
-  ::setenv("UCX_TLS", "^cma", 0);
   int provided = 0;
   check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "cannot start MPI");
   if (provided < MPI_THREAD_MULTIPLE) throw std::runtime_error("MPI does not offer MPI_THREAD_MULTIPLE");
