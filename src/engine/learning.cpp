@@ -132,12 +132,18 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
 }
 
 void LearningEngine::run() {
-  // Shuffles of the whole data set are background work: below the threads that serve reads.
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
   Schedule s = schedule_;
   if (!told_) {
-    std::optional<Learned> found = learn(kept);
+    // Shuffles of the whole data set are background work: below the threads that serve reads, on a
+    // thread of their own. Not this one: the engine's threads are started from here and would inherit
+    // its priority (a learned engine's stager ran at nice 10 and fell behind a job reading at full speed).
+    std::optional<Learned> found;
+    std::thread shuffler([&] {
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+      found = learn(kept);
+    });
+    shuffler.join();
     if (!found) return;
     s.seed = found->seed;
     log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +

@@ -28,6 +28,19 @@ def run_job(mnt, digests, args):
     return ok, epochs, r.stderr.strip()[-400:]
 
 
+def niced_threads(mnt):
+    """The daemon's threads that run below normal priority (nice above 0)."""
+    pid = h.daemon_pids(mnt)[0]
+    nice = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                nice.append(int(f.read().rsplit(")", 1)[1].split()[16]))
+        except OSError:
+            pass
+    return sum(1 for n in nice if n > 0)
+
+
 def read(path):
     with open(path) as f:
         return f.read()
@@ -48,6 +61,7 @@ with h.tempdir() as tmp:
         ok, told, err = run_job(mnt, digests, job)
         h.check(ok, "told seed=7: the job read every file right %s" % err)
         told_order = read(mnt + "/.clairfs/order/epoch-1/rank-0")
+        told_niced = niced_threads(mnt)
     with h.mounted(data, mnt, "seed=7,ram=0"):
         ok, plain, err = run_job(mnt, digests, job)
         h.check(ok, "plain mount: the job read every file right %s" % err)
@@ -66,6 +80,10 @@ with h.tempdir() as tmp:
             time.sleep(0.2)
             s = h.stats(mnt)
         learned = s["learned"]
+        # The seeds are tried at low priority on a thread of their own; the engine built after it runs at
+        # the daemon's (it was started from the niced thread once, and its stager fell behind the job).
+        h.check(niced_threads(mnt) <= told_niced, "the learned engine's threads run at normal priority: %d niced, "
+                "told mount %d" % (niced_threads(mnt), told_niced))
         h.check(learned["state"].strip() == "found" and learned["seed"].strip() == "seed=7" and learned["after_opens"] <= 48,
                 "seed=auto: learned %s after %d opens (%s)" % (learned["seed"].strip(), learned["after_opens"],
                                                                   learned["state"].strip()))
