@@ -475,13 +475,14 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   if (o.seed_auto || later) {
     LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,
                     d.oracle->schedule().torch_shuffle};
-    d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q),
-                       [&d, c = engine_config(o, d.page_cache)](const Oracle& oracle, auto opened_before) {
-                         EngineConfig config = c;
-                         config.opened_before = std::move(opened_before);
-                         return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
-                       },
-                       o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{});
+    d.learning.emplace(
+        *d.manifest, *d.reader, d.oracle->schedule(), std::move(q),
+        [&d, c = engine_config(o, d.page_cache)](const Oracle& oracle, auto opened_before) {
+          EngineConfig config = c;
+          config.opened_before = std::move(opened_before);
+          return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
+        },
+        o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{});
   } else if (o.ram > 0) {
     try {
       EngineConfig c = engine_config(o, d.page_cache);
@@ -669,9 +670,10 @@ int run_index(int argc, char** argv) {
     for (int i = 2; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "-h" || a == "--help") {
-        std::printf("%s\nScans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.\n"
-                    "FILE is made 0600 (it names every file of SOURCE); mode=0640 or 0644 lets other users' daemons read it.\n",
-                    usage);
+        std::printf(
+            "%s\nScans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.\n"
+            "FILE is made 0600 (it names every file of SOURCE); mode=0640 or 0644 lets other users' daemons read it.\n",
+            usage);
         return 0;
       }
       if (const auto group = option_group(i, argc, argv)) {

@@ -71,7 +71,8 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     else
       std::printf("  seed=auto: the job reads as %s, but staging could not start (see the log)\n", seed.c_str());
     if (const uint64_t others = l.value("other_users_opens", uint64_t{0}))
-      std::printf("             %llu other users' opens not learned from (learn_from=)\n", static_cast<unsigned long long>(others));
+      std::printf("             %llu other users' opens not learned from (learn_from=)\n",
+                  static_cast<unsigned long long>(others));
   }
   if (j.contains("waited")) {
     const std::string state = trimmed(j["waited"].value("state", std::string()));

@@ -37,8 +37,9 @@ constexpr size_t kStatsWidth = 24;
 // read asks for them) mostly share one rendering, and a reader polling in a loop costs the engine's lock
 // little; fresh enough for anyone watching.
 constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
-// Other users than the mount's owner get a rendering at most this old: 20 processes of one user reading
-// stats and metrics in a loop took 0.44 of a core here (1 ms) where 0.18 is their requests alone.
+// Other users than the mount's owner get a rendering at most this old: 20 processes of another user
+// reading stats and metrics in a loop took 0.53 of a core (made afresh every 1 ms), 0.29 now, the rest
+// their FUSE requests (bench/control_load.sh).
 constexpr auto kOthersRefresh = std::chrono::seconds(1);
 // A rendering quicker than this is not kept longer than kLiveRefresh (see ControlTree::live).
 constexpr auto kCheapRender = std::chrono::milliseconds(20);
@@ -145,7 +146,10 @@ std::string padded(std::string text, size_t at, size_t size) {
 }  // namespace
 
 ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
-    : manifest_(manifest), oracle_(oracle), config_(std::move(config)), order_who_(who_lists_everything(manifest, config_.extended_acl)) {
+    : manifest_(manifest),
+      oracle_(oracle),
+      config_(std::move(config)),
+      order_who_(who_lists_everything(manifest, config_.extended_acl)) {
   std::string readme =
       "This directory is clairfs's, not SOURCE's. It does not show in listings of the mount's root.\n\n"
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
@@ -243,7 +247,8 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh, Reader who) cons
   std::lock_guard<std::mutex> lock(live_mutex_);
   Live& l = ino == kMetricsIno ? live_metrics_ : live_stats_;
   const auto now = std::chrono::steady_clock::now();
-  const auto every = who == Reader::kOwner ? l.every : std::max<std::chrono::steady_clock::duration>(l.every, kOthersRefresh);
+  const auto every =
+      who == Reader::kOwner ? l.every : std::max<std::chrono::steady_clock::duration>(l.every, kOthersRefresh);
   if (l.text && (!refresh || now - l.at < every)) return l;
   const size_t before = l.text ? l.text->size() : 0;
   if (ino == kMetricsIno) {  // its numbers from the same counters as stats'

@@ -220,8 +220,8 @@ bool MetricsFile::write_once() {
   }
   const bool ok = rc == 0 && !text.empty();
   if (!ok && !failing_)
-    log_warning("cannot write metrics_file '" + path_ + "': " + (rc < 0 ? why_not_written(rc) : "the stats could not be made") +
-                " (tried again every few seconds)");
+    log_warning("cannot write metrics_file '" + path_ + "': " +
+                (rc < 0 ? why_not_written(rc) : "the stats could not be made") + " (tried again every few seconds)");
   if (ok && failing_) log_info("metrics_file '" + path_ + "' written again");
   failing_ = !ok;
   return ok;

@@ -90,8 +90,8 @@ class LearningEngine final : public Engine {
   std::condition_variable wake_;
   std::vector<std::pair<EntryId, pid_t>> opens_ GUARDED_BY(mutex_);
   std::unordered_map<pid_t, EntryId> last_unopened_ GUARDED_BY(mutex_);  // no-open mode: a reader's last file
-  std::unordered_map<pid_t, bool> job_pids_ GUARDED_BY(mutex_);  // from_the_job's answers
-  uint64_t not_the_job_ GUARDED_BY(mutex_) = 0;  // opens of other users', not learned from
+  std::unordered_map<pid_t, bool> job_pids_ GUARDED_BY(mutex_);          // from_the_job's answers
+  uint64_t not_the_job_ GUARDED_BY(mutex_) = 0;                          // opens of other users', not learned from
   size_t tried_at_ GUARDED_BY(mutex_) = 0;  // opens the last try saw
   std::string state_ GUARDED_BY(mutex_);  // learning, found, not found, failed; told: waiting, told, failed
   std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found

@@ -1,14 +1,14 @@
 #include "engine/trace.hpp"
 
-#include "util/fs.hpp"
-#include "util/text.hpp"
-
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+
+#include "util/fs.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 

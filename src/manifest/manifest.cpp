@@ -264,7 +264,8 @@ std::string difference(const Entry& e, const struct stat& st) {
 
 void Manifest::save(const std::string& file, mode_t mode) const {
   ReplacingFile out(file, mode);
-  if (out.error() < 0) throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(out.error()));
+  if (out.error() < 0)
+    throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(out.error()));
   serialize_to([&](const char* data, size_t len) { write_all(out.fd(), data, len, file); });
   if (const int rc = out.commit(true); rc < 0)
     throw std::runtime_error("cannot write manifest '" + file + "': " + why_not_written(rc));

@@ -92,7 +92,8 @@ const std::vector<OptionSpec> kTable = {
      }},
     {"ranks_per_node", Takes::kValue, "N", S::kSchedule, "", false,
      "serve N consecutive ranks per node instead of ranks=",
-     "Serve N consecutive ranks per node (1 to 4,096): node k serves ranks kN … kN+N-1. Without a launcher this daemon is "
+     "Serve N consecutive ranks per node (1 to 4,096): node k serves ranks kN … kN+N-1. Without a launcher this daemon "
+     "is "
      "node 0. Not together with `ranks=`.",
      [](Options& o, const GivenOption& g) { o.ranks_per_node = between(g, 1, kMaxNodeRanks); }},
     {"epochs", Takes::kValue, "N", S::kSchedule, "unbounded", false, "the job runs epochs start_epoch .. N-1",
@@ -113,8 +114,7 @@ const std::vector<OptionSpec> kTable = {
     {"prefetch_factor", Takes::kValue, "N", S::kSchedule, "2", false, "DataLoader prefetch_factor",
      "DataLoader `prefetch_factor` (1 to 1,024).",
      [](Options& o, const GivenOption& g) { o.prefetch_factor = between(g, 1, kMaxLoader); }},
-    {"order", Takes::kValue, "NAME", S::kSchedule, "torch", false,
-     "torch, torch-random, sequential, list or clairfs",
+    {"order", Takes::kValue, "NAME", S::kSchedule, "torch", false, "torch, torch-random, sequential, list or clairfs",
      "`torch`: DistributedSampler with shuffle. `torch-random`: RandomSampler with a seeded generator. "
      "`sequential`: no shuffle. `list`: the order in `order_file`. `clairfs`: clairfs's own portable shuffle, "
      "for loaders that take their order from the mount.",
@@ -188,8 +188,7 @@ const std::vector<OptionSpec> kTable = {
        o.progress_from_opens = g.value == "opens";
        o.progress_given = true;
      }},
-    {"io_depth", Takes::kValue, "N", S::kCaches, "32", false,
-     "opens, reads and writes the stager keeps in flight",
+    {"io_depth", Takes::kValue, "N", S::kCaches, "32", false, "opens, reads and writes the stager keeps in flight",
      "Opens, reads and writes the stager keeps in flight through io_uring (1–4096). More helps a file system "
      "with high latency per request; each costs a kernel worker while it waits.",
      [](Options& o, const GivenOption& g) {
@@ -216,8 +215,7 @@ const std::vector<OptionSpec> kTable = {
      "read in the background after it (a file is stat-ed at once if asked for first); staging starts "
      "once they are all read, reads go to SOURCE until then. `0`: always. See [manifest.md](manifest.md).",
      [](Options& o, const GivenOption& g) { o.stat_later = parse_u64(g.key, g.value); }},
-    {"trace", Takes::kValue, "FILE", S::kCaches, "", false,
-     "append one line per file opened (\"PID PATH\") to FILE",
+    {"trace", Takes::kValue, "FILE", S::kCaches, "", false, "append one line per file opened (\"PID PATH\") to FILE",
      "Append `PID PATH` to FILE for every file opened through the mount (names with `\\` or a newline "
      "escaped), to see what the job really read. Needs the kernel to send every open, so it implies "
      "`progress=opens`. See [order.md](order.md).",
@@ -274,7 +272,8 @@ const std::vector<OptionSpec> kTable = {
      "let the kernel check permissions against the mirrored modes",
      "The kernel checks each access against the mirrored modes and owners.",
      [](Options& o, const GivenOption&) { o.default_permissions = true; }},
-    {"auto_unmount", Takes::kNothing, "", S::kKernel, "off (on under a launcher)", false, "unmount when the daemon exits",
+    {"auto_unmount", Takes::kNothing, "", S::kKernel, "off (on under a launcher)", false,
+     "unmount when the daemon exits",
      "Unmount when the daemon exits, even if killed (fusermount3 stays, in a session of its own, to do it). "
      "Always on for daemons started by a launcher (mpiexec, srun), whose death would otherwise leave dead mounts.",
      [](Options& o, const GivenOption&) { o.auto_unmount = true; }},

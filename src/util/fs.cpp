@@ -140,7 +140,9 @@ int open_for_append(const std::string& path, mode_t mode) {
 
 std::string why_not_written(int rc) {
   switch (-rc) {
-    case ELOOP: return ::geteuid() == 0 ? "a symlink in its path (as root, give the path with no symlink in it)" : "it is a symlink";
+    case ELOOP:
+      return ::geteuid() == 0 ? "a symlink in its path (as root, give the path with no symlink in it)"
+                              : "it is a symlink";
     case EINVAL: return "not a regular file";
     case EMLINK: return "the file has other hard links";
     default: return std::strerror(-rc);

@@ -1,8 +1,5 @@
 #include "util/log.hpp"
 
-#include "util/fs.hpp"
-#include "util/text.hpp"
-
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,10 +12,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 #include <string>
+
+#include "util/fs.hpp"
+#include "util/text.hpp"
 
 namespace clairfs {
 

@@ -12,8 +12,8 @@
 
 #include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -106,7 +106,6 @@ bool fusermount_detach(const std::string& abs_path) {
   return pid > 0 && ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-
 }  // namespace
 
 std::optional<MountEntry> mount_at(const std::string& abs_path) {
@@ -154,9 +153,9 @@ bool is_dead_fuse_mount(const std::string& abs_path) {
   return ::statfs(abs_path.c_str(), &sf) != 0 && errno == ENOTCONN;
 }
 
-
 Detached detach_clairfs_mount(const std::string& abs_path) {
-  const int opened = open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  const int opened =
+      open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
   if (opened < 0) return opened == -ELOOP ? Detached::kSymlink : Detached::kNotClairfs;
   UniqueFd fd(opened);
   const auto m = mount_with_id(mount_id_of(fd.get()));
