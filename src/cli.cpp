@@ -611,6 +611,14 @@ int run_mount(int argc, char** argv) {
   std::optional<MpiWorld> world;
   if (launch.launched) {
     pthread_sigmask(SIG_BLOCK, &ending, nullptr);
+    // UCX's cross-memory-attach transport (cma: process_vm_readv between processes on one host) ends
+    // the process with a fatal error when the peer it copies from has died: one daemon SIGKILLed in the
+    // middle of a transfer took another on its host with it (test_peers, about once in fifteen runs).
+    // Daemons of one job share a host only in tests and small setups, where cma buys nothing; shared
+    // memory and TCP outlive a dead peer (its requests time out, peer_timeout). A site's own UCX_TLS is
+    // kept. Only the daemon: the daemons leave without MPI_Finalize (MpiWorld::leave), which the TCP
+    // lanes UCX then opens on one host would deadlock in.
+    ::setenv("UCX_TLS", "^cma", 0);
     try {
       world.emplace(ending);
     } catch (const std::exception& e) {
