@@ -43,6 +43,7 @@
 #include "version.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
+#include "fuse/open_watch.hpp"
 #include "fuse/page_cache.hpp"
 #include "peer/mpi.hpp"
 #include "util/clock.hpp"
@@ -533,9 +534,11 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   std::optional<MetricsFile> metrics_file;
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));
-  Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(),
-                    FrontendConfig{o.entry_timeout, o.attr_timeout, (d.staged || d.learning) && !o.progress_from_opens,
-                                   o.default_permissions});
+  const FrontendConfig frontend_config{o.entry_timeout, o.attr_timeout,
+                                       (d.staged || d.learning) && !o.progress_from_opens, o.default_permissions};
+  Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(), frontend_config);
+  // Declared before the session, which goes first: the watch's mark may wait for the session to answer.
+  std::optional<OpenWatch> watch;
   std::optional<MountedSession> session;
   std::string failure;
   try {
@@ -560,6 +563,8 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   log_serving();
   log_notice("mounted " + o.source_abs + " at " + o.mountpoint_abs + " (" + std::to_string(d.manifest->samples().size()) +
            " samples)");
+  // In no-open mode every open and close is still seen, by a watch on the mount (fuse/open_watch.hpp).
+  if (frontend_config.no_open && o.progress_watch) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend);
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
   const int rc = session->serve();
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");

@@ -2,7 +2,7 @@
 //
 // The front-end translates each kernel request into one call here and replies with the result; it holds
 // no policy. Files are read either through handles (open, read, release) or, in FUSE no-open mode, by
-// id (read_unopened). Today the only implementation reads SOURCE directly (SourceReader); the clairvoyant engine
+// id (read_unopened), with the opens and closes told by a watch on the mount (opened, closed). Today the only implementation reads SOURCE directly (SourceReader); the clairvoyant engine
 // (staging, tiers, peers) implements the same interface, so the front-end does not change.
 //
 // Every call is on the data path: it returns -errno, never throws, and never returns bytes it has not
@@ -37,6 +37,16 @@ class Engine {
   // answered ENOSYS once, and from then on the kernel opens every file itself and never releases).
   // The read at offset 0 counts as the file's open. Returns like read().
   virtual ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) = 0;
+
+  // Opens and closes the kernel makes without asking (no-open mode), as a watch on the mount sees them
+  // (fuse/open_watch.hpp), each with the opener's process. From watching_opens() on, they are the
+  // readers' progress, and a file's first read no longer stands for its open. Called on the watch's
+  // thread; never fail, never wait on I/O. By default ignored (an engine that follows nobody).
+  virtual void watching_opens() {}
+  virtual void opened(EntryId /*id*/, pid_t /*pid*/) {}
+  virtual void closed(EntryId /*id*/, pid_t /*pid*/) {}
+  // The watch lost events (its queue overflowed): which files are open is no longer known.
+  virtual void opens_lost() {}
 };
 
 }  // namespace clairfs

@@ -88,10 +88,13 @@ struct Options {
   bool pagecache_given = false;
   double peer_timeout = 5.0;  // seconds
   uint64_t io_depth = 32;     // the stager's requests in flight
-  // How the engine learns where the readers are: from every open (the kernel sends each to the daemon),
-  // or from reads (the kernel opens files itself, FUSE no-open mode; pushed files cost no request).
-  // Default: reads when staging, opens with trace= (which records opens) or without staging.
+  // How the engine learns where the readers are: from every open the kernel sends to the daemon
+  // (progress_from_opens), or, with the kernel opening files itself (FUSE no-open mode: pushed files cost
+  // no request), from a watch on the mount that sees every open and close (progress_watch; from reads
+  // where the watch cannot start) or from reads alone. Default: reads when staging, opens with trace=
+  // (which records opens) or without staging.
   bool progress_from_opens = false;
+  bool progress_watch = false;
   bool progress_given = false;
   std::string nvme;
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free

@@ -24,6 +24,10 @@ constexpr auto kWaitForStaging = std::chrono::seconds(5);
 // every request thread waits here, that request has no thread to serve it (a wait cycle).
 // How often a waiting open looks whether the stager is stuck.
 constexpr auto kStuckCheck = std::chrono::milliseconds(20);
+// First reads whose watched open is yet to come, remembered at most (beyond, forgotten: opens lost),
+// and for how long: a watch later than that is taken to tell of another open.
+constexpr size_t kMaxReadsBeforeOpen = 4096;
+constexpr auto kReadBeforeOpenAge = std::chrono::seconds(2);
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
 constexpr uint64_t kLeadScanSteps = 100000;
 // The diagnosis of a rank off the plan, as the stats carry it (cut beyond).
@@ -103,6 +107,10 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_, mean_size_),
              window_config(config_, mean_size_), ram_) {
+  {
+    MutexLock lock(state_.mutex);
+    state_.tracker.set_parent_lookup(parent_from_proc);
+  }
   catch_up(config_.opened_before);
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth});
@@ -126,50 +134,60 @@ void ClairvoyantEngine::progressed() {
   state_.policy.catch_up();
 }
 
+void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
+  // A file being staged right now arrives sooner from that read than from a second one.
+  const auto deadline = Clock::now() + kWaitForStaging;
+  while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline) {
+    const int64_t overdue = state_.kernel_call_overdue_ns.load();
+    if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) {
+      counters_.staging_waits_given_up++;
+      break;  // read on demand below (the caller's), so that request threads free up for the kernel
+    }
+    lock.wait_for(state_.staged, std::min<Clock::duration>(kStuckCheck, deadline - Clock::now()));
+  }
+}
+
+ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool handle) {
+  Placed p;
+  if (handle) state_.window.opened(id);
+  p.seen = state_.tracker.on_open(id, pid, handle);
+  for (uint64_t r : p.seen.diagnose) {
+    const Planner::RankProgress rp = state_.planner.progress(r);
+    p.evidence.push_back({served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r)});
+  }
+  if (p.seen.again) return p;
+  for (uint64_t rank : p.seen.lost) state_.window.rank_lost(rank);
+  if (p.seen.returned) {  // a rank came back: stage and push for it again
+    state_.policy.restart();
+    state_.window.restart();
+  }
+  if (p.seen.open.expected) counters_.served_files(Origin::kPageCache, p.seen.open.presumed);
+  progressed();
+  // Read: first to go.
+  if (state_.policy.ram().key(id) == kReadAheadKey) state_.policy.ram().set(id, kNever, false);
+  state_.window.read_through(id, p.seen.open);
+  p.wake = state_.stager_waiting && (state_.planner.cursor() >= state_.wake_at_cursor ||
+                                     !state_.tracker.readahead().empty() || p.seen.returned);
+  return p;
+}
+
+void ClairvoyantEngine::placed(Placed& p) {
+  if (p.wake) state_.progress.notify_all();
+  if (!p.seen.changed.empty() || !p.evidence.empty()) tell(p.seen, std::move(p.evidence));
+}
+
 FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) {
   FileBytes data;
-  *again = false;
-  bool wake = false;
-  ReaderTracker::Seen seen;
-  std::vector<Evidence> evidence;
+  Placed p;
   {
     MutexLock lock(state_.mutex);
-    // A file being staged right now arrives sooner from that read than from a second one.
-    const auto deadline = Clock::now() + kWaitForStaging;
-    while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline) {
-      const int64_t overdue = state_.kernel_call_overdue_ns.load();
-      if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) {
-        counters_.staging_waits_given_up++;
-        break;  // read on demand below (the caller's), so that request threads free up for the kernel
-      }
-      lock.wait_for(state_.staged, std::min<Clock::duration>(kStuckCheck, deadline - Clock::now()));
-    }
+    wait_for_staging(lock, id);
     data = ram_.get(id);
     *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
-    if (handle) state_.window.opened(id);
-    seen = state_.tracker.on_open(id, pid, handle);
-    for (uint64_t r : seen.diagnose) {
-      const Planner::RankProgress p = state_.planner.progress(r);
-      evidence.push_back({served_ranks(config_)[r], p.shifted_from.value_or(p.next_epoch), state_.tracker.recent(r)});
-    }
-    if (seen.again) {
-      *again = true;
-      return data;
-    }
-    for (uint64_t rank : seen.lost) state_.window.rank_lost(rank);
-    if (seen.returned) {  // a rank came back: stage and push for it again
-      state_.policy.restart();
-      state_.window.restart();
-    }
-    if (seen.open.expected) counters_.served_files(Origin::kPageCache, seen.open.presumed);
-    progressed();
-    if (data && state_.policy.ram().key(id) == kReadAheadKey) state_.policy.ram().set(id, kNever, false);  // read: first to go
-    state_.window.read_through(id, seen.open);
-    wake = state_.stager_waiting && (state_.planner.cursor() >= state_.wake_at_cursor ||
-                                     !state_.tracker.readahead().empty() || seen.returned);
+    p = place(id, pid, handle);
   }
-  if (wake) state_.progress.notify_all();
-  if (!seen.changed.empty() || !evidence.empty()) tell(seen, std::move(evidence));
+  *again = p.seen.again;
+  placed(p);
   return data;
 }
 
@@ -247,10 +265,43 @@ void ClairvoyantEngine::release(uint64_t handle) {
 
 ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
   const auto t0 = Clock::now();
-  bool first = offset == 0;  // the kernel reads a file from its start: this is its open
+  bool first = offset == 0;  // the kernel reads a file from its start
   Origin from = Origin::kRam;
   FileBytes data;
-  if (first) {
+  if (first && watched_.load(std::memory_order_acquire)) {
+    {
+      MutexLock lock(state_.mutex);
+      bool peer = false;
+      if (take_unread(id, &data, &peer)) {
+        // The watch told its open: placed then, and its RAM copy held since.
+        if (!data) wait_for_staging(lock, id), data = ram_.get(id), peer = data && state_.from_peer[id];
+        from = peer ? Origin::kPeer : Origin::kRam;
+      } else if (state_.window.is_open(id) || told_lately(id)) {
+        // Read from its start again while open (its pages went meanwhile), or late (the kernel's read
+        // ahead, after the close): the use the watch told, counted once.
+        first = false;
+        data = ram_.get(id);
+        from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+      } else {
+        // The watch's thread is behind the reader: the open is placed when it tells it (the watch is
+        // the one account of opens), the file counted as served here and not again at its close.
+        if (state_.read_before_open.size() > kMaxReadsBeforeOpen) state_.read_before_open.clear();
+        EngineState::ReadFirst& r = state_.read_before_open[id];
+        if (r.opens > 0 && Clock::now() - r.at < kReadBeforeOpenAge) {
+          first = false;  // read from its start again before the watch told its open: counted once
+        } else {
+          r.opens = 1;
+          r.at = Clock::now();
+        }
+        auto& ahead = state_.tracker.readahead();  // being read: not to be staged beside it
+        if (!ahead.empty()) ahead.erase(std::remove(ahead.begin(), ahead.end(), id), ahead.end());
+        wait_for_staging(lock, id);
+        data = ram_.get(id);
+        from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+      }
+    }
+  } else if (first) {
+    // Without a watch, the first read is the open.
     bool again = false;
     data = note_open(id, pid, false, &from, &again);
     first = !again;  // counted once
@@ -261,6 +312,75 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   }
   if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
   return demand_.read_unopened(id, pid, first, buf, size, offset, t0);
+}
+
+// ---- opens seen by a watch on the mount --------------------------------------------------------------
+
+void ClairvoyantEngine::watching_opens() {
+  MutexLock lock(state_.mutex);
+  state_.window.opens_seen();
+  state_.planner.opens_seen();
+  watched_.store(true, std::memory_order_release);
+}
+
+void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
+  counters_.watched_opens++;
+  Placed p;
+  {
+    MutexLock lock(state_.mutex);
+    // Its first read came before this news (the watch's thread was behind): counted then.
+    bool counted = false;
+    if (auto it = state_.read_before_open.find(id); it != state_.read_before_open.end()) {
+      counted = Clock::now() - it->second.at < kReadBeforeOpenAge;
+      if (!counted || --it->second.opens == 0) state_.read_before_open.erase(it);
+    }
+    if (state_.told.size() >= kMaxReadsBeforeOpen) {
+      const auto old = Clock::now() - kReadBeforeOpenAge;
+      for (auto t = state_.told.begin(); t != state_.told.end();) t = t->second < old ? state_.told.erase(t) : std::next(t);
+      if (state_.told.size() > kMaxReadsBeforeOpen / 2) state_.told.clear();  // a scan per half at most
+    }
+    state_.told[id] = Clock::now();
+    p = place(id, pid, true);
+    if (!counted) {
+      EngineState::Unread& u = state_.unread[id];
+      if (u.opens++ == 0 && (u.data = ram_.get(id))) u.from_peer = state_.from_peer[id];
+    }
+  }
+  placed(p);
+}
+
+void ClairvoyantEngine::closed(EntryId id, pid_t) {
+  counters_.watched_closes++;
+  FileBytes held;  // let go after the lock
+  bool peer = false;
+  MutexLock lock(state_.mutex);
+  // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
+  // served it.
+  if (take_unread(id, &held, &peer)) counters_.served_file(Origin::kPageCache);
+  state_.window.released(id);
+}
+
+void ClairvoyantEngine::opens_lost() {
+  counters_.watch_losses++;
+  MutexLock lock(state_.mutex);
+  state_.unread.clear();
+  state_.read_before_open.clear();
+  state_.told.clear();
+  state_.window.forget_opens();
+}
+
+bool ClairvoyantEngine::told_lately(EntryId id) const {
+  auto it = state_.told.find(id);
+  return it != state_.told.end() && Clock::now() - it->second < kReadBeforeOpenAge;
+}
+
+bool ClairvoyantEngine::take_unread(EntryId id, FileBytes* data, bool* from_peer) {
+  auto it = state_.unread.find(id);
+  if (it == state_.unread.end()) return false;
+  *data = it->second.data;
+  *from_peer = it->second.from_peer;
+  if (--it->second.opens == 0) state_.unread.erase(it);
+  return true;
 }
 
 PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {
@@ -316,8 +436,12 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
   j["pagecache"] = {{"budget", config_.page_cache ? config_.pagecache : 0}, {"used", state_.window.used()},
                     {"pushes", counters_.pushes.load()}, {"push_failures", counters_.push_failures.load()},
                     {"drops", counters_.drops.load()}};
-  j["progress"] = {{"from", config_.no_open ? "reads" : "opens"},
-                   {"beacon_every", config_.no_open ? state_.window.beacon_every() : 0}};
+  const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
+  j["progress"] = {{"from", !config_.no_open ? "opens" : inferred ? "reads" : "watched opens"},
+                   {"beacon_every", inferred ? state_.window.beacon_every() : 0},
+                   {"opens_seen", counters_.watched_opens.load()},
+                   {"closes_seen", counters_.watched_closes.load()},
+                   {"losses", counters_.watch_losses.load()}};
 }
 
 std::string ClairvoyantEngine::stats_json() const {

@@ -19,6 +19,7 @@
 // returns. Bytes are right whatever happens. docs/engine.md tells the whole story.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -79,6 +80,10 @@ class ClairvoyantEngine final : public Engine {
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
+  void watching_opens() override EXCLUDES(state_.mutex);
+  void opened(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
+  void closed(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
+  void opens_lost() override EXCLUDES(state_.mutex);
 
   // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
   // order, as if made now, so that it starts where the readers are.
@@ -95,6 +100,21 @@ class ClairvoyantEngine final : public Engine {
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
   FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.mutex);
+  // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
+  void wait_for_staging(MutexLock& lock, EntryId id) REQUIRES(state_.mutex);
+  // What placing an open did, to act on once the lock is let go (placed()).
+  struct Placed {
+    ReaderTracker::Seen seen;
+    std::vector<Evidence> evidence;
+    bool wake = false;  // the stager waits for the readers to move this far
+  };
+  Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
+  void placed(Placed& p) EXCLUDES(state_.mutex);
+  // A watched open of `id` that no read reached yet: taken (true) by its first read or its close, with
+  // the RAM copy held since the open (if there was one) and whether a peer sent it.
+  bool take_unread(EntryId id, FileBytes* data, bool* from_peer) REQUIRES(state_.mutex);
+  // The watch told an open of `id` within kReadBeforeOpenAge.
+  bool told_lately(EntryId id) const REQUIRES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
   void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
   // The readers moved: residents and pages of passed uses are re-keyed or dropped.
@@ -113,6 +133,8 @@ class ClairvoyantEngine final : public Engine {
   DemandReader demand_;
   const uint64_t mean_size_;        // a sample's mean size: one walk over the samples, for the parts below
   mutable EngineState state_;
+  // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
+  std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

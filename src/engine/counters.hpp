@@ -36,6 +36,8 @@ struct EngineCounters {
   // Opens that stopped waiting for their file's staging because the stager was held in the kernel, and
   // read it themselves (a second read of that file).
   std::atomic<uint64_t> staging_waits_given_up{0};
+  // Opens and closes a watch on the mount told (no-open mode), and the times it lost some.
+  std::atomic<uint64_t> watched_opens{0}, watched_closes{0}, watch_losses{0};
 
   // Writes "tiers", "staged", "source_traffic", "stalls", "readahead_files" into `j`.
   void to_json(nlohmann::json& j) const;

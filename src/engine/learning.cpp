@@ -122,13 +122,32 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
       it->second = id;
     }
     if (fresh) {
-      if (ClairvoyantEngine* e = keep(id, pid)) return e->read_unopened(id, pid, buf, size, offset);
+      if (!watched_.load(std::memory_order_acquire))
+        if (ClairvoyantEngine* e = keep(id, pid)) return e->read_unopened(id, pid, buf, size, offset);
       ++source_files_;
     }
   }
   const ssize_t n = reader_.read_unopened(id, pid, buf, size, offset);
   if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
   return n;
+}
+
+void LearningEngine::watching_opens() {
+  MutexLock lock(mutex_);
+  watched_.store(true, std::memory_order_release);
+  if (engine_ready_.load(std::memory_order_acquire)) engine_->watching_opens();
+}
+
+void LearningEngine::opened(EntryId id, pid_t pid) {
+  if (ClairvoyantEngine* e = keep(id, pid)) e->opened(id, pid);
+}
+
+void LearningEngine::closed(EntryId id, pid_t pid) {
+  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) e->closed(id, pid);
+}
+
+void LearningEngine::opens_lost() {
+  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) e->opens_lost();
 }
 
 void LearningEngine::run() {
@@ -185,6 +204,7 @@ void LearningEngine::run() {
     engine_.reset();
     return;
   }
+  if (watched_.load()) engine_->watching_opens();
   engine_->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
   state_ = told_ ? "told" : "found";
   oracle_ready_.store(oracle, std::memory_order_release);

@@ -62,6 +62,11 @@ class LearningEngine final : public Engine {
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
+  // Watched opens are learned from (a first read is then only a read), and go to the engine once it runs.
+  void watching_opens() override EXCLUDES(mutex_);
+  void opened(EntryId id, pid_t pid) override EXCLUDES(mutex_);
+  void closed(EntryId id, pid_t pid) override;
+  void opens_lost() override;
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
   std::string stats_json() const;
@@ -104,6 +109,7 @@ class LearningEngine final : public Engine {
   std::atomic<uint64_t> source_files_{0};  // files opened there then
   std::atomic<const Oracle*> oracle_ready_{nullptr};
   std::atomic<ClairvoyantEngine*> engine_ready_{nullptr};
+  std::atomic<bool> watched_{false};  // set under mutex_, so that the engine is told once it is there
   std::thread thread_;  // last: started once the rest is set up
 };
 

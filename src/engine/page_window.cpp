@@ -50,6 +50,19 @@ void PageWindow::released(EntryId id) {
   if (drop_on_release_.erase(id)) drops_.push_back(id);
 }
 
+void PageWindow::opens_seen() {
+  config_.no_open = false;
+  drop_delay_ = 0;
+  for (const auto& [key, id] : late_drops_) drop(id);
+  late_drops_.clear();
+}
+
+void PageWindow::forget_opens() {
+  open_count_.clear();
+  for (EntryId id : drop_on_release_) drops_.push_back(id);
+  drop_on_release_.clear();
+}
+
 void PageWindow::read_through(EntryId id, const Planner::Open& o) {
   if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) in_kernel_[id] = kRead;
   // Its pages are in the kernel now: a later use the window walked past already (not presumed then,

@@ -49,7 +49,13 @@ class PageWindow {
   // --- request threads (and the stager's evictions), under the engine's mutex ---
   // A handle of `id` was opened: its pages stay until the last is released.
   void opened(EntryId id) { open_count_[id]++; }
+  bool is_open(EntryId id) const { return open_count_.count(id) != 0; }
   void released(EntryId id);
+  // Opens and closes are told from now on (a watch on the mount sees them in no-open mode): no beacons,
+  // nothing presumed, and passed pages go once nobody has them open, as with opens.
+  void opens_seen();
+  // Which files are open is no longer known (the watch lost events): none is taken to be.
+  void forget_opens();
   // The file was read through the mount at the open `o`: its pages are in the kernel now, and a later
   // use the window walked past already may be read from them (no-open mode: presumed).
   void read_through(EntryId id, const Planner::Open& o);
@@ -105,7 +111,7 @@ class PageWindow {
   const Manifest& manifest_;
   Planner& planner_;
   const RamTier& ram_;
-  const WindowConfig config_;
+  WindowConfig config_;  // no_open goes once opens are seen (opens_seen)
   uint64_t drop_delay_ = 0;    // no-open mode: keys behind the cursor before passed pages go
   uint64_t beacon_every_ = 1;  // steps of a rank between beacons
   std::vector<uint8_t> in_kernel_;

@@ -196,25 +196,86 @@ bool Planner::last_in_epoch(uint64_t key) const {
   return following(key % config_.ranks, key) >= epoch_end_key(key);
 }
 
-Planner::Open Planner::on_open(EntryId id, pid_t pid) {
+std::optional<uint64_t> Planner::rank_read_for(pid_t pid, pid_t parent) const {
+  if (auto it = readers_.find(pid); it != readers_.end() && it->second.opens >= kSureOpens) return it->second.rank;
+  if (auto it = parents_.find(parent); parent > 0 && it != parents_.end() && it->second != kManyRanks) return it->second;
+  return std::nullopt;
+}
+
+void Planner::note_reader(pid_t pid, pid_t parent, uint64_t rank) {
+  if (readers_.size() > kMaxReaders) readers_.clear();
+  Reader& r = readers_[pid];
+  if (r.opens == 0 || r.rank != rank) r = Reader{rank, 0};  // (it reads for another rank now)
+  if (r.opens >= kSureOpens) return;
+  if (++r.opens < kSureOpens || parent <= 0) return;
+  // Its parent's children read for this rank (a DataLoader's workers), unless another reads for another
+  // (the ranks of a job whose processes open files themselves, started by one launcher).
+  if (parents_.size() > kMaxReaders) parents_.clear();
+  auto [it, added] = parents_.try_emplace(parent, rank);
+  if (!added && it->second != rank) it->second = kManyRanks;
+}
+
+int64_t Planner::distance(const Rank& r, uint64_t rank, uint64_t key) const {
+  // Its place: past the silent uses at its next key (an open among those is one read through us after
+  // all, in place too).
+  const uint64_t place = past_silent(r, rank, r.next);
+  const uint64_t R = config_.ranks;
+  return key >= r.next && key < place ? 0 : static_cast<int64_t>(key / R) - static_cast<int64_t>(place / R);
+}
+
+Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   ++opens_;
   const uint64_t R = config_.ranks;
   const auto tol = static_cast<int64_t>(config_.tolerance);
   Open result;
   std::vector<std::pair<uint64_t, uint64_t>> extended;  // (lost rank, epoch end): the runs this open went on
+  // Its place: the first of its uses in the planned epochs, in a live rank within the tolerance, that
+  // is not opened yet — or, if all such are, the first of them (opened again: no progress). A file read
+  // near the end of one epoch and again near the start of the next is the next epoch's use the second
+  // time, though both lie within the tolerance when an epoch is short. First in the rank the process
+  // reads for, once its opens said which (kSureOpens in a row), or else the one its parent's other
+  // children read for: when ranks are far apart (one a whole epoch ahead), a file one rank reads may lie
+  // near another's place too.
+  auto near = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
+    std::optional<std::pair<uint64_t, uint64_t>> found;  // (key, rank)
+    for (size_t i = 0; i < epochs_.size(); ++i) {
+      const uint32_t off = epochs_[i].first_of(id);
+      if (off == EpochStreams::kAbsent) continue;
+      const uint64_t rank = off % R;
+      const uint64_t key = (base_[i] + off / R) * R + rank;
+      const Rank& r = ranks_[rank];
+      if (only && rank != *only) continue;
+      const int64_t d = distance(r, rank, key);
+      if (!r.live || d < -tol || d > tol) continue;
+      if (!opened(key)) return std::make_pair(key, rank);
+      if (!found) found.emplace(key, rank);
+    }
+    return found;
+  };
+  const std::optional<uint64_t> reads_for = rank_read_for(pid, parent);
+  std::optional<std::pair<uint64_t, uint64_t>> place = reads_for ? near(reads_for) : std::nullopt;
+  if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
+  // Counts the open at `key` as its rank's.
+  auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
+    rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
+    const uint64_t presumed = consume(r, rank, key);
+    ++r.expected_in_block;
+    r.presumed_in_block += presumed;
+    result = {true, key, rank, presumed};
+  };
+  if (place) {
+    const auto [key, rank] = *place;
+    weigh(ranks_[rank], rank, true);  // where it was expected
+    take(ranks_[rank], rank, key);
+    note_reader(pid, parent, rank);
+  }
   for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
     const uint32_t off = epochs_[i].first_of(id);
     if (off == EpochStreams::kAbsent) continue;
     const uint64_t rank = off % R;
     const uint64_t key = (base_[i] + off / R) * R + rank;
     Rank& r = ranks_[rank];
-    // Its place: past the silent uses at its next key (an open among those is one read through us after
-    // all, in place too).
-    const uint64_t place = past_silent(r, rank, r.next);
-    const int64_t d = key >= r.next && key < place ? 0 : static_cast<int64_t>(key / R) - static_cast<int64_t>(place / R);
-    if (r.live && d >= -tol && d <= tol) {
-      weigh(r, rank, true);  // where it was expected
-    } else if (!r.live && d >= -tol && i <= epoch_index(r.next) + 1) {
+    if (!r.live && distance(r, rank, key) >= -tol && i <= epoch_index(r.next) + 1) {
       // A lost rank seen at or ahead of where it was, in its epoch or the next: enough opens in a row
       // close together in one epoch's stream (resync_needed), and it is back in the order there (a few
       // may be chance). Each open has a candidate place in both epochs, so the runs are kept per epoch.
@@ -254,14 +315,8 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid) {
       for (uint64_t k : run)
         if (k != key) consume(r, rank, k);
       r.resync.clear();
-    } else {
-      continue;
+      take(r, rank, key);
     }
-    rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
-    const uint64_t presumed = consume(r, rank, key);
-    ++r.expected_in_block;
-    r.presumed_in_block += presumed;
-    result = {true, key, rank, presumed};
   }
   // Runs are of opens in a row: an open by a lost rank's reader that went on none of its runs in an
   // epoch ends that epoch's run (a job reading this rank's items in order between others' — another

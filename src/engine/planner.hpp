@@ -123,11 +123,18 @@ class Planner {
     uint64_t presumed = 0;  // silent uses of that rank this open counted as read
     bool blamed = false;    // unexpected, and counted against `rank` (its process's, or whose file it is)
   };
-  Open on_open(EntryId id, pid_t pid);
+  // `parent`: the opener's parent process, if known (0 if not): the workers of one DataLoader share it.
+  Open on_open(EntryId id, pid_t pid, pid_t parent = 0);
 
   // The kernel holds the pages of the use at `key` (the engine pushed them), so its reader reads it
   // without asking: a silent use. Ignored for a lost rank or a use already opened.
   void presume(uint64_t key);
+  // Every open is told from now on (no-open mode with a watch on the mount): no use is unseen, and the
+  // uses presumed read so far (pushed before the watch began) are not.
+  void opens_seen() {
+    config_.unseen = nullptr;
+    for (Rank& r : ranks_) r.silent.clear();
+  }
   // Whether `key` is the last use of its rank in its epoch.
   bool last_in_epoch(uint64_t key) const;
   // Silent uses counted as read, in all.
@@ -204,6 +211,8 @@ class Planner {
   // The key of a rank's first item at or after `key`.
   uint64_t at_or_after(uint64_t rank, uint64_t key) const;
   bool is_silent(const Rank& r, uint64_t key) const;
+  // Steps from the rank's place (its next key past silent uses) to `key`: negative behind it.
+  int64_t distance(const Rank& r, uint64_t rank, uint64_t key) const;
   // The first key at or after `key` whose use is not silent.
   uint64_t past_silent(const Rank& r, uint64_t rank, uint64_t key) const;
   // Places an open at `key`; returns how many silent uses it counted as read.
@@ -221,12 +230,25 @@ class Planner {
   size_t epoch_index(uint64_t key) const;
   void update_cursor();
 
-  const PlannerConfig config_;
+  PlannerConfig config_;  // unseen goes once opens are seen (opens_seen)
   const uint64_t stale_after_;
   std::deque<EpochStreams> epochs_;  // consecutive epochs, oldest first
   std::deque<uint64_t> base_;        // first step of each
   std::vector<Rank> ranks_;
   std::unordered_map<pid_t, uint64_t> rank_of_pid_;  // learnt from expected opens
+  // Which rank a process reads for: the rank of its latest expected opens in a row, and how many; from
+  // kSureOpens on, its opens are placed in that rank first.
+  struct Reader {
+    uint64_t rank = 0;
+    uint32_t opens = 0;
+  };
+  static constexpr uint32_t kSureOpens = 4;
+  static constexpr size_t kMaxReaders = 1 << 16;  // beyond, both maps start again
+  static constexpr uint64_t kManyRanks = UINT64_MAX;
+  std::unordered_map<pid_t, Reader> readers_;
+  std::unordered_map<pid_t, uint64_t> parents_;  // a parent whose children read for one rank, or kManyRanks
+  std::optional<uint64_t> rank_read_for(pid_t pid, pid_t parent) const;
+  void note_reader(pid_t pid, pid_t parent, uint64_t rank);
   uint64_t cursor_ = 0;
   std::vector<std::pair<uint64_t, EntryId>> passed_;
   uint64_t opens_ = 0;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "util/memory.hpp"
 
@@ -18,6 +21,20 @@ constexpr size_t kMaxReaders = 4096;
 constexpr uint64_t kRateWindow = 64;
 
 }  // namespace
+
+pid_t parent_from_proc(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  // PID (COMM) STATE PPID ...: the command may hold spaces and parentheses, so read past its last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 1));
+  std::string state;
+  long ppid = 0;
+  rest >> state >> ppid;
+  return static_cast<pid_t>(ppid);
+}
 
 ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks)
     : manifest_(manifest), planner_(planner), rates_(ranks), was_live_(ranks, 1), verdicts_(ranks) {}  // all live
@@ -89,7 +106,7 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
     }
     it->second = id;
   }
-  seen.open = planner_.on_open(id, pid);
+  seen.open = planner_.on_open(id, pid, parent_of(pid));
   for (uint64_t r = 0; r < rates_.size(); ++r) {
     const bool live = planner_.live(r), was = was_live_[r];
     was_live_[r] = live;
@@ -103,6 +120,14 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
   else read_ahead(id, pid);
   note_verdicts(seen, id);
   return seen;
+}
+
+pid_t ReaderTracker::parent_of(pid_t pid) {
+  if (!parent_lookup_) return 0;
+  if (parents_.size() > kMaxReaders) parents_.clear();
+  auto [it, fresh] = parents_.try_emplace(pid, 0);
+  if (fresh) it->second = parent_lookup_(pid);
+  return it->second;
 }
 
 void ReaderTracker::note_rate(uint64_t rank, uint64_t opens) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +20,9 @@
 #include "engine/planner.hpp"
 
 namespace clairfs {
+
+// A process's parent, from /proc/PID/stat; 0 if it is gone.
+pid_t parent_from_proc(pid_t pid);
 
 class ReaderTracker {
  public:
@@ -39,6 +43,9 @@ class ReaderTracker {
   };
   // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
   Seen on_open(EntryId id, pid_t pid, bool handle);
+  // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
+  // rank); by default none is.
+  void set_parent_lookup(std::function<pid_t(pid_t)> lookup) { parent_lookup_ = std::move(lookup); }
 
   // Samples queued for reading ahead (readers off the plan reading in sample order), oldest first.
   std::vector<EntryId>& readahead() { return readahead_; }
@@ -85,6 +92,9 @@ class ReaderTracker {
   };
   std::unordered_map<pid_t, Sequential> last_unexpected_;
   std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
+  std::function<pid_t(pid_t)> parent_lookup_;
+  std::unordered_map<pid_t, pid_t> parents_;  // looked up once per process
+  pid_t parent_of(pid_t pid);
   std::vector<EntryId> readahead_;
 };
 

@@ -11,8 +11,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -43,6 +45,26 @@ struct EngineState {
   PageWindow window GUARDED_BY(mutex);
   std::unordered_set<EntryId> in_flight GUARDED_BY(mutex);  // being staged: an open waits, not reads twice
   std::vector<uint8_t> from_peer GUARDED_BY(mutex);         // per entry: its RAM copy came from a peer
+  // Watched opens (no-open mode with a watch) that no read has reached yet, by file: the first read
+  // counts the file as served from where it read, a close with none left as served by the kernel's pages.
+  // The RAM copy at the open is held for that first read, as a handle holds it: passed at its open, the
+  // file may be evicted before its read arrives.
+  struct Unread {
+    uint32_t opens = 0;
+    FileBytes data;
+    bool from_peer = false;
+  };
+  std::unordered_map<EntryId, Unread> unread GUARDED_BY(mutex);
+  // First reads that came before the watch told their open (its thread was behind): that open is
+  // counted already.
+  struct ReadFirst {
+    uint32_t opens = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::unordered_map<EntryId, ReadFirst> read_before_open GUARDED_BY(mutex);
+  // When the watch last told an open of each file (recent ones): a read from the start that comes
+  // after its close is late, not another open.
+  std::unordered_map<EntryId, std::chrono::steady_clock::time_point> told GUARDED_BY(mutex);
   bool stop GUARDED_BY(mutex) = false;
   bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
   uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;

@@ -152,6 +152,7 @@ struct Handlers {
       if (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) fe.no_open_ = true;
       else log_warning("this kernel cannot open FUSE files without asking the daemon (no-open support); opens are sent as with progress=opens");
     }
+    fe.initialised_ = true;
   }
 
   // The mount's owner (the daemon's user) and root see live control files fresh; others a recent copy.

@@ -40,6 +40,11 @@ class Frontend {
   // Requests answered with an error, by cause; for tests and stats.
   uint64_t erofs_replies() const { return erofs_.load(); }
 
+  // The kernel's INIT was answered: opens_unasked() says how opens go from then on.
+  bool initialised() const { return initialised_.load(); }
+  // The kernel opens files itself, without asking the daemon (no-open mode, as config.no_open asked).
+  bool opens_unasked() const { return no_open_.load(); }
+
  private:
   friend struct Handlers;
   const Manifest& manifest_;
@@ -49,8 +54,9 @@ class Frontend {
   FrontendConfig config_;
   std::atomic<uint64_t> erofs_{0};
   std::atomic<uint64_t> errors_{0};
-  std::atomic<bool> no_open_{false};
-  std::atomic<bool> acls_{false};  // the kernel enforces POSIX ACLs (set once the session is initialised)  // opens are answered ENOSYS (set once the session is initialised)
+  std::atomic<bool> no_open_{false};      // opens are answered ENOSYS (set once the session is initialised)
+  std::atomic<bool> acls_{false};         // the kernel enforces POSIX ACLs (set then too)
+  std::atomic<bool> initialised_{false};  // after both
 };
 
 }  // namespace clairfs

@@ -335,10 +335,11 @@ void check_combinations(ParseState& st) {
   if (o.pagecache_given && o.pagecache > 0 && o.ram == 0) throw UsageError("pagecache= needs staging on (ram= above 0)");
   if (!o.pagecache_given) o.pagecache = std::min<uint64_t>(o.ram / 4, uint64_t{1} << 30);
   if (o.pagecache > o.ram) throw UsageError("pagecache= cannot exceed ram= (it holds copies of staged files)");
+  const std::string progress = o.progress_watch ? "progress=watch" : "progress=reads";
   if (o.progress_given && !o.progress_from_opens && o.ram == 0)
-    throw UsageError("progress=reads needs staging on (ram= above 0)");
+    throw UsageError(progress + " needs staging on (ram= above 0)");
   if (o.progress_given && !o.progress_from_opens && !o.trace.empty())
-    throw UsageError("progress=reads cannot go with trace= (the kernel would not send the opens it records)");
+    throw UsageError(progress + " cannot go with trace= (the kernel would not send the opens it records)");
   if (!o.progress_given) o.progress_from_opens = o.ram == 0 || !o.trace.empty();
   if (o.seed_auto && o.order != Order::kTorch)
     throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle only (order=torch), not order=") +

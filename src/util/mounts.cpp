@@ -63,7 +63,7 @@ void each_mount(Fn fn) {
     std::istringstream tail(line.substr(dash + 3));
     MountEntry e;
     e.mountpoint = unescape(point);
-    tail >> e.fstype >> e.source;
+    tail >> e.fstype >> e.source >> e.super_options;
     e.source = unescape(e.source);
     if (!fn(id, e)) return;
   }
@@ -151,6 +151,21 @@ bool is_dead_fuse_mount(const std::string& abs_path) {
   // statfs always asks the daemon.
   struct statfs sf {};
   return ::statfs(abs_path.c_str(), &sf) != 0 && errno == ENOTCONN;
+}
+
+int open_own_clairfs_mount(const std::string& abs_path) {
+  const int opened =
+      open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  if (opened < 0) return opened;
+  UniqueFd fd(opened);
+  const auto m = mount_with_id(mount_id_of(fd.get()));
+  if (!m || m->fstype != "fuse.clairfs" || m->mountpoint != abs_path) return -ENOENT;
+  const std::string mine = "user_id=" + std::to_string(::geteuid());
+  std::istringstream options(m->super_options);
+  std::string option;
+  bool ours = false;
+  while (std::getline(options, option, ',')) ours = ours || option == mine;
+  return ours ? fd.release() : -ENOENT;
 }
 
 Detached detach_clairfs_mount(const std::string& abs_path) {

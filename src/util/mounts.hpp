@@ -18,6 +18,7 @@ struct MountEntry {
   std::string mountpoint;  // unescaped
   std::string fstype;      // "fuse.clairfs" for ours
   std::string source;      // the fsname
+  std::string super_options;  // the file system's own: FUSE's say user_id= (who mounted it)
 };
 
 // The topmost mount whose mount point is exactly `abs_path`, if any.
@@ -48,6 +49,13 @@ enum class Detached { kNotClairfs, kSymlink, kLive, kDead, kFailed };
 // detached (umount2 through the descriptor as root, else `fusermount3 -u -z`) — a parent directory
 // swapped for a symlink in between cannot turn it onto another mount. kFailed sets errno.
 Detached detach_clairfs_mount(const std::string& abs_path);
+
+// An O_PATH descriptor of the root of the clairfs mount at `abs_path` (lexically_absolute) that this
+// process's user made, or -errno: the path is resolved once, with no symlink on the way (-ELOOP if it
+// has one); the mount it reaches must be a fuse.clairfs mount at exactly `abs_path` whose user_id= is
+// our effective uid (-ENOENT otherwise), so that another user's mount made over it is never taken for
+// ours.
+int open_own_clairfs_mount(const std::string& abs_path);
 
 // A cache folder left in `dir` by a clairfs daemon of this host that has died.
 struct StaleCache {

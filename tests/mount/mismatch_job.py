@@ -7,14 +7,17 @@ prints the mount's stats for that moment as one JSON line: "STATS {...}".
 
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
-                    [--stats-after N] [--watch-batches N]
+                    [--stats-after N] [--watch-batches N] [--start-barrier DIR]
 
 --watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
+--start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
+world's), as torch.distributed's rendezvous makes DDP ranks do.
 """
 import argparse
 import hashlib
 import json
 import os
+import time
 
 import torch  # noqa: F401
 from torch.utils.data import DataLoader, DistributedSampler
@@ -48,6 +51,7 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stats-after", type=int, default=0)
     ap.add_argument("--watch-batches", type=int, default=0)
+    ap.add_argument("--start-barrier")
     args = ap.parse_args()
     global ROOT
     ROOT = args.data
@@ -57,6 +61,11 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank, shuffle=not args.no_shuffle,
                                  seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    if args.start_barrier:
+        open(os.path.join(args.start_barrier, "rank-%d" % args.rank), "w").close()
+        deadline = time.monotonic() + 300
+        while len(os.listdir(args.start_barrier)) < args.world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
     read = wrong = batches = 0
     for epoch in range(args.first_epoch, args.first_epoch + args.epochs):
         if not args.no_set_epoch:

@@ -28,9 +28,10 @@ with h.tempdir() as tmp:
             return f.read().splitlines()
 
     # 1. The predicted order with a budget of a quarter of the data set: the kernel opening files itself
-    # (progress=reads, the default: pushed files are read with no request) or sending every open.
+    # (pushed files are read with no request) and the engine following reads (progress=reads, the
+    # default) or the watch on the mount telling every open (watch), or the kernel sending every open.
     budget = total // 4
-    for progress in ("reads", "opens"):
+    for progress in ("reads", "watch", "opens"):
         with h.mounted(src, mnt, "seed=9,batch_size=8,workers=2,epochs=3,ram=%d,progress=%s" % (budget, progress)):
             peak = [0]
             done = threading.Event()
@@ -52,7 +53,7 @@ with h.tempdir() as tmp:
             watcher.join()
             time.sleep(0.3)  # the kernel sends releases after close, asynchronously
             s = h.stats(mnt)
-            h.check(wrong == 0 and s["progress"]["from"] == progress,
+            h.check(wrong == 0 and s["progress"]["from"] == {"watch": "watched opens"}.get(progress, progress),
                     "progress=%s, predicted order, 2 epochs: every byte equals SOURCE (%d files)" % (progress, opened))
             h.check(peak[0] <= budget, "RAM use peaked at %d bytes, within the %d budget" % (peak[0], budget))
             ram, nvme, source, cached = (s["tiers"][t]["files"] for t in ("ram", "nvme", "source", "pagecache"))

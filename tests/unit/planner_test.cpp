@@ -368,5 +368,53 @@ TEST(Planner, LastInEpoch) {
   EXPECT_TRUE(p.last_in_epoch(4));
 }
 
+TEST(Planner, ARankAnEpochAheadOfAnotherKeepsItsOwnOpens) {
+  // Two ranks on one node, a tolerance that covers most of an epoch (a short data set, large batches):
+  // rank 0 reads three epochs while rank 1 is still in its first. A file rank 0 opens in epoch 1 or 2
+  // often lies near rank 1's place in epoch 0 too; placed there, it carried rank 1's progress away.
+  const uint64_t n = 200, per_rank = n / 2;
+  const auto src = shuffled(n, 2);
+  auto c = config(n, 2, 80);
+  c.horizon = 3;
+  Planner p(c, src);
+  load_all_wanted(p, src, 2, n);
+  // Rank 1's first quarter, then all of rank 0's three epochs, then the rest of rank 1's epoch 0. Each
+  // epoch by another worker process of the rank's main process (pid 10 for rank 0, 20 for rank 1).
+  const auto open_rank = [&](uint64_t rank, uint64_t epoch, uint64_t from, uint64_t to) {
+    const auto seq = src(epoch)[rank];
+    for (uint64_t k = from; k < to; ++k) {
+      const pid_t worker = static_cast<pid_t>(1000 + 100 * rank + epoch);
+      const auto o = p.on_open(seq[k], worker, rank == 0 ? 10 : 20);
+      EXPECT_TRUE(o.expected && o.rank == rank) << "rank " << rank << " epoch " << epoch << " item " << k;
+    }
+    while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, 2, n));
+  };
+  open_rank(1, 0, 0, per_rank / 4);
+  for (uint64_t e = 0; e < 3; ++e) open_rank(0, e, 0, per_rank);
+  open_rank(1, 0, per_rank / 4, per_rank);
+  const Planner::RankProgress r0 = p.progress(0), r1 = p.progress(1);
+  EXPECT_EQ(r0.epoch, 2u);
+  EXPECT_EQ(r0.done, per_rank);
+  EXPECT_EQ(r1.epoch, 0u);
+  EXPECT_EQ(r1.done, per_rank);
+  EXPECT_EQ(p.mispredicted(), 0u);
+}
+
+TEST(Planner, AFileOpenedAgainInTheNextEpochIsThatEpochsUse) {
+  // One rank, a tolerance longer than the epoch: its next epoch's opens of files it read late in the
+  // last must move it on, not count as the last epoch's uses again.
+  const uint64_t n = 50;
+  const auto src = shuffled(n, 1);
+  Planner p(config(n, 1, 60), src);
+  load_all_wanted(p, src, 1, n);
+  for (uint64_t e = 0; e < 2; ++e) {
+    const auto seq = src(e)[0];
+    for (EntryId id : seq) EXPECT_TRUE(p.on_open(id, 7).expected);
+    while (auto w = p.wanted_epoch()) p.add_epoch(Planner::build(src, *w, 1, n));
+  }
+  EXPECT_EQ(p.progress(0).epoch, 1u);
+  EXPECT_EQ(p.progress(0).done, n);
+}
+
 }  // namespace
 }  // namespace clairfs

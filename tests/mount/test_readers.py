@@ -1,0 +1,141 @@
+"""Where every reader is: the flagship job — ImageFolder + DistributedSampler(seed=42) + DataLoader (2
+workers, batch 16), 2 ranks as two processes on one node, 3 epochs with set_epoch — on a mount told exactly
+that (seed=42, world_size=2), in no-open mode with the watch on the mount (progress=watch). Runs alternate torch 1.13 (Debian 12) and, in
+the chroot scripts/torch2-chroot makes, torch 2.x; the torch 2.x runs have both cores kept busy by a CPU
+hog beside the job. The ranks start reading together (as DDP's rendezvous has them; a rank that starts an
+epoch after the other is not yet followed: docs/engine.md). Every open and close reaches the engine through
+the watch on the mount (`"progress": {"from": "watched opens"}`), so:
+
+- no rank is ever called off the plan (the log never says so, in several runs, with both cores kept busy
+  by a CPU hog beside the job);
+- at the end every rank shows its last epoch complete (epoch 2, done == total);
+- the opens seen equal the opens the job made, and the files served by tier add up to them;
+- SOURCE is read no more than once over the job.
+
+Also: a mount made by a user without CAP_SYS_ADMIN cannot watch its mount; the log says why, and the
+engine follows reads (`"from": "reads"`).
+
+Bytes are checked by the job against SOURCE's digests (tests/mount/mismatch_job.py).
+    test_readers.py [RUNS]   (default 3; 2 under a sanitizer; every second run beside the CPU hog)
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
+FILES, EPOCHS, WORLD = 1500, 3, 2
+RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 2 if os.environ.get("CLAIRFS_SANITIZED") else 3
+
+
+CHROOT = os.environ.get("CLAIRFS_TORCH2_ROOT", "/var/cache/clairfs/trixie")
+TORCH2 = os.path.isfile(os.path.join(CHROOT, "usr/lib/python3/dist-packages/torch/__init__.py"))
+
+
+def inside(path):
+    """A path under CHROOT as the chroot sees it."""
+    return "/" + os.path.relpath(path, CHROOT)
+
+
+def start_rank(tmp, mnt, digests, rank, torch2, barrier):
+    if torch2:
+        cmd, where = ["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(tmp + "/mismatch_job.py")], inside
+    else:
+        cmd, where = [sys.executable, JOB], (lambda p: p)
+    return subprocess.Popen(cmd + ["--data", where(mnt), "--digests", where(digests), "--seed", "42", "--world-size",
+                                   str(WORLD), "--rank", str(rank), "--epochs", str(EPOCHS), "--batch-size", "16",
+                                   "--workers", "2", "--start-barrier", where(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"} if torch2 else None)
+
+
+def hog():
+    """Both cores kept busy beside the job, at the job's own priority."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+
+
+proc_mounted = False
+if TORCH2 and not os.path.ismount(os.path.join(CHROOT, "proc")):  # DataLoader workers need /proc
+    subprocess.run(["mount", "-t", "proc", "proc", os.path.join(CHROOT, "proc")], check=True)
+    proc_mounted = True
+if not TORCH2:
+    print("note: no torch 2.x chroot at %s (scripts/torch2-chroot): every run with torch 1.13" % CHROOT)
+with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
+    shutil.copy(JOB, tmp)
+    data, mnt, log = tmp + "/data", tmp + "/mnt", tmp + "/clairfs.log"
+    os.mkdir(mnt)
+    want, total = h.dataset(data, FILES, 8, 8, 30)
+    samples = len(want)
+    digests = tmp + "/digests.json"
+    with open(digests, "w") as f:
+        json.dump(want, f)
+    for run in range(RUNS):
+        torch2 = TORCH2 and run % 2 == 1
+        busy = hog() if run % 2 == 1 else []
+        label = "run %d (torch %s%s)" % (run + 1, "2.x" if torch2 else "1.13", ", beside a CPU hog" if busy else "")
+        try:
+            with h.mounted(data, mnt, "seed=42,batch_size=16,workers=2,world_size=%d,ranks=0-1,progress=watch,log=%s" % (WORLD, log)):
+                barrier = "%s/start-%d" % (tmp, run)  # the ranks start together, as DDP's rendezvous has them
+                os.mkdir(barrier)
+                jobs = [start_rank(tmp, mnt, digests, r, torch2, barrier) for r in range(WORLD)]
+                outs = [j.communicate(timeout=600) for j in jobs]
+                ok = all(j.returncode == 0 for j in jobs) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
+                h.check(ok, "%s: both ranks read %d epochs, every byte right %s" % (
+                    label, EPOCHS, [e.strip()[-300:] for _, e in outs if e.strip()]))
+                time.sleep(0.5)  # the last closes reach the engine
+                s = h.stats(mnt)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+        with open(log) as f:
+            said = f.read()
+        os.unlink(log)
+        h.check(s["progress"]["from"] == "watched opens", "%s: progress from %s" % (label, s["progress"]))
+        off = [line for line in said.splitlines() if "does not read in the planned order" in line or "reads as" in line]
+        h.check(not off, "%s: no rank called off the plan %s" % (label, off[:2]))
+        ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+        h.check(all(e == EPOCHS - 1 and done == tot and v == "following" for _, e, done, tot, v in ranks),
+                "%s: every rank's last epoch complete: %s" % (label, ranks))
+        opens = EPOCHS * samples  # DistributedSampler pads 1500 to an even split: none here
+        served = sum(t["files"] for t in s["tiers"].values())
+        h.check(s["progress"]["opens_seen"] == opens and served == opens,
+                "%s: %d opens seen, %d served by tier, of %d the job made" % (label, s["progress"]["opens_seen"], served, opens))
+        h.check(h.source_bytes(s) <= total, "%s: SOURCE read %.3f× the data set" % (label, h.source_bytes(s) / total))
+
+    # Without root: no watch, the fallback said and used. (/dev/fuse is made usable by all for it, as a
+    # distribution's is, and set back after.)
+    fuse_mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        with h.other_user() as run_as:
+            user = tmp + "/user"
+            os.mkdir(user)
+            os.chmod(tmp, 0o755)
+            os.chmod(data, 0o755)
+            subprocess.run(["chown", "clairfs-other:clairfs-other", user], check=True)
+            r = run_as(["mkdir", user + "/mnt"])
+            r = run_as([h.CLAIRFS, data, user + "/mnt", "-o", "seed=42,batch_size=16,progress=watch,log=%s/log" % user])
+            h.check(r.returncode == 0, "a user mounts without root: %s" % r.stderr.strip())
+            if r.returncode == 0:
+                first = sorted(want)[0]
+                got = run_as(["sha256sum", os.path.join(user, "mnt", first)])
+                cat = run_as(["cat", user + "/mnt/.clairfs/stats"])
+                st = json.loads(cat.stdout) if cat.returncode == 0 else {"progress": {"from": cat.stderr.strip()}}
+                run_as(["fusermount3", "-u", user + "/mnt"])
+                with open(user + "/log") as f:
+                    said = f.read()
+                h.check(got.stdout.split()[:1] == [want[first]] and st["progress"]["from"] == "reads" and
+                        "cannot watch the mount's opens (a watch on a mount needs root" in said,
+                        "without root: read %s; progress from %s; the log says %s" % (
+                            got.stdout.strip() or got.stderr.strip(), st["progress"]["from"],
+                            [line[25:] for line in said.splitlines() if "watch" in line or got.returncode]))
+    finally:
+        os.chmod("/dev/fuse", fuse_mode)
+if proc_mounted:
+    subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
+h.finish()
