@@ -136,6 +136,8 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                             [line[25:] for line in said.splitlines() if "watch" in line or got.returncode]))
     finally:
         os.chmod("/dev/fuse", fuse_mode)
+        if h.is_mounted(tmp + "/user/mnt"):  # the user's unmount did not happen: nothing is left behind
+            subprocess.run(["umount", "-l", tmp + "/user/mnt"])
 if proc_mounted:
     subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
 h.finish()
