@@ -182,8 +182,7 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   {
     MutexLock lock(state_.mutex);
     wait_for_staging(lock, id);
-    data = ram_.get(id);
-    *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+    data = ram_copy(id, from);
     p = place(id, pid, handle);
   }
   *again = p.seen.again;
@@ -271,17 +270,14 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   if (first && watched_.load(std::memory_order_acquire)) {
     {
       MutexLock lock(state_.mutex);
-      bool peer = false;
-      if (take_unread(id, &data, &peer)) {
+      if (take_unread(id, &data, &from)) {
         // The watch told its open: placed then, and its RAM copy held since.
-        if (!data) wait_for_staging(lock, id), data = ram_.get(id), peer = data && state_.from_peer[id];
-        from = peer ? Origin::kPeer : Origin::kRam;
+        if (!data) wait_for_staging(lock, id), data = ram_copy(id, &from);
       } else if (state_.window.is_open(id) || told_lately(id)) {
         // Read from its start again while open (its pages went meanwhile), or late (the kernel's read
         // ahead, after the close): the use the watch told, counted once.
         first = false;
-        data = ram_.get(id);
-        from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+        data = ram_copy(id, &from);
       } else {
         // The watch's thread is behind the reader: the open is placed when it tells it (the watch is
         // the one account of opens), the file counted as served here and not again at its close.
@@ -296,8 +292,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
         auto& ahead = state_.tracker.readahead();  // being read: not to be staged beside it
         if (!ahead.empty()) ahead.erase(std::remove(ahead.begin(), ahead.end(), id), ahead.end());
         wait_for_staging(lock, id);
-        data = ram_.get(id);
-        from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+        data = ram_copy(id, &from);
       }
     }
   } else if (first) {
@@ -307,8 +302,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     first = !again;  // counted once
   } else {
     MutexLock lock(state_.mutex);
-    data = ram_.get(id);
-    from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+    data = ram_copy(id, &from);
   }
   if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
   return demand_.read_unopened(id, pid, first, buf, size, offset, t0);
@@ -343,7 +337,7 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
     p = place(id, pid, true);
     if (!counted) {
       EngineState::Unread& u = state_.unread[id];
-      if (u.opens++ == 0 && (u.data = ram_.get(id))) u.from_peer = state_.from_peer[id];
+      if (u.opens++ == 0) u.data = ram_copy(id, &u.from);
     }
   }
   placed(p);
@@ -352,11 +346,11 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
 void ClairvoyantEngine::closed(EntryId id, pid_t) {
   counters_.watched_closes++;
   FileBytes held;  // let go after the lock
-  bool peer = false;
+  Origin from = Origin::kRam;
   MutexLock lock(state_.mutex);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  if (take_unread(id, &held, &peer)) counters_.served_file(Origin::kPageCache);
+  if (take_unread(id, &held, &from)) counters_.served_file(Origin::kPageCache);
   state_.window.released(id);
 }
 
@@ -374,11 +368,17 @@ bool ClairvoyantEngine::told_lately(EntryId id) const {
   return it != state_.told.end() && Clock::now() - it->second < kReadBeforeOpenAge;
 }
 
-bool ClairvoyantEngine::take_unread(EntryId id, FileBytes* data, bool* from_peer) {
+FileBytes ClairvoyantEngine::ram_copy(EntryId id, Origin* from) const {
+  FileBytes data = ram_.get(id);
+  *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
+  return data;
+}
+
+bool ClairvoyantEngine::take_unread(EntryId id, FileBytes* data, Origin* from) {
   auto it = state_.unread.find(id);
   if (it == state_.unread.end()) return false;
   *data = it->second.data;
-  *from_peer = it->second.from_peer;
+  *from = it->second.from;
   if (--it->second.opens == 0) state_.unread.erase(it);
   return true;
 }

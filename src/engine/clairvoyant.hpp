@@ -110,9 +110,11 @@ class ClairvoyantEngine final : public Engine {
   };
   Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
   void placed(Placed& p) EXCLUDES(state_.mutex);
+  // The RAM copy of `id`, if any, and where it came from (kPeer or kRam).
+  FileBytes ram_copy(EntryId id, Origin* from) const REQUIRES(state_.mutex);
   // A watched open of `id` that no read reached yet: taken (true) by its first read or its close, with
-  // the RAM copy held since the open (if there was one) and whether a peer sent it.
-  bool take_unread(EntryId id, FileBytes* data, bool* from_peer) REQUIRES(state_.mutex);
+  // the RAM copy held since the open (if there was one) and where it came from.
+  bool take_unread(EntryId id, FileBytes* data, Origin* from) REQUIRES(state_.mutex);
   // The watch told an open of `id` within kReadBeforeOpenAge.
   bool told_lately(EntryId id) const REQUIRES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).

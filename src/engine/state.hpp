@@ -52,7 +52,7 @@ struct EngineState {
   struct Unread {
     uint32_t opens = 0;
     FileBytes data;
-    bool from_peer = false;
+    Origin from = Origin::kRam;  // kPeer: a peer sent it
   };
   std::unordered_map<EntryId, Unread> unread GUARDED_BY(mutex);
   // First reads that came before the watch told their open (its thread was behind): that open is

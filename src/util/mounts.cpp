@@ -153,15 +153,27 @@ bool is_dead_fuse_mount(const std::string& abs_path) {
   return ::statfs(abs_path.c_str(), &sf) != 0 && errno == ENOTCONN;
 }
 
-int open_own_clairfs_mount(const std::string& abs_path) {
+// The clairfs mount at `abs_path`, resolved once with no symlink on the way: an O_PATH descriptor of
+// it and its mountinfo entry, or -ELOOP (a symlink on the way), -ENOENT (not a fuse.clairfs mount at
+// exactly that path) or another -errno.
+int open_clairfs_mount(const std::string& abs_path, MountEntry* entry) {
   const int opened =
       open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
   if (opened < 0) return opened;
   UniqueFd fd(opened);
   const auto m = mount_with_id(mount_id_of(fd.get()));
   if (!m || m->fstype != "fuse.clairfs" || m->mountpoint != abs_path) return -ENOENT;
+  *entry = *m;
+  return fd.release();
+}
+
+int open_own_clairfs_mount(const std::string& abs_path) {
+  MountEntry m;
+  const int opened = open_clairfs_mount(abs_path, &m);
+  if (opened < 0) return opened;
+  UniqueFd fd(opened);
   const std::string mine = "user_id=" + std::to_string(::geteuid());
-  std::istringstream options(m->super_options);
+  std::istringstream options(m.super_options);
   std::string option;
   bool ours = false;
   while (std::getline(options, option, ',')) ours = ours || option == mine;
@@ -169,12 +181,10 @@ int open_own_clairfs_mount(const std::string& abs_path) {
 }
 
 Detached detach_clairfs_mount(const std::string& abs_path) {
-  const int opened =
-      open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  MountEntry m;
+  const int opened = open_clairfs_mount(abs_path, &m);
   if (opened < 0) return opened == -ELOOP ? Detached::kSymlink : Detached::kNotClairfs;
   UniqueFd fd(opened);
-  const auto m = mount_with_id(mount_id_of(fd.get()));
-  if (!m || m->fstype != "fuse.clairfs" || m->mountpoint != abs_path) return Detached::kNotClairfs;
   struct statfs sf {};
   const bool dead = ::fstatfs(fd.get(), &sf) != 0 && errno == ENOTCONN;
   // The descriptor's /proc link leads to the mount it holds, not to whatever the path names by now.
