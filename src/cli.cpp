@@ -86,13 +86,16 @@ class StartupReport {
   }
 
   // Returns false if nobody is waiting any more (the command was interrupted while we scanned): then the
-  // mount must not outlive the command that asked for it. REQUIRES: SIGPIPE ignored (libfuse does it).
-  bool live() {
+  // mount must not outlive the command that asked for it. With `more`, the command goes on waiting until
+  // done() (for the watch on the mount to start). REQUIRES: SIGPIPE ignored (libfuse does it).
+  bool live(bool more = false) {
     if (fd_ < 0) return true;
     const bool heard = ::write(fd_, "0", 1) == 1;
-    close();
+    if (!more) close();
     return heard;
   }
+  // The command returns now. Any thread, once live(true) has returned.
+  void done() { close(); }
 
  private:
   void close() {
@@ -554,8 +557,11 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
     if (world->rank() == 0) log_notice("all " + std::to_string(world->size()) + " nodes mounted");  // the job helper waits for it
   }
   if (!failure.empty()) return report.fail(kExitFailure, failure);
+  // In no-open mode every open and close is still seen, by a watch on the mount (fuse/open_watch.hpp): the
+  // mount command returns once it has started (or could not), so that a job started then is seen whole.
+  const bool watching = frontend_config.no_open && o.progress_watch;
   if (report.detached()) {
-    if (!report.live()) return kExitFailure;  // unmounts on the way out
+    if (!report.live(watching)) return kExitFailure;  // unmounts on the way out
     detach_from_terminal(o.log == "stderr");
   } else if (o.log_given) {
     log_detached();  // -f or a launcher, with log= given: its target from here on
@@ -563,8 +569,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   log_serving();
   log_notice("mounted " + o.source_abs + " at " + o.mountpoint_abs + " (" + std::to_string(d.manifest->samples().size()) +
            " samples)");
-  // In no-open mode every open and close is still seen, by a watch on the mount (fuse/open_watch.hpp).
-  if (frontend_config.no_open && o.progress_watch) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend);
+  if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
   const int rc = session->serve();
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");

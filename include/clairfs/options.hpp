@@ -91,7 +91,7 @@ struct Options {
   // How the engine learns where the readers are: from every open the kernel sends to the daemon
   // (progress_from_opens), or, with the kernel opening files itself (FUSE no-open mode: pushed files cost
   // no request), from a watch on the mount that sees every open and close (progress_watch; from reads
-  // where the watch cannot start) or from reads alone. Default: reads when staging, opens with trace=
+  // where the watch cannot start) or from reads alone. Default: watch when staging, opens with trace=
   // (which records opens) or without staging.
   bool progress_from_opens = false;
   bool progress_watch = false;

@@ -197,12 +197,14 @@ bool Planner::last_in_epoch(uint64_t key) const {
 }
 
 std::optional<uint64_t> Planner::rank_read_for(pid_t pid, pid_t parent) const {
+  if (pid <= 0) return std::nullopt;  // not told
   if (auto it = readers_.find(pid); it != readers_.end() && it->second.opens >= kSureOpens) return it->second.rank;
   if (auto it = parents_.find(parent); parent > 0 && it != parents_.end() && it->second != kManyRanks) return it->second;
   return std::nullopt;
 }
 
 void Planner::note_reader(pid_t pid, pid_t parent, uint64_t rank) {
+  if (pid <= 0) return;
   if (readers_.size() > kMaxReaders) readers_.clear();
   Reader& r = readers_[pid];
   if (r.opens == 0 || r.rank != rank) r = Reader{rank, 0};  // (it reads for another rank now)
@@ -257,7 +259,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
   // Counts the open at `key` as its rank's.
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
-    rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
+    if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
     const uint64_t presumed = consume(r, rank, key);
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
@@ -384,13 +386,46 @@ size_t Planner::resync_needed(uint64_t rank) const {
 }
 
 void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
-  constexpr double p1 = 0.97;
+  constexpr double p1 = kP1;
   const double p0 = chance_near(rank);
   r.evidence += hit ? std::log(p1 / p0) : std::log((1 - p1) / (1 - p0));
   r.evidence = std::clamp(r.evidence, -kDecide, kDecide);
   ++r.evidence_opens;
   if (r.evidence >= kDecide) r.confirmed = true;
   if (r.evidence <= -kDecide && r.evidence_opens >= kMinEvidence) lose(r, Lost::kOtherOrder);
+}
+
+double Planner::false_verdict_chance(double p0, double miss, uint64_t opens) {
+  // The ratio on a grid of `step` from -kDecide to +kDecide (where weigh() clamps it), per count of
+  // opens weighed below kMinEvidence (a verdict needs that many): the chance of each cell, open by open.
+  constexpr double step = 1e-3;
+  const auto cells = static_cast<size_t>(std::ceil(2 * kDecide / step)) + 1;
+  const auto up = static_cast<ptrdiff_t>(std::floor(std::log(kP1 / p0) / step));                // a hit, rounded down
+  const auto down = static_cast<ptrdiff_t>(std::ceil(-std::log((1 - kP1) / (1 - p0)) / step));  // a miss, rounded up
+  const auto zero = static_cast<ptrdiff_t>(cells / 2);
+  const auto last = static_cast<ptrdiff_t>(cells - 1);
+  std::vector<std::vector<double>> now(kMinEvidence + 1, std::vector<double>(cells, 0.0)), next = now;
+  now[0][static_cast<size_t>(zero)] = 1.0;
+  double called = 0;
+  for (uint64_t o = 0; o < opens; ++o) {
+    for (auto& row : next) std::fill(row.begin(), row.end(), 0.0);
+    for (size_t n = 0; n <= kMinEvidence; ++n) {
+      const size_t after = std::min<size_t>(n + 1, kMinEvidence);
+      for (ptrdiff_t c = 0; c < static_cast<ptrdiff_t>(cells); ++c) {
+        const double at = now[n][static_cast<size_t>(c)];
+        if (at == 0) continue;
+        next[after][static_cast<size_t>(std::min(c + up, last))] += at * (1 - miss);
+        const ptrdiff_t to = std::max<ptrdiff_t>(c - down, 0);
+        if (to == 0 && after >= kMinEvidence) {
+          called += at * miss;  // at or below -kDecide, with enough opens: lost
+        } else {
+          next[after][static_cast<size_t>(to)] += at * miss;
+        }
+      }
+    }
+    std::swap(now, next);
+  }
+  return called;
 }
 
 std::optional<uint64_t> Planner::blame(EntryId id, pid_t pid) const {

@@ -102,6 +102,12 @@ struct PlannerConfig {
 
 class Planner {
  public:
+  // The chance that a rank whose reader follows the plan is called off it within `opens` opens of a
+  // fresh start, when each of its opens falls outside the tolerance independently with chance `miss`
+  // (p0 as above): the sequential test's walk, worked out exactly on a grid of its ratio (each step
+  // rounded against the rank, so the answer is an upper bound).
+  static double false_verdict_chance(double p0, double miss, uint64_t opens);
+  static constexpr double kP1 = 0.97;  // an open near its place, for a reader in the plan's order
   static constexpr size_t kResync = 4;
   static constexpr uint64_t kMinEvidence = 8;
   static constexpr double kDecide = 4.6;  // ln 100
@@ -123,7 +129,8 @@ class Planner {
     uint64_t presumed = 0;  // silent uses of that rank this open counted as read
     bool blamed = false;    // unexpected, and counted against `rank` (its process's, or whose file it is)
   };
-  // `parent`: the opener's parent process, if known (0 if not): the workers of one DataLoader share it.
+  // `pid`: the opener, 0 if not known (a user's watch is not told). `parent`: its parent process, if known
+  // (0 if not): the workers of one DataLoader share it.
   Open on_open(EntryId id, pid_t pid, pid_t parent = 0);
 
   // The kernel holds the pages of the use at `key` (the engine pushed them), so its reader reads it

@@ -123,7 +123,7 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
 }
 
 pid_t ReaderTracker::parent_of(pid_t pid) {
-  if (!parent_lookup_) return 0;
+  if (!parent_lookup_ || pid <= 0) return 0;
   if (parents_.size() > kMaxReaders) parents_.clear();
   auto [it, fresh] = parents_.try_emplace(pid, 0);
   if (fresh) it->second = parent_lookup_(pid);

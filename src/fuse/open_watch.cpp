@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "util/log.hpp"
@@ -17,14 +18,14 @@ namespace clairfs {
 
 namespace {
 
-// Bytes read from the group at once: each event's descriptor is open until it is handled, so this bounds
-// the descriptors the thread holds (an event is 24 bytes: about 680).
+// Bytes read from the group at once (an event with FUSE's handle is 56 bytes: about 290).
 constexpr size_t kEventBuffer = 16 * 1024;
 // How often the thread looks whether the session has started (the kernel's INIT answered).
 constexpr int kInitPollMs = 5;
-// Reads that failed in a row (the kernel could not open an event's file: out of descriptors, say)
-// before the thread pauses.
-constexpr unsigned kErrorsBeforePause = 64;
+// How long the thread lets events gather after it has read all there were (the kernel's queue holds
+// 16,384: at 50,000 opens and closes a second, 50 gather in this time).
+constexpr int kGatherMs = 1;
+// After a read that failed (not expected: events hold nothing that can fail), the thread pauses this long.
 constexpr int kPauseMs = 10;
 // Events read and not yet handed to the engine, at most (16 bytes each): beyond, they are dropped and
 // the engine told of a loss.
@@ -35,16 +36,18 @@ std::string errno_text(int e) { return std::strerror(e); }
 }  // namespace
 
 OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine,
-                     const Frontend& frontend)
+                     const Frontend& frontend, std::function<void()> started)
     : mountpoint_(mountpoint_abs),
       manifest_(manifest),
       engine_(engine),
       frontend_(frontend),
       self_(::getpid()),
+      started_(std::move(started)),
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!stop_) {
     log_warning("cannot watch the mount's opens (eventfd: " + errno_text(errno) +
                 "): progress is inferred from first reads");
+    if (started_) started_();
     return;
   }
   thread_ = std::thread([this] { run(); });
@@ -67,10 +70,16 @@ OpenWatch::~OpenWatch() {
 }
 
 std::string OpenWatch::watch() {
-  const int group = ::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+  // Events name their file by a file handle, not by a descriptor opened for us: nothing they hold keeps
+  // the mount busy. Root may mark any number of directories; a user as many as fs.fanotify.max_user_marks
+  // allows (and is not told other processes' pids).
+  constexpr unsigned kFlags = FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_REPORT_FID;
+  int group = ::fanotify_init(kFlags | FAN_UNLIMITED_MARKS, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+  if (group < 0 && errno == EPERM) group = ::fanotify_init(kFlags, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
   if (group < 0) {
-    if (errno == EPERM) return "a watch on a mount needs root (CAP_SYS_ADMIN)";
     if (errno == ENOSYS) return "this kernel has no fanotify";
+    if (errno == EINVAL) return "this kernel's fanotify cannot report file handles (Linux 5.1 or later can)";
+    if (errno == EPERM) return "this kernel lets only root use fanotify (Linux 5.13 or later lets a user)";
     return "fanotify_init: " + errno_text(errno);
   }
   group_ = UniqueFd(group);
@@ -79,73 +88,124 @@ std::string OpenWatch::watch() {
   const int root = open_own_clairfs_mount(mountpoint_);
   if (root < 0) return "cannot find this mount at " + mountpoint_ + ": " + errno_text(-root);
   const UniqueFd root_fd(root);
-  // fanotify_mark takes no O_PATH descriptor, but a path through it: /proc/self/fd/N is that very mount.
-  const std::string path = "/proc/self/fd/" + std::to_string(root);
-  if (::fanotify_mark(group, FAN_MARK_ADD | FAN_MARK_MOUNT, FAN_OPEN | FAN_CLOSE_NOWRITE, AT_FDCWD, path.c_str()) != 0)
-    return "fanotify_mark: " + errno_text(errno);
+  struct stat root_st {};
+  if (::fstat(root, &root_st) != 0) return "cannot stat the mount: " + errno_text(errno);
+  // A mark on each directory, for its children's opens and closes: the kernel tells of every open of a
+  // file in it, by any path (a bind mount too), whether or not a request reaches us.
+  for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
+    if (!manifest_.is_dir(dir)) continue;
+    const int fd = open_beneath(root, manifest_.components(dir), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd < 0) return "cannot open /" + manifest_.path(dir) + " in the mount: " + errno_text(-fd);
+    const UniqueFd dir_fd(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_dev != root_st.st_dev || st.st_ino != Frontend::ino_of(dir))
+      return "/" + manifest_.path(dir) + " in the mount is not this mount's directory";
+    if (::fanotify_mark(group, FAN_MARK_ADD, FAN_OPEN | FAN_CLOSE_NOWRITE | FAN_EVENT_ON_CHILD, fd, nullptr) != 0) {
+      if (errno == ENODEV || errno == EOPNOTSUPP || errno == EXDEV)
+        return "this kernel's fanotify cannot name FUSE files (Linux 6.8 or later can)";
+      if (errno == ENOSPC) return "more directories than fs.fanotify.max_user_marks lets a user watch";
+      return "fanotify_mark: " + errno_text(errno);
+    }
+  }
   return "";
 }
 
 void OpenWatch::run() {
+  const bool watching = start();
+  if (started_) started_();
+  if (watching) drain();
+}
+
+bool OpenWatch::start() {
   pollfd stop{stop_.get(), POLLIN, 0};
   // Whether the kernel opens files without asking is known once the session has started.
   while (!frontend_.initialised()) {
-    if (::poll(&stop, 1, kInitPollMs) > 0) return;
+    if (::poll(&stop, 1, kInitPollMs) > 0) return false;
   }
-  if (!frontend_.opens_unasked()) return;  // the kernel sends every open to the daemon: nothing to watch
+  if (!frontend_.opens_unasked()) return false;  // the kernel sends every open to the daemon: nothing to watch
   if (std::string why = watch(); !why.empty()) {
+    group_ = UniqueFd();  // and the marks made with it: they count against the user's
     log_warning("cannot watch the mount's opens (" + why + "): progress is inferred from first reads");
-    return;
+    return false;
   }
   // At once: a file opened from here on and read before this would be counted twice (its first read
   // as its open, then the event).
   engine_.watching_opens();
   dispatcher_ = std::thread([this] { dispatch(); });
   log_info("watching every open and close of the mount (fanotify)");
+  return true;
+}
+
+void OpenWatch::drain() {
   pollfd fds[2] = {{group_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
   alignas(fanotify_event_metadata) char buf[kEventBuffer];
-  unsigned failed = 0;
   for (;;) {
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) break;
     if (fds[1].revents) break;
     for (;;) {
       const ssize_t n = ::read(group_.get(), buf, sizeof(buf));
       if (n > 0) {
-        failed = 0;
         handle(buf, static_cast<size_t>(n));
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) break;
-      // The kernel could not open an event's file for us (the event is gone): lost, and read on.
-      pass_on({Event{0, 0, Event::kLost}});
-      if (++failed >= kErrorsBeforePause) {
-        failed = 0;
-        if (::poll(&fds[1], 1, kPauseMs) > 0) return;
+      if (n < 0 && errno == EAGAIN) {
+        // Drained: a pause lets the next events gather, so that a reader opening tens of thousands of
+        // files a second wakes this thread (and the dispatcher) a thousand times a second, not once an open.
+        if (::poll(&fds[1], 1, kGatherMs) > 0) return;
+        break;
       }
+      // Events may have gone with it: said to be lost, and read on.
+      pass_on({Event{0, 0, Event::kLost}});
+      if (::poll(&fds[1], 1, kPauseMs) > 0) return;
     }
   }
 }
 
+std::optional<EntryId> OpenWatch::entry_of(const fanotify_event_metadata& m) const {
+  // The event's records after its metadata: the file's handle is FUSE's, its node id in two words (the
+  // daemon's inode number: Frontend::ino_of).
+  const char* at = reinterpret_cast<const char*>(&m) + m.metadata_len;
+  const char* end = reinterpret_cast<const char*>(&m) + m.event_len;
+  while (end - at >= static_cast<ptrdiff_t>(sizeof(fanotify_event_info_header))) {
+    fanotify_event_info_header header;
+    std::memcpy(&header, at, sizeof(header));
+    if (header.len < sizeof(header) || header.len > end - at) break;
+    if (header.info_type == FAN_EVENT_INFO_TYPE_FID) {
+      const size_t handle_at = offsetof(fanotify_event_info_fid, handle);
+      file_handle handle;
+      uint32_t words[2];
+      if (header.len < handle_at + sizeof(handle) + sizeof(words)) return std::nullopt;
+      std::memcpy(&handle, at + handle_at, sizeof(handle));
+      if (handle.handle_type != kFuseHandle || handle.handle_bytes < sizeof(words)) return std::nullopt;
+      std::memcpy(words, at + handle_at + sizeof(handle), sizeof(words));
+      const uint64_t ino = uint64_t{words[0]} << 32 | words[1];
+      if (ino < Frontend::ino_of(0)) return std::nullopt;
+      return static_cast<EntryId>(ino - Frontend::ino_of(0));
+    }
+    at += header.len;
+  }
+  return std::nullopt;
+}
+
 void OpenWatch::handle(const char* events, size_t len) {
-  // Each event holds the mount (an unmount meanwhile fails as busy) until it is read and its descriptor
-  // closed: that is all this thread does. The engine hears of them on the dispatcher's thread.
+  // All this thread does is read the events: the engine hears of them on the dispatcher's thread.
   std::vector<Event> batch;
   auto left = static_cast<ssize_t>(len);
   for (auto* m = reinterpret_cast<const fanotify_event_metadata*>(events); FAN_EVENT_OK(m, left);
        m = FAN_EVENT_NEXT(m, left)) {
-    if (m->mask & FAN_Q_OVERFLOW) batch.push_back(Event{0, 0, Event::kLost});
-    if (m->fd < 0) continue;
-    struct statx sx {};
-    const int rc = ::statx(m->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &sx);  // cached: no request
-    ::close(m->fd);
-    if (rc != 0 || m->pid == self_ || sx.stx_ino < Frontend::ino_of(0)) continue;
-    const auto id = static_cast<EntryId>(sx.stx_ino - Frontend::ino_of(0));
-    if (id >= manifest_.size() || !S_ISREG(manifest_.mode(id))) continue;  // a control file, say
+    if (m->mask & FAN_Q_OVERFLOW) {
+      batch.push_back(Event{0, 0, Event::kLost});
+      continue;
+    }
+    // pid 0: not told (a user's group hears only its own pid).
+    if (m->pid == self_) continue;
+    const std::optional<EntryId> id = entry_of(*m);
+    if (!id || *id >= manifest_.size() || !S_ISREG(manifest_.mode(*id))) continue;  // a control file, say
     // Both in one event when the kernel merged a close into the open still queued.
     const uint8_t what = static_cast<uint8_t>(((m->mask & FAN_OPEN) ? Event::kOpen : 0) |
                                               ((m->mask & FAN_CLOSE_NOWRITE) ? Event::kClose : 0));
-    batch.push_back(Event{id, static_cast<pid_t>(m->pid), what});
+    batch.push_back(Event{*id, static_cast<pid_t>(m->pid), what});
   }
   pass_on(std::move(batch));
 }

@@ -2,30 +2,33 @@
 //
 // In FUSE no-open mode the kernel opens and closes files without a word to the daemon, and a file whose
 // pages it holds is read with no request at all: the opens that say where each reader is never reach
-// us. A fanotify group with a mark on the mount (FAN_OPEN | FAN_CLOSE_NOWRITE) is told of each one, with
-// the opener's process, at a cost to the opener of one queued event (the daemon's thread does the rest).
-// The watch's thread reads the events and a second thread hands each to the engine (Engine::opened,
-// Engine::closed): each event holds the mount until it is read (an unmount meanwhile fails as busy), so
-// the reading thread does nothing else and never waits on the engine.
+// us. A fanotify group with a mark on each of the mount's directories (FAN_OPEN | FAN_CLOSE_NOWRITE of
+// its children) is told of each one, with the opener's process, at a cost to the opener of one queued
+// event. The watch's thread reads the events and a second thread hands each to the engine
+// (Engine::opened, Engine::closed), so that the kernel's queue is drained however busy the engine is.
 //
-// Each event carries a descriptor the kernel opened for us on the file (FUSE has no file handles that
-// fanotify can report instead: its fsid is zero): its inode number, read from the kernel's cached
-// attributes (no request), is the entry's (Frontend::ino_of), and it is closed at once. Opens by the
-// daemon's own process, of the control files and of anything not a regular file of the data set, are
-// left out.
+// Each event names its file by a file handle (FAN_REPORT_FID), which for FUSE holds the node id: the
+// entry's inode number (Frontend::ino_of). No descriptor is opened for the watch, so no event keeps the
+// mount busy. Opens by the daemon's own process, of the control files and of anything not a regular
+// file of the data set, are left out. A user's daemon is not told other processes' pids (the engine then
+// places opens by their files alone).
 //
-// When events are lost (the kernel's queue, 16,384 events, overflowed while this thread was behind; or
-// the kernel could not open an event's file for us), the engine is told (Engine::opens_lost), which
-// counts it. Without CAP_SYS_ADMIN (a mount mark needs it), on a kernel without fanotify, or when the
-// kernel sends opens anyway (no no-open support), the watch does not start and the log says why; the
-// engine then keeps inferring opens from first reads (its stats say `"progress": {"from": "reads"}`).
+// When events are lost (the kernel's queue, 16,384 events, overflowed while this thread was behind), the
+// engine is told (Engine::opens_lost), which counts it. On a kernel that cannot report FUSE's handles
+// (before 6.8, whose fanotify refuses a file system with no fsid), without fanotify, with more
+// directories than a user may mark, or when the kernel sends opens anyway (no no-open support), the
+// watch does not start and the log says why; the engine then keeps inferring opens from first reads
+// (its stats say `"progress": {"from": "reads"}`).
 #pragma once
 
+#include <sys/fanotify.h>
 #include <sys/types.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,11 +43,13 @@ namespace clairfs {
 
 class OpenWatch {
  public:
-  // Starts the thread, which marks the clairfs mount at `mountpoint_abs` (made by this user: see
+  // Starts the thread, which marks the directories of the clairfs mount at `mountpoint_abs` (made by this user: see
   // open_own_clairfs_mount) once the session answers, and waits for the kernel's INIT to know whether
   // opens reach the daemon anyway. REQUIRES: manifest, engine and frontend outlive the watch; the
   // session goes first (the mark may wait for the session to answer, which a session gone ends).
-  OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine, const Frontend& frontend);
+  // `started` is called once, on the watch's thread, when it watches or has given up.
+  OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine, const Frontend& frontend,
+            std::function<void()> started = {});
   // Stops and joins the thread.
   ~OpenWatch();
   OpenWatch(const OpenWatch&) = delete;
@@ -52,6 +57,10 @@ class OpenWatch {
 
  private:
   void run();
+  // Waits for the session, marks the directories, starts the dispatcher: whether it watches.
+  bool start();
+  // Reads the events until stopped.
+  void drain();
   // Marks the mount; "" or why not.
   std::string watch();
   struct Event {
@@ -61,6 +70,10 @@ class OpenWatch {
     static constexpr uint8_t kOpen = 1, kClose = 2, kLost = 4;
   };
   void handle(const char* events, size_t len);
+  // The entry an event names, if any.
+  std::optional<EntryId> entry_of(const fanotify_event_metadata& m) const;
+  // FUSE's file handle type (fuse_encode_fh): the node id's high and low words, then its generation.
+  static constexpr int kFuseHandle = 0x81;
   void pass_on(std::vector<Event> batch) EXCLUDES(queue_mutex_);
   void dispatch() EXCLUDES(queue_mutex_);
 
@@ -69,6 +82,7 @@ class OpenWatch {
   Engine& engine_;
   const Frontend& frontend_;
   const pid_t self_;
+  std::function<void()> started_;
   UniqueFd group_;  // the fanotify group
   UniqueFd stop_;   // an eventfd: written to stop the thread
   Mutex queue_mutex_;

@@ -340,7 +340,10 @@ void check_combinations(ParseState& st) {
     throw UsageError(progress + " needs staging on (ram= above 0)");
   if (o.progress_given && !o.progress_from_opens && !o.trace.empty())
     throw UsageError(progress + " cannot go with trace= (the kernel would not send the opens it records)");
-  if (!o.progress_given) o.progress_from_opens = o.ram == 0 || !o.trace.empty();
+  if (!o.progress_given) {
+    o.progress_from_opens = o.ram == 0 || !o.trace.empty();
+    o.progress_watch = !o.progress_from_opens;
+  }
   if (o.seed_auto && o.order != Order::kTorch)
     throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle only (order=torch), not order=") +
                      order_name(o.order) + "; give seed=");

@@ -175,18 +175,19 @@ const std::vector<OptionSpec> kTable = {
     {"nvme_size", Takes::kValue, "SIZE", S::kCaches, "90% of DIR's free space", false,
      "NVMe tier budget; needs nvme=", "Hard limit on the NVMe tier; needs `nvme=`.",
      [](Options& o, const GivenOption& g) { o.nvme_size = parse_size(g.key, g.value); }},
-    {"progress", Takes::kValue, "reads|watch|opens", S::kCaches, "reads", false,
-     "how the engine follows the readers: reads (the kernel opens files without asking, so pushed files cost "
-     "no request), watch (the same, and a watch on the mount sees every open) or opens (every open goes to "
-     "the daemon)",
-     "How the engine follows the readers. `reads`: the kernel opens files without asking the daemon (FUSE "
+    {"progress", Takes::kValue, "watch|reads|opens", S::kCaches, "watch (opens without staging or with trace=)", false,
+     "how the engine follows the readers: watch (the kernel opens files without asking, so pushed files cost "
+     "no request, and a watch on the mount sees every open), reads (the same without the watch: from reads) "
+     "or opens (every open goes to the daemon)",
+     "How the engine follows the readers. `watch`: the kernel opens files without asking the daemon (FUSE "
      "no-open mode), so files pushed into the page cache are read with no request at all, at page-cache "
-     "speed; the engine learns where readers are from reads of files it left unpushed on purpose (see "
-     "[engine.md](engine.md)). `watch`: no-open mode too, and a fanotify watch on the mount tells the engine "
-     "of every open and close with the reader's process (needs root; where it cannot start the log says why "
-     "and the engine follows reads); an unmount right after a burst of opens can find the mount busy while "
-     "the watch catches up. `opens`: every open and close goes to the daemon (a round trip each). Staging "
-     "must be on for `reads` and `watch`; `trace=` needs `opens` (and implies it).",
+     "speed, and a fanotify watch on the mount's directories tells the engine of every open and close (with "
+     "the reader's process when the daemon runs as root); where the watch cannot start (Linux before 6.8, "
+     "more directories than `fs.fanotify.max_user_marks` lets a user mark) the log says why and the engine "
+     "follows reads. `reads`: no-open mode without the watch; the engine learns where readers are from reads "
+     "of files it left unpushed on purpose (see [engine.md](engine.md)). `opens`: every open and close goes "
+     "to the daemon (a round trip each). Staging must be on for `watch` and `reads`; `trace=` needs `opens` "
+     "(and implies it).",
      [](Options& o, const GivenOption& g) {
        if (g.value != "watch" && g.value != "reads" && g.value != "opens")
          bad_value(g.key, g.value, "use reads, watch or opens");

@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--stats-after", type=int, default=0)
     ap.add_argument("--watch-batches", type=int, default=0)
     ap.add_argument("--start-barrier")
+    ap.add_argument("--persistent-workers", action="store_true")
+    ap.add_argument("--prefetch-factor", type=int, default=2)
     args = ap.parse_args()
     global ROOT
     ROOT = args.data
@@ -60,7 +62,9 @@ def main():
     dataset = datasets.ImageFolder(args.data, loader=digest_of)
     sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank, shuffle=not args.no_shuffle,
                                  seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    with_workers = {"persistent_workers": args.persistent_workers, "prefetch_factor": args.prefetch_factor}
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                        **(with_workers if args.workers > 0 else {}))
     if args.start_barrier:
         open(os.path.join(args.start_barrier, "rank-%d" % args.rank), "w").close()
         deadline = time.monotonic() + 300

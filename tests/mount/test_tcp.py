@@ -4,7 +4,9 @@ proxies through an ssh stand-in, MPI over TCP only (UCX_TLS=tcp,self: left to it
 memory even across network namespaces). Started and stopped with clairfs-job-mount / -umount.
 
 1. Two epochs, the three ranks in step: every byte right, nodes fetch from each other over the
-   bridge (stats, tc's byte counts, connections between the hosts), SOURCE read about once.
+   bridge (stats, tc's byte counts, connections between the hosts), SOURCE read about once; at the end
+   each node's status shows its rank's last epoch complete, and its opens seen (the watch on the mount)
+   and files served by tier equal the opens its reader made.
 2. Ten clean ends in a row: each umount exits 0 within seconds, no mount, daemon or cache folder stays.
 3. One node's daemon SIGKILLed mid-read: its mount goes with it (auto_unmount), the others read on with
    right bytes, and at the end they still stop cleanly; only the dead node's cache folder is named (and
@@ -82,7 +84,15 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         sent0 = [net.sent_bytes(n) for n in range(NODES)]
         threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS)
         join(threads)
+        time.sleep(0.5)  # the last closes reach the engines
         s = [h.stats(m) for m in mnts]
+        ends = [[(x["rank"], x["epoch"], x["done"], x["total"], x["verdict"].strip()) for x in y["ranks"]] for y in s]
+        h.check(all(len(e) == 1 and e[0][1] == EPOCHS - 1 and e[0][2] == e[0][3] and e[0][4] == "following" for e in ends),
+                "each node's rank ends with its last epoch complete: %s" % ends)
+        by_tier = [sum(t["files"] for t in x["tiers"].values()) for x in s]
+        seen = [x["progress"]["opens_seen"] for x in s]
+        h.check(by_tier == opened and seen == opened,
+                "each node's opens seen %s and files served by tier %s equal the opens made %s" % (seen, by_tier, opened))
         conns = [net.peer_connections(n) for n in range(NODES)]
         sent = [net.sent_bytes(n) - sent0[n] for n in range(NODES)]
         h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
