@@ -94,13 +94,17 @@ std::string OpenWatch::watch() {
   // file in it, by any path (a bind mount too), whether or not a request reaches us.
   for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
     if (!manifest_.is_dir(dir)) continue;
-    const int fd = open_beneath(root, manifest_.components(dir), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    // O_PATH: no OPENDIR for the daemon to answer. fanotify_mark takes no such descriptor, but a path
+    // through it: /proc/self/fd/N is that very directory.
+    const int fd = open_beneath(root, manifest_.components(dir), O_PATH | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) return "cannot open /" + manifest_.path(dir) + " in the mount: " + errno_text(-fd);
     const UniqueFd dir_fd(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || st.st_dev != root_st.st_dev || st.st_ino != Frontend::ino_of(dir))
       return "/" + manifest_.path(dir) + " in the mount is not this mount's directory";
-    if (::fanotify_mark(group, FAN_MARK_ADD, FAN_OPEN | FAN_CLOSE_NOWRITE | FAN_EVENT_ON_CHILD, fd, nullptr) != 0) {
+    const std::string held = "/proc/self/fd/" + std::to_string(fd);
+    if (::fanotify_mark(group, FAN_MARK_ADD, FAN_OPEN | FAN_CLOSE_NOWRITE | FAN_EVENT_ON_CHILD, AT_FDCWD,
+                        held.c_str()) != 0) {
       if (errno == ENODEV || errno == EOPNOTSUPP || errno == EXDEV)
         return "this kernel's fanotify cannot name FUSE files (Linux 6.8 or later can)";
       if (errno == ENOSPC) return "more directories than fs.fanotify.max_user_marks lets a user watch";
