@@ -432,8 +432,6 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   // so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
   c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);
   c.loader_window = o.prefetch_factor * std::max<uint64_t>(o.workers, 1) * o.batch_size;
-  c.batch = o.batch_size;
-  c.workers = o.workers;
   c.nvme = o.nvme;
   c.nvme_size = o.nvme_size;
   c.pagecache = o.pagecache;

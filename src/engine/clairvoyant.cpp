@@ -64,9 +64,6 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
-  p.batch = c.batch;
-  p.workers = c.workers;
-  p.every_open = !c.no_open;  // else from opens_seen() on, if a watch starts
   // Without opens, an empty file's use never reaches us: the kernel has nothing to read.
   if (c.no_open) p.unseen = [&manifest](EntryId id) { return manifest.entry(id).size == 0; };
   return p;
@@ -152,7 +149,6 @@ void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
 
 ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool handle) {
   Placed p;
-  p.pid = pid;
   if (handle) state_.window.opened(id);
   p.seen = state_.tracker.on_open(id, pid, handle);
   for (uint64_t r : p.seen.diagnose) {
@@ -177,10 +173,6 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (p.wake) state_.progress.notify_all();
-  if (p.seen.open.turned && !other_reader_said_.exchange(true))
-    log_warning("process " + std::to_string(p.pid) +
-                " opens files in another order than this mount's: taken as another job's reader, its opens are "
-                "not followed (the stats count such readers: progress.other_readers)");
   if (!p.seen.changed.empty() || !p.evidence.empty()) tell(p.seen, std::move(p.evidence));
 }
 
@@ -445,16 +437,11 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                     {"pushes", counters_.pushes.load()}, {"push_failures", counters_.push_failures.load()},
                     {"drops", counters_.drops.load()}};
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
-  j["progress"] = {{"from", !config_.no_open ? "opens"
-                            : inferred       ? "reads"
-                                             : "watched opens"},
+  j["progress"] = {{"from", !config_.no_open ? "opens" : inferred ? "reads" : "watched opens"},
                    {"beacon_every", inferred ? state_.window.beacon_every() : 0},
                    {"opens_seen", counters_.watched_opens.load()},
                    {"closes_seen", counters_.watched_closes.load()},
-                   {"losses", counters_.watch_losses.load()},
-                   // Processes reading in another order than the plan's while it is followed (another job).
-                   {"other_readers", state_.planner.other_readers()},
-                   {"other_opens", state_.planner.other_opens()}};
+                   {"losses", counters_.watch_losses.load()}};
 }
 
 std::string ClairvoyantEngine::stats_json() const {

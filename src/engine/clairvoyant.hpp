@@ -54,8 +54,6 @@ struct EngineConfig {
   uint64_t tolerance = 256;        // steps an open may stray from its rank's place (Planner)
   uint64_t horizon = 2;            // epochs planned after the readers' one (Planner)
   uint64_t loader_window = 16;     // files a rank's DataLoader opens ahead: prefetch_factor × workers × batch
-  uint64_t batch = 0;              // a DataLoader batch (Planner: readers judged one by one; 0: not)
-  uint64_t workers = 0;            // a rank's DataLoader workers, as told (0: not told)
   std::string nvme;                // a directory; empty: no NVMe tier
   uint64_t nvme_size = 0;          // 0: 90% of what is free there
   uint64_t pagecache = 0;          // bytes pushed ahead into the kernel at most; 0: no pushes
@@ -109,7 +107,6 @@ class ClairvoyantEngine final : public Engine {
     ReaderTracker::Seen seen;
     std::vector<Evidence> evidence;
     bool wake = false;  // the stager waits for the readers to move this far
-    pid_t pid = 0;
   };
   Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
   void placed(Placed& p) EXCLUDES(state_.mutex);
@@ -140,7 +137,6 @@ class ClairvoyantEngine final : public Engine {
   mutable EngineState state_;
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
-  std::atomic<bool> other_reader_said_{false};  // the first reader in another order was logged
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

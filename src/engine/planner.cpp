@@ -207,10 +207,7 @@ void Planner::note_reader(pid_t pid, pid_t parent, uint64_t rank) {
   if (pid <= 0) return;
   if (readers_.size() > kMaxReaders) readers_.clear();
   Reader& r = readers_[pid];
-  if (r.opens == 0 || r.rank != rank) {  // (it reads for another rank now)
-    r.rank = rank;
-    r.opens = 0;
-  }
+  if (r.opens == 0 || r.rank != rank) r = Reader{rank, 0};  // (it reads for another rank now)
   if (r.opens >= kSureOpens) return;
   if (++r.opens < kSureOpens || parent <= 0) return;
   // Its parent's children read for this rank (a DataLoader's workers), unless another reads for another
@@ -233,24 +230,6 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   const uint64_t R = config_.ranks;
   const auto tol = static_cast<int64_t>(config_.tolerance);
   Open result;
-  Reader* judged = nullptr;
-  bool in_window = false;
-  if (config_.every_open && config_.batch > 0 && pid > 0) {
-    if (readers_.size() > kMaxReaders) readers_.clear();
-    if (workers_.size() > kMaxReaders) workers_.clear();
-    auto [it, fresh] = readers_.try_emplace(pid);
-    judged = &it->second;
-    if (fresh && parent > 0) {
-      judged->parent = parent;
-      ++workers_[parent];
-    }
-    const bool was_off = judged->off;
-    in_window = judge(*judged, id);
-    if (judged->off) {
-      result.other = true;
-      result.turned = !was_off;
-    }
-  }
   std::vector<std::pair<uint64_t, uint64_t>> extended;  // (lost rank, epoch end): the runs this open went on
   // Its place: the first of its uses in the planned epochs, in a live rank within the tolerance, that
   // is not opened yet — or, if all such are, the first of them (opened again: no progress). A file read
@@ -259,7 +238,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // reads for, once its opens said which (kSureOpens in a row), or else the one its parent's other
   // children read for: when ranks are far apart (one a whole epoch ahead), a file one rank reads may lie
   // near another's place too.
-  auto near = [&](std::optional<uint64_t> only, int64_t tol) -> std::optional<std::pair<uint64_t, uint64_t>> {
+  auto near = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
     std::optional<std::pair<uint64_t, uint64_t>> found;  // (key, rank)
     for (size_t i = 0; i < epochs_.size(); ++i) {
       const uint32_t off = epochs_[i].first_of(id);
@@ -275,40 +254,13 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
     }
     return found;
   };
-  if (in_window && judged->follows && !ranks_[judged->last % R].live) {
-    // A following process reads a lost rank's order: the rank is back where it reads.
-    const uint64_t rank = judged->last % R;
-    revive(ranks_[rank], rank, judged->last);
-    ranks_[rank].evidence = kDecide;
-    ranks_[rank].confirmed = true;
-  }
   const std::optional<uint64_t> reads_for = rank_read_for(pid, parent);
-  std::optional<std::pair<uint64_t, uint64_t>> place;
-  const auto in_reach = [&](uint64_t key, uint64_t within) {
-    const uint64_t rank = key % R;
-    return ranks_[rank].live && std::abs(distance(ranks_[rank], rank, key)) <= static_cast<int64_t>(within);
-  };
-  if (judged && in_window && !result.other &&
-      in_reach(judged->last, judged->follows ? config_.tolerance : reader_window(*judged))) {
-    // In its own window: there, whatever else lies near the rank's place (within the reader's window
-    // of it, until the reader is known to follow).
-    place.emplace(judged->last, judged->last % R);
-  } else if (judged && !judged->follows) {
-    // Not yet known to follow: placed only in its own window, or, its first open, within that window
-    // of its rank's place — so that another job's reader, before it is known as one, cannot move a
-    // rank's place (it lands there by chance at most once or twice).
-    if (judged->weighed == 0 && !result.other) {
-      place = near(std::nullopt, static_cast<int64_t>(reader_window(*judged)));
-    }
-  } else if (!result.other) {
-    place = reads_for ? near(reads_for, tol) : std::nullopt;
-    if (!place) place = near(std::nullopt, tol);  // one process may read for several ranks (a benchmark, a tool)
-  }
+  std::optional<std::pair<uint64_t, uint64_t>> place = reads_for ? near(reads_for) : std::nullopt;
+  if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
   // Counts the open at `key` as its rank's.
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
     if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
     const uint64_t presumed = consume(r, rank, key);
-    if (judged && judged->follows) r.followed_at = opens_;
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
     result = {true, key, rank, presumed};
@@ -319,7 +271,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
     take(ranks_[rank], rank, key);
     note_reader(pid, parent, rank);
   }
-  for (size_t i = 0; i < epochs_.size() && !result.expected && !judged; ++i) {
+  for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
     const uint32_t off = epochs_[i].first_of(id);
     if (off == EpochStreams::kAbsent) continue;
     const uint64_t rank = off % R;
@@ -346,9 +298,25 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       for (uint64_t k : r.resync)
         if (epoch_end_key(k) == epoch_end) run.push_back(k);
       if (run.size() < needed) continue;
-      revive(r, rank, *std::min_element(run.begin(), run.end()));
+      r.live = true;
+      r.lost = Lost::kNo;
+      r.evidence = 0;
+      r.evidence_opens = 0;
+      r.confirmed = false;
+      const size_t left = epoch_index(r.next);
+      r.next = at_or_after(rank, std::max(*std::min_element(run.begin(), run.end()), cursor_));
+      // Back in a later epoch, having read less than half of the one it left: it reads that epoch's
+      // order where the plan had another (a seed one higher is the next epoch of the mounted seed).
+      const size_t back = epoch_index(r.next);
+      r.shifted_from.reset();
+      if (left < epochs_.size() && back < epochs_.size() && back > left &&
+          2 * epochs_[left].read[rank] < epochs_[left].seq[rank].size())
+        r.shifted_from = epochs_[left].epoch;
+      r.ahead.clear();
+      r.reached = 0;
       for (uint64_t k : run)
         if (k != key) consume(r, rank, k);
+      r.resync.clear();
       take(r, rank, key);
     }
   }
@@ -370,18 +338,10 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       ++ranks_[it->second].mispredicted;
       ++ranks_[it->second].mispredicted_in_block;
     }
-    if (result.other) ++other_opens_;
     if (const auto rank = blame(id, pid)) {
       result.rank = *rank;
       result.blamed = true;
-      Rank& r = ranks_[*rank];
-      // Judged readers weigh on a rank once they follow; another job's (off) lose it only when no
-      // follower reads it; the undecided do neither.
-      if (!judged || judged->follows) {
-        if (r.live) weigh(r, *rank, false);
-      } else if (result.other && r.live && (r.followed_at == kNever || opens_ - r.followed_at > stale_after_)) {
-        lose(r, Lost::kOtherOrder);  // another order, and no process of the plan's reads this rank
-      }
+      if (ranks_[*rank].live) weigh(ranks_[*rank], *rank, false);
     }
   }
   if (opens_ % stale_after_ == 0) {
@@ -396,89 +356,8 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       r.expected_in_block = r.presumed_in_block = r.mispredicted_in_block = 0;
     }
   }
-  if (judged && !in_window) {
-    // Its place for the next: where it was placed, or else its file's use nearest a rank's place.
-    if (result.expected) {
-      judged->last = result.key;
-    } else if (const auto use = nearest_use(id)) {
-      judged->last = *use;
-    }
-  }
   update_cursor();
   return result;
-}
-
-void Planner::revive(Rank& r, uint64_t rank, uint64_t from) {
-  r.live = true;
-  r.lost = Lost::kNo;
-  r.evidence = 0;
-  r.evidence_opens = 0;
-  r.confirmed = false;
-  const size_t left = epoch_index(r.next);
-  r.next = at_or_after(rank, std::max(from, cursor_));
-  // Back in a later epoch, having read less than half of the one it left: it reads that epoch's
-  // order where the plan had another (a seed one higher is the next epoch of the mounted seed).
-  const size_t back = epoch_index(r.next);
-  r.shifted_from.reset();
-  if (left < epochs_.size() && back < epochs_.size() && back > left &&
-      2 * epochs_[left].read[rank] < epochs_[left].seq[rank].size())
-    r.shifted_from = epochs_[left].epoch;
-  r.ahead.clear();
-  r.reached = 0;
-  r.resync.clear();
-}
-
-bool Planner::judge(Reader& rd, EntryId id) {
-  const uint64_t R = config_.ranks;
-  const uint64_t window = reader_window(rd);
-  std::optional<uint64_t> hit;
-  for (size_t i = 0; i < epochs_.size() && !hit; ++i) {
-    const uint32_t off = epochs_[i].first_of(id);
-    if (off == EpochStreams::kAbsent) continue;
-    const uint64_t key = (base_[i] + off / R) * R + off % R;
-    if (rd.last != kNever && key % R == rd.last % R && key / R > rd.last / R && key / R - rd.last / R <= window)
-      hit = key;
-  }
-  if (rd.last != kNever) {
-    const size_t i = epoch_index(rd.last);
-    const uint64_t items = i < epochs_.size() ? epochs_[i].seq[rd.last % R].size() : 0;
-    const double p0 = std::min(0.9, static_cast<double>(window) / static_cast<double>(std::max<uint64_t>(items, 1)));
-    rd.evidence += hit ? std::log(kP1 / p0) : std::log((1 - kP1) / (1 - p0));
-    rd.evidence = std::clamp(rd.evidence, -kDecide, kDecide);
-    ++rd.weighed;
-    if (rd.evidence >= kDecide) {
-      rd.follows = true;
-      rd.off = false;
-    }
-    if (rd.evidence <= -kDecide && rd.weighed >= kMinEvidence && !rd.off) {
-      rd.off = true;
-      rd.follows = false;
-      ++other_readers_;
-    }
-  }
-  if (hit) rd.last = *hit;  // else on_open moves it, once placed or not
-  return hit.has_value();
-}
-
-uint64_t Planner::reader_window(const Reader& rd) const {
-  auto seen = workers_.find(rd.parent);
-  const uint64_t workers =
-      std::max<uint64_t>({config_.workers, rd.parent > 0 && seen != workers_.end() ? seen->second : 0, 1});
-  return 2 * (workers + 1) * config_.batch;
-}
-
-std::optional<uint64_t> Planner::nearest_use(EntryId id) const {
-  const uint64_t R = config_.ranks;
-  std::optional<uint64_t> best;
-  int64_t best_distance = 0;
-  for (size_t i = 0; i < epochs_.size(); ++i) {
-    const uint32_t off = epochs_[i].first_of(id);
-    if (off == EpochStreams::kAbsent) continue;
-    const uint64_t key = (base_[i] + off / R) * R + off % R;
-    const int64_t d = std::abs(distance(ranks_[key % R], key % R, key));
-    if (!best || d < best_distance) best = key, best_distance = d;
-  }
-  return best;
 }
 
 void Planner::lose(Rank& r, Lost why) {

@@ -47,19 +47,6 @@
 // ends them, so a job that reads this rank's items in order between others' (another world size) stays
 // lost.
 //
-// Readers: when every open is told with its process (opens reach the daemon, or a watch on the mount
-// tells them), each process is judged on its own opens as well. A DataLoader worker opens its batch's
-// items one after another, and its next batch W batches on (W: its parent's workers, seen as they read):
-// each of its opens lies in the rank of the one before, at most 2·(W + 1)·batch steps after it — a
-// window that knows nothing of where the rank is, so holes, other ranks and other jobs do not move it.
-// A reader in another order lands there by chance p0 = window / the rank's items (at most 0.9). The same
-// sequential test as a rank's decides, per process: it follows, or it is another job's (`off`). An off
-// process's opens are not placed (they cannot carry a rank's progress away, nor weigh against it); they
-// are counted as other readers' and blamed for the diagnosis. A rank is lost to such opens only when no
-// following process placed an open in it yet, or none within `stale_after` opens (a job alone in
-// another order, named from them); a rank lost while a following process reads its order is live again at that
-// process's open. So two jobs on one mount are two: the one the mount was made for keeps its staging.
-//
 // Thread-compatible: the engine guards it with its own mutex.
 #pragma once
 
@@ -111,11 +98,6 @@ struct PlannerConfig {
   uint64_t horizon = 2;
   // No-open mode: entries whose uses never reach the engine (empty files: the kernel reads nothing).
   std::function<bool(EntryId)> unseen;
-  // Each reader judged on its own opens (see Planner, "Readers"), when every open is told with its
-  // process: from the start (opens reach the daemon), or from opens_seen() on. 0: never.
-  uint64_t batch = 0;    // items in a DataLoader batch
-  uint64_t workers = 0;  // a rank's DataLoader workers, as the mount was told (0: learnt from the readers)
-  bool every_open = false;
 };
 
 class Planner {
@@ -146,8 +128,6 @@ class Planner {
     uint64_t rank = 0;      // index among the served ranks
     uint64_t presumed = 0;  // silent uses of that rank this open counted as read
     bool blamed = false;    // unexpected, and counted against `rank` (its process's, or whose file it is)
-    bool other = false;     // by a process judged to read in another order (not placed)
-    bool turned = false;    // this open made its process one (the first of its kind, for the log)
   };
   // `pid`: the opener, 0 if not known (a user's watch is not told). `parent`: its parent process, if known
   // (0 if not): the workers of one DataLoader share it.
@@ -160,7 +140,6 @@ class Planner {
   // uses presumed read so far (pushed before the watch began) are not.
   void opens_seen() {
     config_.unseen = nullptr;
-    config_.every_open = true;
     for (Rank& r : ranks_) r.silent.clear();
   }
   // Whether `key` is the last use of its rank in its epoch.
@@ -208,9 +187,6 @@ class Planner {
   };
   RankProgress progress(uint64_t rank) const;
   uint64_t mispredicted() const { return mispredicted_; }
-  // Processes judged to read in another order (see "Readers"), and their opens since.
-  uint64_t other_readers() const { return other_readers_; }
-  uint64_t other_opens() const { return other_opens_; }
   // Bytes the planned epochs hold (their sequences and first-use indexes).
   size_t memory_bytes() const;
   uint64_t opens() const { return opens_; }
@@ -233,7 +209,6 @@ class Planner {
     std::optional<uint64_t> shifted_from;  // came back in a later epoch than this one, most of it unread
     std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
     uint64_t mispredicted = 0;
-    uint64_t followed_at = kNever;  // opens_ when a following process last placed an open in it
   };
 
   // The loaded epoch holding a step, or nullptr.
@@ -273,31 +248,12 @@ class Planner {
   struct Reader {
     uint64_t rank = 0;
     uint32_t opens = 0;
-    // Judged on its own (config_.every_open):
-    pid_t parent = 0;
-    uint64_t last = kNever;  // the key of its latest open in the plan
-    double evidence = 0;     // the log-likelihood ratio, as a rank's
-    uint32_t weighed = 0;
-    bool follows = false;  // its ratio reached +kDecide (and has not fallen to -kDecide since)
-    bool off = false;      // it fell to -kDecide: another job's
   };
-  // Judges an open of the reader's (see "Readers"): whether it lies in its window; the reader's
-  // `last` moves to its place.
-  bool judge(Reader& rd, EntryId id);
-  // Steps after its last open within which a reader's next lies (see "Readers").
-  uint64_t reader_window(const Reader& rd) const;
-  // The key of the file's use nearest its rank's place, if any is planned.
-  std::optional<uint64_t> nearest_use(EntryId id) const;
-  // A lost rank live again from `from` on (its first item there).
-  void revive(Rank& r, uint64_t rank, uint64_t from);
   static constexpr uint32_t kSureOpens = 4;
   static constexpr size_t kMaxReaders = 1 << 16;  // beyond, both maps start again
   static constexpr uint64_t kManyRanks = UINT64_MAX;
   std::unordered_map<pid_t, Reader> readers_;
   std::unordered_map<pid_t, uint64_t> parents_;  // a parent whose children read for one rank, or kManyRanks
-  std::unordered_map<pid_t, uint32_t> workers_;  // per parent: its children seen reading
-  uint64_t other_readers_ = 0;
-  uint64_t other_opens_ = 0;
   std::optional<uint64_t> rank_read_for(pid_t pid, pid_t parent) const;
   void note_reader(pid_t pid, pid_t parent, uint64_t rank);
   uint64_t cursor_ = 0;

@@ -67,11 +67,6 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
       v.recent[v.recent_at] = id;
       v.recent_at = (v.recent_at + 1) % kRecent;
     }
-    // Back in a later epoch than the plan had it in: diagnosed once its opens are enough to say why.
-    if (v.shifted_pending && v.recent.size() >= kMinDiagnosisOpens) {
-      v.shifted_pending = false;
-      seen.diagnose.push_back(seen.open.rank);
-    }
     // Off the plan: diagnosed from the opens since it went off, once there are enough, then again
     // with more.
     if (v.now == Verdict::kOff) {
@@ -94,13 +89,7 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
     v.said = now;
     seen.changed.emplace_back(r, now);
     if (now == Verdict::kOff) v.opens_off = 0;
-    if (now == Verdict::kFollowing && planner_.progress(r).shifted_from) {  // which order
-      if (v.recent.size() >= kMinDiagnosisOpens) {
-        seen.diagnose.push_back(r);
-      } else {
-        v.shifted_pending = true;
-      }
-    }
+    if (now == Verdict::kFollowing && planner_.progress(r).shifted_from) seen.diagnose.push_back(r);  // which order
   }
 }
 

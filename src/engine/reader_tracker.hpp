@@ -81,7 +81,6 @@ class ReaderTracker {
     std::vector<EntryId> recent;  // a ring of its latest opens
     size_t recent_at = 0;         // where the next goes, once full
     uint64_t opens_off = 0;       // its opens since it went off the plan
-    bool shifted_pending = false;  // back in a later epoch, too few opens yet to say why
   };
   std::vector<RankVerdict> verdicts_;
   // Records the open as its rank's evidence; fills seen.changed and seen.diagnose.
