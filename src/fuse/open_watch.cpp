@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <new>
 
 #include "util/log.hpp"
 #include "util/mounts.hpp"
@@ -149,7 +150,15 @@ void OpenWatch::drain() {
     for (;;) {
       const ssize_t n = ::read(group_.get(), buf, sizeof(buf));
       if (n > 0) {
-        handle(buf, static_cast<size_t>(n));
+        try {
+          handle(buf, static_cast<size_t>(n));
+        } catch (const std::bad_alloc&) {  // these events are lost, and said to be
+          {
+            MutexLock lock(queue_mutex_);
+            lost_ = true;
+          }
+          ready_.notify_one();
+        }
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -220,28 +229,43 @@ void OpenWatch::pass_on(std::vector<Event> batch) {
     MutexLock lock(queue_mutex_);
     if (pending_.size() > kMaxPending) {  // the engine far behind: these are lost, and said to be
       pending_.clear();
-      batch.assign(1, Event{0, 0, Event::kLost});
+      lost_ = true;
+    } else {
+      try {
+        pending_.insert(pending_.end(), batch.begin(), batch.end());
+      } catch (const std::bad_alloc&) {  // (the daemon near an address-space limit)
+        lost_ = true;
+      }
     }
-    pending_.insert(pending_.end(), batch.begin(), batch.end());
   }
   ready_.notify_one();
 }
 
 void OpenWatch::dispatch() {
-  std::vector<Event> now;
+  std::deque<Event> now;
   for (;;) {
+    bool lost = false;
     {
       MutexLock lock(queue_mutex_);
-      while (!stopping_ && pending_.empty()) lock.wait(ready_);
+      while (!stopping_ && pending_.empty() && !lost_) lock.wait(ready_);
       if (stopping_) return;
-      now.assign(pending_.begin(), pending_.end());
-      pending_.clear();
+      now.swap(pending_);  // (allocates nothing)
+      lost = lost_;
+      lost_ = false;
     }
-    for (const Event& e : now) {
-      if (e.what & Event::kLost) engine_.opens_lost();
-      if (e.what & Event::kOpen) engine_.opened(e.id, e.pid);
-      if (e.what & Event::kClose) engine_.closed(e.id, e.pid);
+    // Nothing the engine throws (it may fail to allocate near an address-space limit) ends the thread:
+    // what it could not take in is a loss, as when the kernel's queue overflows.
+    try {
+      if (lost) engine_.opens_lost();
+      for (const Event& e : now) {
+        if (e.what & Event::kLost) engine_.opens_lost();
+        if (e.what & Event::kOpen) engine_.opened(e.id, e.pid);
+        if (e.what & Event::kClose) engine_.closed(e.id, e.pid);
+      }
+    } catch (const std::exception&) {
+      engine_.opens_lost();
     }
+    now.clear();
   }
 }
 

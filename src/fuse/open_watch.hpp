@@ -89,6 +89,7 @@ class OpenWatch {
   std::condition_variable ready_;
   std::deque<Event> pending_ GUARDED_BY(queue_mutex_);
   bool stopping_ GUARDED_BY(queue_mutex_) = false;
+  bool lost_ GUARDED_BY(queue_mutex_) = false;  // events dropped before they were queued
   std::thread thread_;      // reads the events
   std::thread dispatcher_;  // hands them to the engine
 };
