@@ -1,7 +1,9 @@
 #include "fuse/open_watch.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/fanotify.h>
 #include <sys/stat.h>
@@ -9,8 +11,10 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 #include "util/log.hpp"
 #include "util/mounts.hpp"
@@ -84,6 +88,19 @@ std::string OpenWatch::watch() {
     return "fanotify_init: " + errno_text(errno);
   }
   group_ = UniqueFd(group);
+  // Marking sends requests to this very daemon (lookups, statfs). Were the daemon killed while one is in
+  // flight, the kernel would wait for its answer uninterruptibly, with the marking thread holding
+  // /dev/fuse open — which is what would end the wait (the connection aborts when the last descriptor
+  // of it closes): the process could never end. So the marks are made by a thread with a table of
+  // descriptors of its own, without the session's (the group's descriptor is copied into it).
+  std::string why;
+  std::thread marker(
+      [&] { why = own_descriptors() ? mark(group) : "a descriptor table of its own: " + errno_text(errno); });
+  marker.join();
+  return why;
+}
+
+std::string OpenWatch::mark(int group) {
   // The mount itself, reached without following a symlink and made by us: a path a user can change
   // must not turn the watch onto another mount.
   const int root = open_own_clairfs_mount(mountpoint_);
@@ -96,14 +113,14 @@ std::string OpenWatch::watch() {
   for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
     if (!manifest_.is_dir(dir)) continue;
     // O_PATH: no OPENDIR for the daemon to answer. fanotify_mark takes no such descriptor, but a path
-    // through it: /proc/self/fd/N is that very directory.
+    // through it: /proc/thread-self/fd/N is that very directory (in this thread's own table).
     const int fd = open_beneath(root, manifest_.components(dir), O_PATH | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) return "cannot open /" + manifest_.path(dir) + " in the mount: " + errno_text(-fd);
     const UniqueFd dir_fd(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || st.st_dev != root_st.st_dev || st.st_ino != Frontend::ino_of(dir))
       return "/" + manifest_.path(dir) + " in the mount is not this mount's directory";
-    const std::string held = "/proc/self/fd/" + std::to_string(fd);
+    const std::string held = "/proc/thread-self/fd/" + std::to_string(fd);
     if (::fanotify_mark(group, FAN_MARK_ADD, FAN_OPEN | FAN_CLOSE_NOWRITE | FAN_EVENT_ON_CHILD, AT_FDCWD,
                         held.c_str()) != 0) {
       if (errno == ENODEV || errno == EOPNOTSUPP || errno == EXDEV)
@@ -113,6 +130,24 @@ std::string OpenWatch::watch() {
     }
   }
   return "";
+}
+
+bool OpenWatch::own_descriptors() {
+  if (::unshare(CLONE_FILES) != 0) return false;
+  DIR* fds = ::opendir("/proc/thread-self/fd");
+  if (!fds) return false;
+  std::vector<int> fuse;
+  char target[32];
+  while (const dirent* d = ::readdir(fds)) {
+    const int fd = std::atoi(d->d_name);
+    if (d->d_name[0] == '.' || fd == ::dirfd(fds)) continue;
+    const std::string link = "/proc/thread-self/fd/" + std::string(d->d_name);
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::string_view(target, static_cast<size_t>(n)) == "/dev/fuse") fuse.push_back(fd);
+  }
+  ::closedir(fds);
+  for (int fd : fuse) ::close(fd);
+  return true;
 }
 
 void OpenWatch::run() {

@@ -57,6 +57,10 @@ class OpenWatch {
 
  private:
   void run();
+  // Gives the calling thread a table of descriptors of its own, without /dev/fuse's; false if it cannot.
+  static bool own_descriptors();
+  // Marks each directory of the mount in `group` (on a thread with its own descriptors); "" or why not.
+  std::string mark(int group);
   // Waits for the session, marks the directories, starts the dispatcher: whether it watches.
   bool start();
   // Reads the events until stopped.

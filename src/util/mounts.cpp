@@ -69,10 +69,10 @@ void each_mount(Fn fn) {
   }
 }
 
-// The mount id of the file `fd` is open on (from /proc/self/fdinfo: no request to the file system, which
+// The mount id of the file `fd` is open on (from /proc/thread-self/fdinfo: no request to the file system, which
 // a dead FUSE mount would refuse), or -1.
 long mount_id_of(int fd) {
-  std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
+  std::ifstream in("/proc/thread-self/fdinfo/" + std::to_string(fd));  // (this thread's table: see OpenWatch)
   std::string key;
   long id = -1;
   while (in >> key) {

@@ -13,6 +13,8 @@ the watch on the mount (`"progress": {"from": "watched opens"}`), so:
 - the opens seen equal the opens the job made, and the files served by tier add up to them;
 - SOURCE is read no more than once over the job.
 
+A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
+
 Also: a mount made by a user without CAP_SYS_ADMIN watches its opens too (`"from": "watched opens"`);
 one allowed fewer fanotify marks than the data set has directories cannot, the log says why, and the
 engine follows reads (`"from": "reads"`).
@@ -173,6 +175,35 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         os.chmod("/dev/fuse", fuse_mode)
         if h.is_mounted(tmp + "/user/mnt"):  # the user's unmount did not happen: nothing is left behind
             subprocess.run(["umount", "-l", tmp + "/user/mnt"])
+# A daemon killed while it marks the directories (requests to itself in flight) ends: the marks are made
+# by a thread without /dev/fuse among its descriptors, so the kernel aborts the connection and the wait.
+with h.tempdir() as tmp:
+    tree, mnt, log = tmp + "/tree", tmp + "/mnt", tmp + "/log"
+    os.mkdir(mnt)
+    for i in range(50000):
+        os.makedirs("%s/d%05d" % (tree, i))
+        open("%s/d%05d/f" % (tree, i), "w").close()
+    landed, ended = 0, 0
+    for attempt in range(4):
+        daemon = subprocess.Popen([h.CLAIRFS, tree, mnt, "-f", "-o", "seed=1,batch_size=8,log=" + log],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(2000):
+            if h.is_mounted(mnt):
+                break
+            time.sleep(0.005)
+        time.sleep(0.1 * attempt)
+        daemon.kill()
+        try:
+            daemon.wait(timeout=20)
+            ended += 1
+        except subprocess.TimeoutExpired:
+            pass
+        with open(log) as f:
+            landed += "watching every open" not in f.read()
+        os.unlink(log)
+        subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+    h.check(ended == 4 and landed >= 1, "a daemon SIGKILLed while it marks the mount's directories ends: %d of 4 "
+            "ended (%d killed before the marks were all made)" % (ended, landed))
 if proc_mounted:
     subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
 h.finish()
