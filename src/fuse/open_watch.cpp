@@ -15,6 +15,7 @@
 #include <cstring>
 #include <new>
 #include <string_view>
+#include <system_error>
 
 #include "util/log.hpp"
 #include "util/mounts.hpp"
@@ -94,9 +95,13 @@ std::string OpenWatch::watch() {
   // of it closes): the process could never end. So the marks are made by a thread with a table of
   // descriptors of its own, without the session's (the group's descriptor is copied into it).
   std::string why;
-  std::thread marker(
-      [&] { why = own_descriptors() ? mark(group) : "a descriptor table of its own: " + errno_text(errno); });
-  marker.join();
+  try {
+    std::thread marker(
+        [&] { why = own_descriptors() ? mark(group) : "a descriptor table of its own: " + errno_text(errno); });
+    marker.join();
+  } catch (const std::system_error& e) {
+    return std::string("a thread to mark the directories: ") + e.what();
+  }
   return why;
 }
 
@@ -168,10 +173,17 @@ bool OpenWatch::start() {
     log_warning("cannot watch the mount's opens (" + why + "): progress is inferred from first reads");
     return false;
   }
+  try {
+    dispatcher_ = std::thread([this] { dispatch(); });
+  } catch (const std::system_error& e) {
+    group_ = UniqueFd();
+    log_warning(std::string("cannot watch the mount's opens (a thread to dispatch them: ") + e.what() +
+                "): progress is inferred from first reads");
+    return false;
+  }
   // At once: a file opened from here on and read before this would be counted twice (its first read
   // as its open, then the event).
   engine_.watching_opens();
-  dispatcher_ = std::thread([this] { dispatch(); });
   log_info("watching every open and close of the mount (fanotify)");
   return true;
 }
