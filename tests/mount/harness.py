@@ -193,6 +193,20 @@ def stats(mnt):
 MEASURED = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
 
 
+def settled_stats(mnt, opens, timeout=20):
+    """Stats once the engine has heard of `opens` opens and as many closes through the watch on the mount
+    (its events reach the engine a moment after them: read sooner, under load or a sanitizer, some would
+    be missing), or at once when opens are not watched."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(mnt)
+        p = s.get("progress", {})
+        heard = p.get("opens_seen", 0) >= opens and p.get("closes_seen", 0) >= opens
+        if p.get("from") != "watched opens" or heard or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
 def source_bytes(s):
     """What SOURCE served, by a mount's stats: all its traffic when staging (staging included), else its reads."""
     return s["source_traffic"]["bytes"] if "source_traffic" in s else s["tiers"]["source"]["bytes"]

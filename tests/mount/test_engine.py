@@ -125,7 +125,7 @@ with h.tempdir() as tmp:
             bad += h.digest(os.path.join(mnt, p)) != many_want[p]
             if lost_at is None and n % 8 == 0 and not h.stats(mnt)["ranks"][0]["live"]:
                 lost_at = n
-        s = h.stats(mnt)
+        s = h.settled_stats(mnt, 1000)
         h.check(bad == 0, "another order: every byte equals SOURCE")
         h.check(lost_at is not None and lost_at <= 256 + 8,
                 "the rank was marked off the plan after %s opens (bound: one block of 256)" % lost_at)

@@ -97,8 +97,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                 ok = all(j.returncode == 0 for j in jobs) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
                 h.check(ok, "%s: both ranks read %d epochs, every byte right %s" % (
                     label, EPOCHS, [e.strip()[-300:] for _, e in outs if e.strip()]))
-                time.sleep(0.5)  # the last closes reach the engine
-                s = h.stats(mnt)
+                s = h.settled_stats(mnt, EPOCHS * samples)
         finally:
             for p in busy:
                 p.kill()
