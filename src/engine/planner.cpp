@@ -386,9 +386,8 @@ size_t Planner::resync_needed(uint64_t rank) const {
 }
 
 void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
-  constexpr double p1 = kP1;
   const double p0 = chance_near(rank);
-  r.evidence += hit ? std::log(p1 / p0) : std::log((1 - p1) / (1 - p0));
+  r.evidence += hit ? std::log(kP1 / p0) : std::log((1 - kP1) / (1 - p0));
   r.evidence = std::clamp(r.evidence, -kDecide, kDecide);
   ++r.evidence_opens;
   if (r.evidence >= kDecide) r.confirmed = true;

@@ -52,8 +52,7 @@ OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest
       started_(std::move(started)),
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!stop_) {
-    log_warning("cannot watch the mount's opens (eventfd: " + errno_text(errno) +
-                "): progress is inferred from first reads");
+    give_up("eventfd: " + errno_text(errno));
     if (started_) started_();
     return;
   }
@@ -164,6 +163,12 @@ void OpenWatch::run() {
   if (watching) drain();
 }
 
+bool OpenWatch::give_up(const std::string& why) {
+  group_ = UniqueFd();  // and the marks made with it: they count against the user's
+  log_warning("cannot watch the mount's opens (" + why + "): progress is inferred from first reads");
+  return false;
+}
+
 bool OpenWatch::start() {
   pollfd stop{stop_.get(), POLLIN, 0};
   // Whether the kernel opens files without asking is known once the session has started.
@@ -171,18 +176,11 @@ bool OpenWatch::start() {
     if (::poll(&stop, 1, kInitPollMs) > 0) return false;
   }
   if (!frontend_.opens_unasked()) return false;  // the kernel sends every open to the daemon: nothing to watch
-  if (std::string why = watch(); !why.empty()) {
-    group_ = UniqueFd();  // and the marks made with it: they count against the user's
-    log_warning("cannot watch the mount's opens (" + why + "): progress is inferred from first reads");
-    return false;
-  }
+  if (std::string why = watch(); !why.empty()) return give_up(why);
   try {
     dispatcher_ = std::thread([this] { dispatch(); });
   } catch (const std::system_error& e) {
-    group_ = UniqueFd();
-    log_warning(std::string("cannot watch the mount's opens (a thread to dispatch them: ") + e.what() +
-                "): progress is inferred from first reads");
-    return false;
+    return give_up(std::string("a thread to dispatch them: ") + e.what());
   }
   // At once: a file opened from here on and read before this would be counted twice (its first read
   // as its open, then the event).

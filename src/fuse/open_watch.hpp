@@ -63,6 +63,8 @@ class OpenWatch {
   std::string mark(int group);
   // Waits for the session, marks the directories, starts the dispatcher: whether it watches.
   bool start();
+  // Says why the mount's opens are not watched (the engine follows reads), lets the group go: false.
+  bool give_up(const std::string& why);
   // Reads the events until stopped.
   void drain();
   // Marks the mount; "" or why not.
