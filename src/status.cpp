@@ -135,6 +135,11 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
                 static_cast<unsigned long long>(n));
   if (j.contains("mispredicted_opens"))
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
+  if (const uint64_t others = get(j, {"progress", "other_opens"}))
+    std::printf(
+        "  other readers %llu opens by %llu processes in another order (another job?): not the plan's, counted apart\n",
+        static_cast<unsigned long long>(others),
+        static_cast<unsigned long long>(get(j, {"progress", "other_readers"})));
   if (get(j, {"checksum_failures"}))
     std::printf("  checksum failures  %llu (re-read from SOURCE)\n", static_cast<unsigned long long>(get(j, {"checksum_failures"})));
   if (const uint64_t changed = get(j, {"source_changed"}))

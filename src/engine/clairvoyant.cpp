@@ -64,6 +64,7 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
+  p.every_open = !c.no_open;
   // Without opens, an empty file's use never reaches us: the kernel has nothing to read.
   if (c.no_open) p.unseen = [&manifest](EntryId id) { return manifest.entry(id).size == 0; };
   return p;
@@ -173,7 +174,7 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (p.wake) state_.progress.notify_all();
-  if (!p.seen.changed.empty() || !p.evidence.empty()) tell(p.seen, std::move(p.evidence));
+  if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other) tell(p.seen, std::move(p.evidence));
 }
 
 FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) {
@@ -198,15 +199,20 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
     for (const auto& [id, pid] : opens) {
       const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, true);
       all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
+      if (seen.other) all.other = seen.other;
       progressed();
     }
   }
   state_.progress.notify_all();
-  if (!all.changed.empty()) tell(all, {});
+  if (!all.changed.empty() || all.other) tell(all, {});
 }
 
 void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
   const std::vector<uint64_t> ranks = served_ranks(config_);
+  if (seen.other)
+    log_warning("process " + std::to_string(seen.other) +
+                " reads this mount in another order than the plan (another job?): its opens are counted apart "
+                "(status: other readers) and do not move the planned ranks");
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
     const std::string rank = "rank " + std::to_string(ranks[r]);
@@ -437,11 +443,15 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                     {"pushes", counters_.pushes.load()}, {"push_failures", counters_.push_failures.load()},
                     {"drops", counters_.drops.load()}};
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
-  j["progress"] = {{"from", !config_.no_open ? "opens" : inferred ? "reads" : "watched opens"},
+  j["progress"] = {{"from", !config_.no_open ? "opens"
+                            : inferred       ? "reads"
+                                             : "watched opens"},
                    {"beacon_every", inferred ? state_.window.beacon_every() : 0},
                    {"opens_seen", counters_.watched_opens.load()},
                    {"closes_seen", counters_.watched_closes.load()},
-                   {"losses", counters_.watch_losses.load()}};
+                   {"losses", counters_.watch_losses.load()},
+                   {"other_readers", state_.planner.other_readers()},
+                   {"other_opens", state_.planner.other_opens()}};
 }
 
 std::string ClairvoyantEngine::stats_json() const {

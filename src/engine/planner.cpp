@@ -52,6 +52,7 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
     : config_(config),
       stale_after_(config.stale_after ? config.stale_after : 2 * config.tolerance * config.ranks + 64) {
   if (config_.ranks == 0) throw std::logic_error("planner: no ranks");
+  every_open_ = config_.every_open;
   epochs_.push_back(build(source, config_.start_epoch, config_.ranks, config_.entries));
   base_.push_back(0);
   ranks_.resize(config_.ranks);
@@ -154,10 +155,10 @@ size_t Planner::epoch_index(uint64_t key) const {
   return epochs_.size();
 }
 
-uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
+uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key, bool reaches) {
   if (key < r.next || r.ahead.count(key)) return 0;  // opened again (a retry, a second reader): no progress
   r.silent.erase(key);  // presumed silent, but read through us after all (its pages went)
-  r.reached = std::max(r.reached, key);
+  if (reaches) r.reached = std::max(r.reached, key);
   auto count_read = [&](uint64_t k) {
     if (const size_t i = epoch_index(k); i < epochs_.size()) epochs_[i].read[rank]++;
   };
@@ -205,9 +206,11 @@ std::optional<uint64_t> Planner::rank_read_for(pid_t pid, pid_t parent) const {
 
 void Planner::note_reader(pid_t pid, pid_t parent, uint64_t rank) {
   if (pid <= 0) return;
-  if (readers_.size() > kMaxReaders) readers_.clear();
   Reader& r = readers_[pid];
-  if (r.opens == 0 || r.rank != rank) r = Reader{rank, 0};  // (it reads for another rank now)
+  if (r.opens == 0 || r.rank != rank) {  // (it reads for another rank now)
+    r.rank = rank;
+    r.opens = 0;
+  }
   if (r.opens >= kSureOpens) return;
   if (++r.opens < kSureOpens || parent <= 0) return;
   // Its parent's children read for this rank (a DataLoader's workers), unless another reads for another
@@ -230,7 +233,29 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   const uint64_t R = config_.ranks;
   const auto tol = static_cast<int64_t>(config_.tolerance);
   Open result;
+  if (readers_.size() > kMaxReaders) {  // (forgets the judgments too: they are made again)
+    readers_.clear();
+    lineage_.clear();
+    other_readers_ = 0;
+  }
+  // The opener, judged by its own opens when every open is told; one judged off reads another order.
+  Reader* judged = nullptr;
+  if (every_open_ && pid > 0) {
+    auto [it, fresh] = readers_.try_emplace(pid);
+    judged = &it->second;
+    if (fresh && parent > 0) {
+      judged->parent = parent;
+      if (auto l = lineage_.find(parent); l != lineage_.end()) {
+        judged->evidence = l->second.evidence;
+        judged->strays = l->second.strays;
+        judged->weighed = l->second.weighed;
+        judged->follows = judged->evidence >= kDecide && judged->strays >= 0;
+      }
+    }
+  }
+  const bool other = judged && judged->off;
   std::vector<std::pair<uint64_t, uint64_t>> extended;  // (lost rank, epoch end): the runs this open went on
+  std::vector<uint64_t> ran;                            // keys this open added to its reader's own runs
   // Its place: the first of its uses in the planned epochs, in a live rank within the tolerance, that
   // is not opened yet — or, if all such are, the first of them (opened again: no progress). A file read
   // near the end of one epoch and again near the start of the next is the next epoch's use the second
@@ -254,22 +279,45 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
     }
     return found;
   };
-  const std::optional<uint64_t> reads_for = rank_read_for(pid, parent);
-  std::optional<std::pair<uint64_t, uint64_t>> place = reads_for ? near(reads_for) : std::nullopt;
-  if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
-  // Counts the open at `key` as its rank's.
+  std::optional<std::pair<uint64_t, uint64_t>> place;
+  if (!other) {
+    const std::optional<uint64_t> reads_for = rank_read_for(pid, parent);
+    if (reads_for) place = near(reads_for);
+    if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
+  }
+  // Counts the open at `key` as its rank's. Only a reader known to follow (or one not judged) carries
+  // the rank's reach, which lets it step over holes: one still being judged may land ahead by chance.
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
     if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
-    const uint64_t presumed = consume(r, rank, key);
+    if (judged && !judged->follows) {
+      // Judged still: its open is taken once it follows (another order's opens would move the rank).
+      if (judged->pending.size() < kMaxPending) judged->pending.emplace_back(rank, key);
+      ++r.expected_in_block;
+      result = {true, key, rank, 0};
+      return;
+    }
+    const uint64_t presumed = consume(r, rank, key, true);
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
     result = {true, key, rank, presumed};
   };
   if (place) {
     const auto [key, rank] = *place;
-    weigh(ranks_[rank], rank, true);  // where it was expected
+    if (judged) {
+      Lay lay = Lay::kAside;
+      if (judged->last_key != kNever && judged->last_key % R == rank)
+        lay = key > judged->last_key && (key - judged->last_key) / R <= kStride ? Lay::kNext : Lay::kNear;
+      weigh_reader(*judged, rank, lay);
+      judged->last_key = key;
+    } else {
+      weigh(ranks_[rank], rank, true);  // where it was expected
+    }
     take(ranks_[rank], rank, key);
     note_reader(pid, parent, rank);
+    if (judged && judged->follows) {
+      ranks_[rank].followed_at = opens_;
+      ranks_[rank].confirmed = true;
+    }
   }
   for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
     const uint32_t off = epochs_[i].first_of(id);
@@ -297,7 +345,25 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       std::vector<uint64_t> run;
       for (uint64_t k : r.resync)
         if (epoch_end_key(k) == epoch_end) run.push_back(k);
-      if (run.size() < needed) continue;
+      // A judged reader's own run: its opens one shortly after another in the rank's stream, as a
+      // DataLoader worker reads its batch (another order does so by chance far less often).
+      bool own_run = false;
+      if (judged) {
+        std::vector<uint64_t>& own = judged->run;
+        const auto chain = [&](uint64_t k) { return k % R == rank && epoch_end_key(k) == epoch_end; };
+        const auto last = std::find_if(own.rbegin(), own.rend(), chain);
+        if (last == own.rend() || key <= *last || (key - *last) / R > kStride)
+          own.erase(std::remove_if(own.begin(), own.end(), chain), own.end());
+        own.push_back(key);
+        ran.push_back(key);
+        std::vector<uint64_t> mine;
+        std::copy_if(own.begin(), own.end(), std::back_inserter(mine), chain);
+        if (mine.size() >= own_run_needed(rank)) {
+          run = std::move(mine);
+          own_run = true;
+        }
+      }
+      if (run.size() < needed && !own_run) continue;
       r.live = true;
       r.lost = Lost::kNo;
       r.evidence = 0;
@@ -315,11 +381,25 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       r.ahead.clear();
       r.reached = 0;
       for (uint64_t k : run)
-        if (k != key) consume(r, rank, k);
+        if (k != key) consume(r, rank, k, true);
       r.resync.clear();
+      if (judged) {
+        // Its reader follows the plan, as its siblings may (they are judged again).
+        judge_afresh(*judged);
+        judged->run.clear();
+      }
       take(r, rank, key);
     }
   }
+  // A reader's own runs are of its opens in a row too.
+  if (judged && !result.expected)
+    judged->run.erase(std::remove_if(judged->run.begin(), judged->run.end(),
+                                     [&](uint64_t k) {
+                                       return std::none_of(ran.begin(), ran.end(), [&](uint64_t x) {
+                                         return x % R == k % R && epoch_end_key(x) == epoch_end_key(k);
+                                       });
+                                     }),
+                      judged->run.end());
   // Runs are of opens in a row: an open by a lost rank's reader that went on none of its runs in an
   // epoch ends that epoch's run (a job reading this rank's items in order between others' — another
   // world size — is not back in the plan).
@@ -334,18 +414,34 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   }
   if (!result.expected) {
     ++mispredicted_;
-    if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) {
+    if (other) {
+      ++other_opens_;
+      ++other_in_block_;
+    } else if (auto it = rank_of_pid_.find(pid); it != rank_of_pid_.end()) {
       ++ranks_[it->second].mispredicted;
       ++ranks_[it->second].mispredicted_in_block;
     }
-    if (const auto rank = blame(id, pid)) {
+    // (A reader in another order reads for no rank of the plan: its open is held against the rank whose
+    // file it is.)
+    const auto rank = blame(id, other ? 0 : pid);
+    if (rank) {
       result.rank = *rank;
       result.blamed = true;
-      if (ranks_[*rank].live) weigh(ranks_[*rank], *rank, false);
+    }
+    if (other) {
+      if (rank) lose_unless_followed(*rank);
+    } else if (judged) {
+      weigh_reader(*judged, rank.value_or(0), Lay::kFar);
+      if (judged->off && rank) lose_unless_followed(*rank);
+    } else if (rank && ranks_[*rank].live) {
+      weigh(ranks_[*rank], *rank, false);
     }
   }
   if (opens_ % stale_after_ == 0) {
-    const uint64_t enough = stale_after_ / config_.ranks / 4;
+    // A quarter share of the block's opens, not counting those of readers in another order (another
+    // job's opens do not make a rank whose own readers follow it idle).
+    const uint64_t enough = (stale_after_ - other_in_block_) / config_.ranks / 4;
+    other_in_block_ = 0;
     for (Rank& r : ranks_) {
       // Few expected opens. Unless its reads went silently the way the plan said (presumed, well
       // beyond a quarter share) while its own readers rarely strayed: a rank read mostly from pushed
@@ -364,6 +460,7 @@ void Planner::lose(Rank& r, Lost why) {
   r.live = false;
   r.lost = why;
   r.confirmed = false;
+  r.followed_at = kNever;
   r.resync.clear();
   r.silent.clear();  // the engine drops the pages it pushed for it
 }
@@ -372,6 +469,14 @@ double Planner::chance_near(uint64_t rank) const {
   const size_t i = epoch_index(ranks_[rank].next);
   const uint64_t items = i < epochs_.size() ? epochs_[i].seq[rank].size() : 0;
   return std::min(0.9, static_cast<double>(2 * config_.tolerance + 1) / static_cast<double>(std::max<uint64_t>(items, 1)));
+}
+
+size_t Planner::own_run_needed(uint64_t rank) const {
+  // As resync_needed, with the chance that an open lands within kStride items after the reader's last.
+  const size_t i = epoch_index(ranks_[rank].next);
+  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
+  const double q = std::min(chance_near(rank), static_cast<double>(kStride) / items);
+  return std::max<size_t>(3, 1 + static_cast<size_t>(std::ceil(std::log(200.0 * items) / -std::log(q))));
 }
 
 size_t Planner::resync_needed(uint64_t rank) const {
@@ -392,6 +497,63 @@ void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
   ++r.evidence_opens;
   if (r.evidence >= kDecide) r.confirmed = true;
   if (r.evidence <= -kDecide && r.evidence_opens >= kMinEvidence) lose(r, Lost::kOtherOrder);
+}
+
+void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
+  if (reader.off) return;
+  const double p0 = chance_near(rank);
+  const size_t i = epoch_index(ranks_[rank].next);
+  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
+  const double next = std::min(p0 / 2, static_cast<double>(kStride) / items);  // by chance, in another order
+  switch (lay) {
+    case Lay::kNext: reader.evidence += std::log(kP1 / 2 / next); break;
+    case Lay::kNear: reader.evidence += std::log(kP1 / 2 / (p0 - next)); break;
+    case Lay::kAside: reader.evidence += std::log(kP1 / p0); break;
+    case Lay::kFar: reader.evidence += std::log((1 - kP1) / (1 - p0)); break;
+  }
+  // The strays alone, as a rank's test weighs them: a reader in the plan's order opens near its place
+  // nearly always, whatever else its opens do (one reading the whole order where the plan has every other
+  // item opens the next ones, but strays half the time).
+  reader.strays += lay == Lay::kFar ? std::log((1 - kP1) / (1 - p0)) : std::log(kP1 / p0);
+  reader.evidence = std::clamp(reader.evidence, -kDecide, kDecide);
+  reader.strays = std::clamp(reader.strays, -kDecide, kDecide);
+  ++reader.weighed;
+  if (reader.parent > 0) lineage_[reader.parent] = {reader.evidence, reader.strays, reader.weighed};
+  if (reader.evidence >= kDecide && reader.strays >= 0 && !reader.follows) {
+    reader.follows = true;
+    for (const auto& [r, key] : reader.pending) consume(ranks_[r], r, key, true);
+    reader.pending.clear();
+  }
+  if (std::min(reader.evidence, reader.strays) <= -kDecide && reader.weighed >= kMinEvidence) {
+    reader.off = true;
+    reader.follows = false;
+    reader.pending.clear();
+    ++other_readers_;
+  }
+}
+
+void Planner::lose_unless_followed(uint64_t rank) {
+  Rank& r = ranks_[rank];
+  if (r.live && (r.followed_at == kNever || opens_ - r.followed_at > stale_after_)) lose(r, Lost::kOtherOrder);
+}
+
+void Planner::judge_afresh(Reader& back) {
+  if (back.off) --other_readers_;
+  back.off = false;
+  back.follows = true;
+  back.evidence = kDecide;
+  back.strays = 0;
+  back.weighed = std::max<uint32_t>(back.weighed, kMinEvidence);
+  back.pending.clear();
+  if (back.parent <= 0) return;
+  for (auto& [pid, reader] : readers_)
+    if (reader.off && reader.parent == back.parent) {
+      reader.evidence = reader.strays = 0;
+      reader.weighed = 0;
+      reader.off = false;
+      --other_readers_;
+    }
+  lineage_[back.parent] = {back.evidence, back.strays, back.weighed};
 }
 
 double Planner::false_verdict_chance(double p0, double miss, uint64_t opens) {

@@ -33,6 +33,21 @@
 // ratio reached +kDecide: only then are holes stepped over (so a reader in another order that lands near
 // its place by chance cannot carry the progress away), and only then is the rank reported as following.
 //
+// Readers judged one by one: when every open is told with its opener (opens through handles, or the
+// watch on the mount as root), each process is judged by its own opens instead, so that two jobs on one
+// mount are two. Two tests run per process: its strays alone, as above; and how its opens lie against
+// each other (Lay): a DataLoader worker reads a batch's items one after another, so its next open is
+// within kStride items after its last in the same rank's stream at least half the time, where a reader
+// in another order lands there once per few hundred opens and elsewhere near the place the rest of the
+// time. A process follows once the second test reached +kDecide with no strays against it; its opens
+// before then are held (pending) and taken then, so another job's chance hits never move a rank. A
+// process at -kDecide in either test after kMinEvidence opens reads another order: its opens are counted
+// apart (other_opens), are not placed, and make a rank lost only when none of its own readers followed
+// it for stale_after opens. A DataLoader's workers of the next epoch are new processes of the same
+// parent and start from their predecessors' judgment (Lineage). A lost rank also comes back when one
+// process's opens run on in its stream, each within kStride items of the one before (own_run_needed:
+// as unlikely by chance as the resync run); that process follows, and its siblings are judged afresh.
+//
 // Misprediction: an open no live rank expects is counted. The node's opens are taken in blocks of
 // `stale_after`; a rank with fewer than a quarter of its share of them expected in a block is lost (wrong
 // seed, another sampler, finished, or idle — a random reader still lands inside the tolerance now and
@@ -98,6 +113,8 @@ struct PlannerConfig {
   uint64_t horizon = 2;
   // No-open mode: entries whose uses never reach the engine (empty files: the kernel reads nothing).
   std::function<bool(EntryId)> unseen;
+  // Every open is told, with its opener (opens through handles): readers are judged one by one.
+  bool every_open = false;
 };
 
 class Planner {
@@ -137,9 +154,10 @@ class Planner {
   // without asking: a silent use. Ignored for a lost rank or a use already opened.
   void presume(uint64_t key);
   // Every open is told from now on (no-open mode with a watch on the mount): no use is unseen, and the
-  // uses presumed read so far (pushed before the watch began) are not.
+  // uses presumed read so far (pushed before the watch began) are not; readers are judged one by one.
   void opens_seen() {
     config_.unseen = nullptr;
+    every_open_ = true;
     for (Rank& r : ranks_) r.silent.clear();
   }
   // Whether `key` is the last use of its rank in its epoch.
@@ -187,6 +205,9 @@ class Planner {
   };
   RankProgress progress(uint64_t rank) const;
   uint64_t mispredicted() const { return mispredicted_; }
+  // Readers judged to read in another order (another job's, with every open told), now; and their opens.
+  uint64_t other_readers() const { return other_readers_; }
+  uint64_t other_opens() const { return other_opens_; }
   // Bytes the planned epochs hold (their sequences and first-use indexes).
   size_t memory_bytes() const;
   uint64_t opens() const { return opens_; }
@@ -205,6 +226,7 @@ class Planner {
     double evidence = 0;         // the log-likelihood ratio: plan against another order
     uint64_t evidence_opens = 0; // opens that made it, since it was last placed
     bool confirmed = false;
+    uint64_t followed_at = kNever;  // the node's opens when a reader known to follow it last opened its next items
     std::optional<std::pair<uint64_t, uint64_t>> finished;  // the last epoch it finished, and its items
     std::optional<uint64_t> shifted_from;  // came back in a later epoch than this one, most of it unread
     std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
@@ -222,8 +244,9 @@ class Planner {
   int64_t distance(const Rank& r, uint64_t rank, uint64_t key) const;
   // The first key at or after `key` whose use is not silent.
   uint64_t past_silent(const Rank& r, uint64_t rank, uint64_t key) const;
-  // Places an open at `key`; returns how many silent uses it counted as read.
-  uint64_t consume(Rank& r, uint64_t rank, uint64_t key);
+  // Places an open at `key`; returns how many silent uses it counted as read. `reaches`: it moves the
+  // rank's reach (the largest key opened).
+  uint64_t consume(Rank& r, uint64_t rank, uint64_t key, bool reaches);
   // One open of a live rank's reader as evidence: near its place (hit) or not; may make it lost.
   void weigh(Rank& r, uint64_t rank, bool hit);
   void lose(Rank& r, Lost why);
@@ -233,6 +256,8 @@ class Planner {
   double chance_near(uint64_t rank) const;
   // Opens in a row close together that bring a lost rank back (at least kResync).
   size_t resync_needed(uint64_t rank) const;
+  // The same for one reader's own opens in a row, each within kStride items after the one before.
+  size_t own_run_needed(uint64_t rank) const;
   // The loaded epoch index holding a key's step (epochs_.size() if none).
   size_t epoch_index(uint64_t key) const;
   void update_cursor();
@@ -245,15 +270,58 @@ class Planner {
   std::unordered_map<pid_t, uint64_t> rank_of_pid_;  // learnt from expected opens
   // Which rank a process reads for: the rank of its latest expected opens in a row, and how many; from
   // kSureOpens on, its opens are placed in that rank first.
+  // With every open told (opens_seen, or opens through handles), each process is judged by its own
+  // opens, as each rank is without: a reader that opens near its rank's place follows (a DataLoader
+  // worker of the mounted job); one that does not reads another order (another job on the same mount),
+  // and its opens are then counted as another reader's, not placed: they neither move a rank nor count
+  // against one that its own readers follow.
   struct Reader {
     uint64_t rank = 0;
     uint32_t opens = 0;
+    double evidence = 0;  // the log-likelihood ratio of how its opens lay (Lay)
+    double strays = 0;    // the same of its strays alone (a rank's test)
+    uint32_t weighed = 0;
+    bool follows = false;  // reached +kDecide
+    bool off = false;      // reached -kDecide after kMinEvidence opens: another order
+    pid_t parent = 0;
+    uint64_t last_key = kNever;  // where its latest open was placed
+    std::vector<uint64_t> run;   // its latest opens in a lost rank's stream, each shortly after the one before
+    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (rank, key): opens placed while it was judged
   };
+  static constexpr size_t kMaxPending = 64;
+  // How one open of a judged reader lay, against its previous one: shortly after it in the same rank's
+  // stream (within kStride items: a DataLoader worker reads a batch's items one after another, or with
+  // batches of one, every workers-th item), elsewhere near that rank's place, near another rank's place,
+  // or near none. A reader in the plan's order opens its next items at least half the time (batches of
+  // two or more); one in another order only by chance (kStride in the rank's items), and elsewhere in
+  // the same rank the rest of the time.
+  enum class Lay { kNext, kNear, kAside, kFar };
+  static constexpr uint64_t kStride = 16;
+  // Each parent's latest child's judgment: a DataLoader's workers of the next epoch are new processes of
+  // the same parent, and start from where their predecessors ended.
+  struct Lineage {
+    double evidence = 0;
+    double strays = 0;
+    uint32_t weighed = 0;
+  };
+  std::unordered_map<pid_t, Lineage> lineage_;
   static constexpr uint32_t kSureOpens = 4;
   static constexpr size_t kMaxReaders = 1 << 16;  // beyond, both maps start again
   static constexpr uint64_t kManyRanks = UINT64_MAX;
   std::unordered_map<pid_t, Reader> readers_;
   std::unordered_map<pid_t, uint64_t> parents_;  // a parent whose children read for one rank, or kManyRanks
+  bool every_open_ = false;
+  uint64_t other_readers_ = 0;
+  uint64_t other_opens_ = 0;
+  uint64_t other_in_block_ = 0;  // opens of readers judged off, in this block
+  // One open of a judged reader as evidence (how it lay against `rank`'s stream); may judge it off.
+  void weigh_reader(Reader& reader, uint64_t rank, Lay lay);
+  // A rank whose place no following reader went on recently, when a reader in another order opens its
+  // files: lost to that order.
+  void lose_unless_followed(uint64_t rank);
+  // A lost rank is back with `back`'s opens: it follows, and its siblings judged off are judged afresh
+  // (a DataLoader's other workers read for the same rank).
+  void judge_afresh(Reader& back);
   std::optional<uint64_t> rank_read_for(pid_t pid, pid_t parent) const;
   void note_reader(pid_t pid, pid_t parent, uint64_t rank);
   uint64_t cursor_ = 0;

@@ -67,6 +67,10 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
       v.recent[v.recent_at] = id;
       v.recent_at = (v.recent_at + 1) % kRecent;
     }
+    if (v.diagnose_later && v.recent.size() >= kMinDiagnosisOpens) {
+      v.diagnose_later = false;
+      if (v.now == Verdict::kFollowing) seen.diagnose.push_back(seen.open.rank);
+    }
     // Off the plan: diagnosed from the opens since it went off, once there are enough, then again
     // with more.
     if (v.now == Verdict::kOff) {
@@ -89,7 +93,13 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
     v.said = now;
     seen.changed.emplace_back(r, now);
     if (now == Verdict::kOff) v.opens_off = 0;
-    if (now == Verdict::kFollowing && planner_.progress(r).shifted_from) seen.diagnose.push_back(r);  // which order
+    // Back in another epoch: which order (once its opens are enough to tell).
+    if (now == Verdict::kFollowing && planner_.progress(r).shifted_from) {
+      if (v.recent.size() >= kMinDiagnosisOpens)
+        seen.diagnose.push_back(r);
+      else
+        v.diagnose_later = true;
+    }
   }
 }
 
@@ -106,7 +116,9 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
     }
     it->second = id;
   }
+  const uint64_t others = planner_.other_readers();
   seen.open = planner_.on_open(id, pid, parent_of(pid));
+  if (others == 0 && planner_.other_readers() > 0) seen.other = pid;
   for (uint64_t r = 0; r < rates_.size(); ++r) {
     const bool live = planner_.live(r), was = was_live_[r];
     was_live_[r] = live;

@@ -40,6 +40,7 @@ class ReaderTracker {
     bool returned = false;       // a rank came back to the plan
     std::vector<std::pair<uint64_t, Verdict>> changed;  // ranks whose verdict changed with this open
     std::vector<uint64_t> diagnose;  // ranks off the plan with enough new opens to diagnose (see recent)
+    pid_t other = 0;                 // judged to read in another order, the first such reader since none was
   };
   // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
   Seen on_open(EntryId id, pid_t pid, bool handle);
@@ -81,6 +82,7 @@ class ReaderTracker {
     std::vector<EntryId> recent;  // a ring of its latest opens
     size_t recent_at = 0;         // where the next goes, once full
     uint64_t opens_off = 0;       // its opens since it went off the plan
+    bool diagnose_later = false;  // back in another epoch with too few opens seen to say which order
   };
   std::vector<RankVerdict> verdicts_;
   // Records the open as its rank's evidence; fills seen.changed and seen.diagnose.

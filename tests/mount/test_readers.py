@@ -13,6 +13,11 @@ the watch on the mount (`"progress": {"from": "watched opens"}`), so:
 - the opens seen equal the opens the job made, and the files served by tier add up to them;
 - SOURCE is read no more than once over the job.
 
+Two jobs on one mount (the mounted one, seed 42, and once it is followed another of seed 7 beside it):
+the mounted job's ranks are followed to the end, none called off; the other's processes are judged to
+read another order and their opens counted apart (`progress.other_opens`), said once in the log and
+in `clairfs status`.
+
 A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
 
 Also: a mount made by a user without CAP_SYS_ADMIN watches its opens too (`"from": "watched opens"`);
@@ -48,13 +53,13 @@ def inside(path):
     return "/" + os.path.relpath(path, CHROOT)
 
 
-def start_rank(tmp, mnt, digests, rank, torch2, barrier, first, persistent):
+def start_rank(tmp, mnt, digests, rank, torch2, barrier, first, persistent, seed=42, epochs=EPOCHS):
     if torch2:
         cmd, where = ["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(tmp + "/mismatch_job.py")], inside
     else:
         cmd, where = [sys.executable, JOB], (lambda p: p)
-    return subprocess.Popen(cmd + ["--data", where(mnt), "--digests", where(digests), "--seed", "42", "--world-size",
-                                   str(WORLD), "--rank", str(rank), "--epochs", str(EPOCHS), "--batch-size", "16",
+    return subprocess.Popen(cmd + ["--data", where(mnt), "--digests", where(digests), "--seed", str(seed), "--world-size",
+                                   str(WORLD), "--rank", str(rank), "--epochs", str(epochs), "--batch-size", "16",
                                    "--workers", "2", "--start-barrier", where(barrier), "--first-epoch", str(first)] +
                             (["--persistent-workers", "--prefetch-factor", "4"] if persistent else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"} if torch2 else None)
@@ -118,6 +123,39 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         h.check(s["progress"]["opens_seen"] == opens and served == opens,
                 "%s: %d opens seen, %d served by tier, of %d the job made" % (label, s["progress"]["opens_seen"], served, opens))
         h.check(h.source_bytes(s) <= total, "%s: SOURCE read %.3f× the data set" % (label, h.source_bytes(s) / total))
+
+    # Two jobs on one mount: the mounted one (seed 42, 3 epochs) and, once it is followed, another of seed
+    # 7 (1 epoch) beside it. The mounted job's ranks are followed to their last epoch, none called off;
+    # the other's processes are judged to read another order, their opens counted apart, said once.
+    opts = "seed=42,batch_size=16,workers=2,world_size=%d,ranks=0-1,log=%s" % (WORLD, log)
+    with h.mounted(data, mnt, opts):
+        os.mkdir(tmp + "/two-mine")
+        mine = [start_rank(tmp, mnt, digests, r, False, tmp + "/two-mine", 0, False) for r in range(WORLD)]
+        for _ in range(1200):
+            if all(r["verdict"].strip() == "following" for r in h.stats(mnt)["ranks"]):
+                break
+            time.sleep(0.05)
+        os.mkdir(tmp + "/two-theirs")
+        theirs = [start_rank(tmp, mnt, digests, r, False, tmp + "/two-theirs", 0, False, seed=7, epochs=1)
+                  for r in range(WORLD)]
+        outs = [j.communicate(timeout=600) for j in mine + theirs]
+        ok = all(j.returncode == 0 for j in mine + theirs) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
+        h.check(ok, "two jobs on one mount: both read every byte right %s" % [e.strip()[-300:] for _, e in outs if e.strip()])
+        s = h.settled_stats(mnt, (EPOCHS + 1) * samples)
+        text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+    with open(log) as f:
+        said = f.read()
+    os.unlink(log)
+    off = [line for line in said.splitlines() if "does not read in the planned order" in line]
+    ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+    h.check(not off and all(e == EPOCHS - 1 and done == tot and v == "following" for _, e, done, tot, v in ranks),
+            "two jobs on one mount: the mounted job's ranks followed to the end of its last epoch: %s %s" % (ranks, off[:2]))
+    other = s["progress"]["other_opens"]
+    h.check(other >= samples * 3 // 4 and s["progress"]["other_readers"] >= 1 and
+            said.count("in another order than the plan") == 1 and "other readers" in text,
+            "two jobs on one mount: the other job's opens counted apart: %d of its %d (%d processes), said once in the "
+            "log and in status %s" % (other, samples, s["progress"]["other_readers"],
+                                      [line.strip() for line in text.splitlines() if "other" in line]))
 
     # A user's mount (without CAP_SYS_ADMIN) watches its opens too, though not told whose they are; with
     # fewer marks allowed than the data set has directories, it cannot: the log says why and the engine

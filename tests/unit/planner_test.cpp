@@ -461,5 +461,124 @@ TEST(Planner, AFollowingReaderIsPracticallyNeverCalledOff) {
   EXPECT_GT(Planner::false_verdict_chance(0.9, 0.05, 750), 1e-3);
 }
 
+// A DataLoader job as the watch tells it: each rank's batches of `batch` items go round-robin to
+// `workers` worker processes (new ones each epoch, children of the rank's main process), and the job's
+// opens are interleaved open by open with `theirs`' (another job's, on the same mount) when given, from
+// the mounted job's second batch on (until one of its readers opened a rank's files, nothing says the
+// plan's rank is read at all).
+struct Job {
+  StreamSource order;
+  pid_t first_pid = 0;  // rank r's main process is first_pid + r; its workers follow
+};
+struct Opened {
+  uint64_t mine = 0, mine_expected = 0, theirs = 0, theirs_placed = 0;
+  bool ever_lost = false;
+};
+Opened run_jobs(Planner& p, const StreamSource& plan, const Job& mine, const Job* theirs, uint64_t ranks, uint64_t n,
+                uint64_t epochs, uint64_t batch = 16, uint64_t workers = 2) {
+  Opened o;
+  for (uint64_t e = 0; e < epochs; ++e) {
+    load_all_wanted(p, plan, ranks, n);
+    auto opens = [&](const Job& job) {
+      std::vector<std::pair<EntryId, std::pair<pid_t, pid_t>>> out;  // (file, (pid, parent))
+      const auto seq = job.order(e);
+      for (uint64_t k = 0; k < seq[0].size(); k += batch)
+        for (uint64_t r = 0; r < ranks; ++r)
+          for (uint64_t i = k; i < std::min<uint64_t>(k + batch, seq[r].size()); ++i) {
+            const pid_t parent = job.first_pid + static_cast<pid_t>(r);
+            const pid_t worker = parent + static_cast<pid_t>(100 * (1 + e * workers + (k / batch) % workers));
+            out.push_back({seq[r][i], {worker, parent}});
+          }
+      return out;
+    };
+    const auto a = opens(mine);
+    const auto b = theirs ? opens(*theirs) : decltype(a){};
+    const size_t lag = e == 0 ? ranks * batch : 0;
+    for (size_t i = 0; i < std::max(a.size(), b.size() + lag); ++i) {
+      if (i < a.size()) {
+        ++o.mine;
+        o.mine_expected += p.on_open(a[i].first, a[i].second.first, a[i].second.second).expected;
+      }
+      if (i >= lag && i - lag < b.size()) {
+        const auto& [id, who] = b[i - lag];
+        ++o.theirs;
+        o.theirs_placed += p.on_open(id, who.first, who.second).expected;
+      }
+      for (uint64_t r = 0; r < ranks; ++r) o.ever_lost |= !p.live(r);
+    }
+  }
+  return o;
+}
+
+PlannerConfig every_open(PlannerConfig c) {
+  c.every_open = true;
+  return c;
+}
+
+TEST(Planner, TwoJobsOnOneMountAreTwo) {
+  // The flagship's shape (2 ranks of 750 items, tolerance 576: p0 at its cap) with a second job of
+  // another seed reading beside it at the same pace: the mounted job keeps its ranks, followed from
+  // its first batch to its last epoch; the other's readers are judged off and their opens counted apart.
+  const uint64_t n = 1500, ranks = 2, epochs = 3;
+  const StreamSource plan = shuffled(n, ranks);
+  const StreamSource other = [&](uint64_t e) { return shuffled(n, ranks)(e + 1000); };
+  auto c = every_open(config(n, ranks, 576));
+  c.end_epoch = epochs;
+  Planner p(c, plan);
+  const Job mine{plan, 1000}, theirs{other, 2000};
+  const Opened o = run_jobs(p, plan, mine, &theirs, ranks, n, epochs);
+  EXPECT_FALSE(o.ever_lost);
+  EXPECT_EQ(o.mine_expected, o.mine);
+  for (uint64_t r = 0; r < ranks; ++r) {
+    EXPECT_TRUE(p.confirmed(r));
+    const auto progress = p.progress(r);
+    EXPECT_EQ(progress.epoch, epochs - 1);
+    EXPECT_EQ(progress.done, progress.total);
+  }
+  EXPECT_GT(p.other_readers(), 0u);
+  EXPECT_GT(p.other_opens(), o.theirs * 3 / 4);  // judged within the first tenth of each worker's opens
+  EXPECT_LT(o.theirs_placed, o.theirs / 10);
+}
+
+TEST(Planner, AJobAloneInAnotherOrderIsLostAtOnceWithEveryOpenTold) {
+  const uint64_t n = 1500, ranks = 2;
+  const StreamSource plan = shuffled(n, ranks);
+  const StreamSource other = [&](uint64_t e) { return shuffled(n, ranks)(e + 1000); };
+  Planner p(every_open(config(n, ranks, 576)), plan);
+  // Its opens one by one, until both ranks are lost.
+  const auto seq = other(0);
+  uint64_t opens = 0;
+  for (uint64_t k = 0; k < seq[0].size() && (p.live(0) || p.live(1)); ++k)
+    for (uint64_t r = 0; r < ranks; ++r) {
+      p.on_open(seq[r][k], 3000 + static_cast<pid_t>(r), 0);
+      ++opens;
+    }
+  EXPECT_FALSE(p.live(0));
+  EXPECT_FALSE(p.live(1));
+  EXPECT_EQ(p.lost(0), Planner::Lost::kOtherOrder);
+  EXPECT_LE(opens, 2 * 160u);  // within 10 batches of a rank at p0's cap
+}
+
+TEST(Planner, AJobInTheOrderIsFollowedFromItsFirstBatchWithEveryOpenTold) {
+  const uint64_t n = 1500, ranks = 2, epochs = 3;
+  const StreamSource plan = shuffled(n, ranks);
+  auto c = every_open(config(n, ranks, 576));
+  c.end_epoch = epochs;
+  Planner p(c, plan);
+  load_all_wanted(p, plan, ranks, n);
+  // Three items of a worker's batch, one after the other: followed.
+  const auto seq = plan(0);
+  for (uint64_t r = 0; r < ranks; ++r)
+    for (uint64_t k = 0; k < 3; ++k) p.on_open(seq[r][k], 100 + static_cast<pid_t>(r), 10);
+  EXPECT_TRUE(p.confirmed(0));
+  EXPECT_TRUE(p.confirmed(1));
+  Planner q(c, plan);
+  const Opened o = run_jobs(q, plan, Job{plan, 1000}, nullptr, ranks, n, epochs);
+  EXPECT_FALSE(o.ever_lost);
+  EXPECT_EQ(o.mine_expected, o.mine);
+  EXPECT_EQ(q.other_readers(), 0u);
+  EXPECT_EQ(q.progress(1).done, q.progress(1).total);
+}
+
 }  // namespace
 }  // namespace clairfs
