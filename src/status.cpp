@@ -135,6 +135,11 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
                 static_cast<unsigned long long>(n));
   if (j.contains("mispredicted_opens"))
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
+  if (const uint64_t world = get(j, {"progress", "reads_as_world_size"}))
+    std::printf(
+        "  world size    the job reads as world_size=%llu, not as mounted: progress by rank is the plan's (see the "
+        "log)\n",
+        static_cast<unsigned long long>(world));
   if (const uint64_t others = get(j, {"progress", "other_opens"}))
     std::printf(
         "  other readers %llu opens by %llu processes in another order (another job?): not the plan's, counted apart\n",

@@ -97,6 +97,10 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   diagnoser_ = std::make_unique<Diagnoser>(
       manifest_, MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance},
       served_ranks(config_));
+  if (s.order == Order::kTorch) {
+    MutexLock lock(state_.mutex);
+    state_.tracker.set_world(s.world_size, served_ranks(config_));
+  }
 }
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource streams, SourceStore& source,
@@ -174,7 +178,8 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (p.wake) state_.progress.notify_all();
-  if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other) tell(p.seen, std::move(p.evidence));
+  if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world)
+    tell(p.seen, std::move(p.evidence));
 }
 
 FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) {
@@ -200,11 +205,16 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
       const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, true);
       all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
       if (seen.other) all.other = seen.other;
+      if (seen.other_world) {
+        all.other_world = seen.other_world;
+        all.world = seen.world;
+        all.mounted_world = seen.mounted_world;
+      }
       progressed();
     }
   }
   state_.progress.notify_all();
-  if (!all.changed.empty() || all.other) tell(all, {});
+  if (!all.changed.empty() || all.other || all.other_world) tell(all, {});
 }
 
 void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
@@ -213,6 +223,15 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
     log_warning("process " + std::to_string(seen.other) +
                 " reads this mount in another order than the plan (another job?): its opens are counted apart "
                 "(status: other readers) and do not move the planned ranks");
+  if (seen.other_world) {
+    const uint64_t world = seen.world, mounted = seen.mounted_world;
+    log_warning("process " + std::to_string(seen.other_world) + " opens samples " + std::to_string(world) +
+                " apart in the shuffle, as a rank of world_size=" + std::to_string(world) +
+                " does (mounted world_size=" + std::to_string(mounted) +
+                "): the job runs with another world size? Progress by rank is the plan's, not the job's; "
+                "remount with world_size=" +
+                std::to_string(world));
+  }
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
     const std::string rank = "rank " + std::to_string(ranks[r]);
@@ -451,6 +470,7 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                    {"closes_seen", counters_.watched_closes.load()},
                    {"losses", counters_.watch_losses.load()},
                    {"other_readers", state_.planner.other_readers()},
+                   {"reads_as_world_size", state_.tracker.reads_as_world()},
                    {"other_opens", state_.planner.other_opens()}};
 }
 

@@ -519,15 +519,21 @@ void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   reader.strays = std::clamp(reader.strays, -kDecide, kDecide);
   ++reader.weighed;
   if (reader.parent > 0) lineage_[reader.parent] = {reader.evidence, reader.strays, reader.weighed};
-  if (reader.evidence >= kDecide && reader.strays >= 0 && !reader.follows) {
+  // Follows: by how its opens lie, with no strays against it; or, reading for several ranks in turn (a
+  // process of each rank's items: threads of one process, or a job of another world size whose ranks all
+  // read here, which in sum opens the plan's files in the plan's order), by both tests leaning its way
+  // over twice the opens a verdict needs.
+  const bool leaning = reader.weighed >= 2 * kMinEvidence && reader.evidence > 0 && reader.strays > 0;
+  if (((reader.evidence >= kDecide && reader.strays >= 0) || leaning) && !reader.follows) {
     reader.follows = true;
-    for (const auto& [r, key] : reader.pending) consume(ranks_[r], r, key, true);
-    reader.pending.clear();
+    for (const auto& [r, key] : reader.pending)
+      if (ranks_[r].live) consume(ranks_[r], r, key, true);
+    std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);  // (its memory too)
   }
   if (std::min(reader.evidence, reader.strays) <= -kDecide && reader.weighed >= kMinEvidence) {
     reader.off = true;
     reader.follows = false;
-    reader.pending.clear();
+    std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);
     ++other_readers_;
   }
 }
@@ -544,7 +550,7 @@ void Planner::judge_afresh(Reader& back) {
   back.evidence = kDecide;
   back.strays = 0;
   back.weighed = std::max<uint32_t>(back.weighed, kMinEvidence);
-  back.pending.clear();
+  std::vector<std::pair<uint64_t, uint64_t>>().swap(back.pending);
   if (back.parent <= 0) return;
   for (auto& [pid, reader] : readers_)
     if (reader.off && reader.parent == back.parent) {

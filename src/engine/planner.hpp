@@ -185,6 +185,12 @@ class Planner {
   bool confirmed(uint64_t rank) const { return ranks_[rank].confirmed; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
+  // The step of `key` within its epoch (its item's index in its rank's sequence), if planned.
+  std::optional<uint64_t> step_in_epoch(uint64_t key) const {
+    uint64_t base = 0;
+    if (!epoch_of_step(key / config_.ranks, &base)) return std::nullopt;
+    return key / config_.ranks - base;
+  }
 
   // Why a rank is not live: its reads follow another order, or it stopped reading (finished, idle).
   enum class Lost { kNo, kOtherOrder, kIdle };

@@ -129,9 +129,38 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
   // Read now: no longer to read ahead.
   if (!readahead_.empty()) readahead_.erase(std::remove(readahead_.begin(), readahead_.end(), id), readahead_.end());
   if (seen.open.expected) note_rate(seen.open.rank, 1 + seen.open.presumed);
+  if (seen.open.expected && world_size_ && pid > 0)
+    note_world(seen, pid);
   else read_ahead(id, pid);
   note_verdicts(seen, id);
   return seen;
+}
+
+void ReaderTracker::note_world(Seen& seen, pid_t pid) {
+  const auto step = planner_.step_in_epoch(seen.open.key);
+  const uint64_t served = training_ranks_.size();
+  if (!step || served == 0) return;
+  const uint64_t pos = *step * world_size_ + training_ranks_[seen.open.key % served];
+  if (strides_.size() > kMaxReaders) strides_.clear();
+  Strides& s = strides_[pid];
+  if (s.decided) return;
+  const uint64_t last = s.last;
+  s.last = pos;
+  if (last == UINT64_MAX || pos <= last || pos - last > kWidest) return;  // its first, a new epoch, a batch's jump
+  if (s.by_distance.empty()) s.by_distance.assign(kWidest + 1, 0);
+  ++s.by_distance[pos - last];
+  if (++s.counted < kWorldEvidence) return;
+  s.decided = true;
+  const auto most = std::max_element(s.by_distance.begin(), s.by_distance.end());
+  const auto world = static_cast<uint64_t>(most - s.by_distance.begin());
+  std::vector<uint8_t>().swap(s.by_distance);
+  if (4 * uint64_t{*most} < 3 * kWorldEvidence || world == world_size_) return;
+  if (reads_as_world_ == 0) {
+    seen.other_world = pid;
+    seen.world = world;
+    seen.mounted_world = world_size_;
+  }
+  reads_as_world_ = world;
 }
 
 pid_t ReaderTracker::parent_of(pid_t pid) {

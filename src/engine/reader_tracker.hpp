@@ -41,9 +41,23 @@ class ReaderTracker {
     std::vector<std::pair<uint64_t, Verdict>> changed;  // ranks whose verdict changed with this open
     std::vector<uint64_t> diagnose;  // ranks off the plan with enough new opens to diagnose (see recent)
     pid_t other = 0;                 // judged to read in another order, the first such reader since none was
+    pid_t other_world = 0;           // the first reader found to read as another world size (reads_as_world)
+    uint64_t world = 0, mounted_world = 0;  // that world size, and the mounted one
   };
   // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
   Seen on_open(EntryId id, pid_t pid, bool handle);
+  // The order is DistributedSampler's split of a shuffle: rank r's k-th item is the shuffle's k·W + r-th
+  // (W = world_size; `ranks`: the training rank of each served rank). A DataLoader worker opens its
+  // batch's items one after another, so the shuffle positions of its consecutive opens differ by the
+  // world size the job runs with: a job of another world size whose ranks all read on this node opens
+  // exactly the plan's files in the plan's order in sum, and is told apart only by this.
+  void set_world(uint64_t world_size, std::vector<uint64_t> ranks) {
+    world_size_ = world_size;
+    training_ranks_ = std::move(ranks);
+  }
+  // The world size a reader was found to read as, where it is not the mounted one (0: none found).
+  uint64_t reads_as_world() const { return reads_as_world_; }
+  static constexpr uint32_t kWorldEvidence = 12;  // consecutive opens' differences, a batch of 13 gives
   // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
   // rank); by default none is.
   void set_parent_lookup(std::function<pid_t(pid_t)> lookup) { parent_lookup_ = std::move(lookup); }
@@ -94,6 +108,21 @@ class ReaderTracker {
   };
   std::unordered_map<pid_t, Sequential> last_unexpected_;
   std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
+  uint64_t world_size_ = 0;                       // 0: not a DistributedSampler split
+  std::vector<uint64_t> training_ranks_;
+  uint64_t reads_as_world_ = 0;
+  // Per process: the shuffle position of its last placed open and how far each of its next ones lay
+  // (up to kWidest), until kWorldEvidence of them are counted; then the most common distance is the
+  // world size it reads as, if it holds three quarters of them.
+  static constexpr uint64_t kWidest = 64;
+  struct Strides {
+    uint64_t last = UINT64_MAX;
+    uint32_t counted = 0;
+    std::vector<uint8_t> by_distance;  // kWidest + 1 counts; released once decided
+    bool decided = false;
+  };
+  std::unordered_map<pid_t, Strides> strides_;
+  void note_world(Seen& seen, pid_t pid);
   std::function<pid_t(pid_t)> parent_lookup_;
   std::unordered_map<pid_t, pid_t> parents_;  // looked up once per process
   pid_t parent_of(pid_t pid);

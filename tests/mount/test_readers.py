@@ -53,13 +53,13 @@ def inside(path):
     return "/" + os.path.relpath(path, CHROOT)
 
 
-def start_rank(tmp, mnt, digests, rank, torch2, barrier, first, persistent, seed=42, epochs=EPOCHS):
+def start_rank(tmp, mnt, digests, rank, torch2, barrier, first, persistent, seed=42, epochs=EPOCHS, world=WORLD):
     if torch2:
         cmd, where = ["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(tmp + "/mismatch_job.py")], inside
     else:
         cmd, where = [sys.executable, JOB], (lambda p: p)
     return subprocess.Popen(cmd + ["--data", where(mnt), "--digests", where(digests), "--seed", str(seed), "--world-size",
-                                   str(WORLD), "--rank", str(rank), "--epochs", str(epochs), "--batch-size", "16",
+                                   str(world), "--rank", str(rank), "--epochs", str(epochs), "--batch-size", "16",
                                    "--workers", "2", "--start-barrier", where(barrier), "--first-epoch", str(first)] +
                             (["--persistent-workers", "--prefetch-factor", "4"] if persistent else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"} if torch2 else None)
@@ -156,6 +156,36 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
             "two jobs on one mount: the other job's opens counted apart: %d of its %d (%d processes), said once in the "
             "log and in status %s" % (other, samples, s["progress"]["other_readers"],
                                       [line.strip() for line in text.splitlines() if "other" in line]))
+
+    # 2 ranks, then 3: a job restarted with another world size (elastic), its ranks all on this node, on a
+    # world_size=2 mount. In sum it opens the plan's files in the plan's order, so only the distance in the
+    # shuffle between a process's consecutive opens tells: 3, where a rank of 2 opens every 2nd. Said once
+    # the restarted job's first batch is read, not before.
+    with h.mounted(data, mnt, opts):
+        def job(world, first, tag):
+            os.mkdir("%s/%s" % (tmp, tag))
+            ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=1, world=world)
+                     for r in range(world)]
+            outs = [j.communicate(timeout=600) for j in ranks]
+            return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
+        ok2 = job(2, 0, "elastic-2")
+        after2 = h.settled_stats(mnt, samples)
+        ok3 = job(3, 1, "elastic-3")
+        after3 = h.settled_stats(mnt, 2 * samples)
+        text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+    with open(log) as f:
+        said = f.read()
+    os.unlink(log)
+    told = [line[25:] for line in said.splitlines() if "world_size=3" in line]
+    ranks = [(r["epoch"], r["done"], r["total"]) for r in after3["ranks"]]
+    h.check(ranks == [(1, 750, 750)] * WORLD, "2 ranks, then 3: the plan's ranks end epoch 1 complete (the job's "
+            "files, in sum, in the plan's order): %s" % ranks)
+    h.check(ok2 and ok3 and after2["progress"]["reads_as_world_size"] == 0 and after3["progress"]["reads_as_world_size"] == 3
+            and len(told) == 1 and "as world_size=3" in text,
+            "2 ranks, then 3 on a world_size=2 mount: read right %s; reads as world_size %d after 2 ranks, %d after 3; "
+            "the log says %s; status %s" % (ok2 and ok3, after2["progress"]["reads_as_world_size"],
+                                           after3["progress"]["reads_as_world_size"], told,
+                                           [line.strip() for line in text.splitlines() if "world" in line]))
 
     # A user's mount (without CAP_SYS_ADMIN) watches its opens too, though not told whose they are; with
     # fewer marks allowed than the data set has directories, it cannot: the log says why and the engine

@@ -483,7 +483,7 @@ Opened run_jobs(Planner& p, const StreamSource& plan, const Job& mine, const Job
       std::vector<std::pair<EntryId, std::pair<pid_t, pid_t>>> out;  // (file, (pid, parent))
       const auto seq = job.order(e);
       for (uint64_t k = 0; k < seq[0].size(); k += batch)
-        for (uint64_t r = 0; r < ranks; ++r)
+        for (uint64_t r = 0; r < seq.size(); ++r)
           for (uint64_t i = k; i < std::min<uint64_t>(k + batch, seq[r].size()); ++i) {
             const pid_t parent = job.first_pid + static_cast<pid_t>(r);
             const pid_t worker = parent + static_cast<pid_t>(100 * (1 + e * workers + (k / batch) % workers));
@@ -578,6 +578,24 @@ TEST(Planner, AJobInTheOrderIsFollowedFromItsFirstBatchWithEveryOpenTold) {
   EXPECT_EQ(o.mine_expected, o.mine);
   EXPECT_EQ(q.other_readers(), 0u);
   EXPECT_EQ(q.progress(1).done, q.progress(1).total);
+}
+
+TEST(Planner, AJobOfThreeRanksAllHereIsFollowedOnAPlanOfTwo) {
+  // The same shuffle split 3 ways, all 3 ranks reading on this node: in sum the plan's files in the plan's
+  // order, each worker's opens in turn in both of the plan's ranks. Followed, every open taken.
+  const uint64_t n = 1500, epochs = 2;
+  const StreamSource plan = shuffled(n, 2), three = shuffled(n, 3);
+  auto c = every_open(config(n, 2, 576));
+  c.end_epoch = epochs;
+  Planner p(c, plan);
+  const Opened o = run_jobs(p, plan, Job{three, 1000}, nullptr, 2, n, epochs);
+  EXPECT_FALSE(o.ever_lost);
+  EXPECT_EQ(o.mine_expected, o.mine);
+  EXPECT_EQ(p.other_readers(), 0u);
+  for (uint64_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(p.progress(r).epoch, epochs - 1);
+    EXPECT_EQ(p.progress(r).done, p.progress(r).total);
+  }
 }
 
 }  // namespace
