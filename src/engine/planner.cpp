@@ -289,8 +289,10 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // the rank's reach, which lets it step over holes: one still being judged may land ahead by chance.
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
     if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
-    if (judged && !judged->follows) {
-      // Judged still: its open is taken once it follows (another order's opens would move the rank).
+    if (judged && !judged->follows && other_readers_ > 0) {
+      // Judged still, on a mount where another order is read: its open is taken once it follows (another
+      // job's chance hits would move the rank). (Until then, an open is taken at once: one held would be
+      // staged again, as not yet opened.)
       if (judged->pending.size() < kMaxPending) judged->pending.emplace_back(rank, key);
       ++r.expected_in_block;
       result = {true, key, rank, 0};

@@ -128,10 +128,10 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
   }
   // Read now: no longer to read ahead.
   if (!readahead_.empty()) readahead_.erase(std::remove(readahead_.begin(), readahead_.end(), id), readahead_.end());
-  if (seen.open.expected) note_rate(seen.open.rank, 1 + seen.open.presumed);
-  if (seen.open.expected && world_size_ && pid > 0)
-    note_world(seen, pid);
+  if (seen.open.expected)
+    note_rate(seen.open.rank, 1 + seen.open.presumed);
   else read_ahead(id, pid);
+  if (seen.open.expected && world_size_ && pid > 0) note_world(seen, pid);
   note_verdicts(seen, id);
   return seen;
 }
