@@ -263,7 +263,31 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // reads for, once its opens said which (kSureOpens in a row), or else the one its parent's other
   // children read for: when ranks are far apart (one a whole epoch ahead), a file one rank reads may lie
   // near another's place too.
+  //
+  // A process judged by its own opens takes the use nearest its rank's place instead, one opened already
+  // counting a quarter of the tolerance further: where the tolerance spans most of an epoch, the next
+  // epoch's use of a file lies within it too, and a reader whose own use was opened (stepped over as a
+  // hole while another process of its job read far ahead, or taken by another job's chance hit) would be
+  // carried into the next epoch, and its rank with it.
+  auto nearest = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
+    std::optional<std::pair<uint64_t, uint64_t>> best;
+    int64_t best_score = 0;
+    for (size_t i = 0; i < epochs_.size(); ++i) {
+      const uint32_t off = epochs_[i].first_of(id);
+      if (off == EpochStreams::kAbsent) continue;
+      const uint64_t rank = off % R;
+      const uint64_t key = (base_[i] + off / R) * R + rank;
+      const Rank& r = ranks_[rank];
+      if (only && rank != *only) continue;
+      const int64_t d = distance(r, rank, key);
+      if (!r.live || d < -tol || d > tol) continue;
+      const int64_t score = std::abs(d) + (opened(key) && !(judged->follows && r.tentative.count(key)) ? tol / 4 : 0);
+      if (!best || score < best_score) best.emplace(key, rank), best_score = score;
+    }
+    return best;
+  };
   auto near = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
+    if (judged) return nearest(only);
     std::optional<std::pair<uint64_t, uint64_t>> found;  // (key, rank)
     for (size_t i = 0; i < epochs_.size(); ++i) {
       const uint32_t off = epochs_[i].first_of(id);
@@ -298,6 +322,10 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       result = {true, key, rank, 0};
       return;
     }
+    if (judged && judged->follows)
+      r.tentative.erase(key);
+    else if (judged)
+      r.tentative.insert(key);
     const uint64_t presumed = consume(r, rank, key, true);
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
@@ -331,22 +359,27 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       // A lost rank seen at or ahead of where it was, in its epoch or the next: enough opens in a row
       // close together in one epoch's stream (resync_needed), and it is back in the order there (a few
       // may be chance). Each open has a candidate place in both epochs, so the runs are kept per epoch.
+      // A process judged to read another order brings it back only by a run of its own (below): the
+      // opens of several such together lie close by chance where the tolerance is wide.
       const size_t needed = resync_needed(rank);
       const uint64_t epoch_end = epoch_end_key(key);
-      bool close = true;
-      for (uint64_t k : r.resync)
-        if (epoch_end_key(k) == epoch_end && std::max(k, key) / R - std::min(k, key) / R > config_.tolerance)
-          close = false;
-      if (!close)
-        r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
-                                      [&](uint64_t k) { return epoch_end_key(k) == epoch_end; }),
-                       r.resync.end());
-      if (r.resync.size() >= 4 * needed) r.resync.erase(r.resync.begin(), r.resync.begin() + static_cast<ptrdiff_t>(2 * needed));
-      r.resync.push_back(key);
-      extended.emplace_back(rank, epoch_end);
       std::vector<uint64_t> run;
-      for (uint64_t k : r.resync)
-        if (epoch_end_key(k) == epoch_end) run.push_back(k);
+      if (!other) {
+        bool close = true;
+        for (uint64_t k : r.resync)
+          if (epoch_end_key(k) == epoch_end && std::max(k, key) / R - std::min(k, key) / R > config_.tolerance)
+            close = false;
+        if (!close)
+          r.resync.erase(std::remove_if(r.resync.begin(), r.resync.end(),
+                                        [&](uint64_t k) { return epoch_end_key(k) == epoch_end; }),
+                         r.resync.end());
+        if (r.resync.size() >= 4 * needed)
+          r.resync.erase(r.resync.begin(), r.resync.begin() + static_cast<ptrdiff_t>(2 * needed));
+        r.resync.push_back(key);
+        extended.emplace_back(rank, epoch_end);
+        for (uint64_t k : r.resync)
+          if (epoch_end_key(k) == epoch_end) run.push_back(k);
+      }
       // A judged reader's own run: its opens one shortly after another in the rank's stream, as a
       // DataLoader worker reads its batch (another order does so by chance far less often).
       bool own_run = false;
@@ -621,6 +654,10 @@ void Planner::update_cursor() {
     epochs_.pop_front();
     base_.pop_front();
   }
+  // Tentative opens are kept while their epoch is planned (a follower may open the same use later).
+  for (Rank& r : ranks_)
+    while (!r.tentative.empty() && *r.tentative.begin() < base_.front() * config_.ranks)
+      r.tentative.erase(r.tentative.begin());
 }
 
 std::vector<std::pair<uint64_t, EntryId>> Planner::take_passed() {

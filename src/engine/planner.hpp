@@ -39,14 +39,18 @@
 // each other (Lay): a DataLoader worker reads a batch's items one after another, so its next open is
 // within kStride items after its last in the same rank's stream at least half the time, where a reader
 // in another order lands there once per few hundred opens and elsewhere near the place the rest of the
-// time. A process follows once the second test reached +kDecide with no strays against it; its opens
-// before then are held (pending) and taken then, so another job's chance hits never move a rank. A
+// time. A process follows once the second test reached +kDecide with no strays against it; once another
+// order was seen on the mount, its opens before then are held (pending) and taken then, so another job's
+// chance hits do not move a rank. A
 // process at -kDecide in either test after kMinEvidence opens reads another order: its opens are counted
 // apart (other_opens), are not placed, and make a rank lost only when none of its own readers followed
-// it for stale_after opens. A DataLoader's workers of the next epoch are new processes of the same
-// parent and start from their predecessors' judgment (Lineage). A lost rank also comes back when one
-// process's opens run on in its stream, each within kStride items of the one before (own_run_needed:
-// as unlikely by chance as the resync run); that process follows, and its siblings are judged afresh.
+// it for stale_after opens; it brings a lost rank back only by a run of its own (below). A judged process
+// is placed at the use of its file nearest its rank's place (one already opened counts a quarter of the
+// tolerance further, unless a process not yet known to follow opened it: `tentative`), not at the first
+// unopened one, which where the tolerance spans an epoch may be the next epoch's. A DataLoader's workers of the next
+// epoch are new processes of the same parent and start from their predecessors' judgment (Lineage). A lost rank also
+// comes back when one process's opens run on in its stream, each within kStride items of the one before
+// (own_run_needed: as unlikely by chance as the resync run); that process follows, and its siblings are judged afresh.
 //
 // Misprediction: an open no live rank expects is counted. The node's opens are taken in blocks of
 // `stale_after`; a rank with fewer than a quarter of its share of them expected in a block is lost (wrong
@@ -223,6 +227,7 @@ class Planner {
     uint64_t next = 0;            // key of its first item not yet opened
     std::set<uint64_t> ahead;     // keys opened past next
     std::set<uint64_t> silent;    // presumed keys not yet passed
+    std::set<uint64_t> tentative;  // keys opened by processes not yet known to follow (another job's, maybe)
     uint64_t reached = 0;         // the largest key opened (0: none since it was last placed)
     uint64_t expected_in_block = 0;
     uint64_t presumed_in_block = 0;      // silent uses its opens counted as read

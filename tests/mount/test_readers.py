@@ -16,7 +16,9 @@ the watch on the mount (`"progress": {"from": "watched opens"}`), so:
 Two jobs on one mount (the mounted one, seed 42, and once it is followed another of seed 7 beside it):
 the mounted job's ranks are followed to the end, none called off; the other's processes are judged to
 read another order and their opens counted apart (`progress.other_opens`), said once in the log and
-in `clairfs status`.
+in `clairfs status`. A job restarted with 3 ranks (all on this node) on that world_size=2 mount, after an
+epoch with 2: said once as `world_size=3` (log, stats, status), never for the 2-rank epoch (not under a
+sanitizer). (The plan's ranks' progress is not checked there: docs/engine.md, "Another world size".)
 
 A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
 
@@ -148,7 +150,11 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
     os.unlink(log)
     off = [line for line in said.splitlines() if "does not read in the planned order" in line]
     ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
-    h.check(not off and all(e == EPOCHS - 1 and done == tot and v == "following" for _, e, done, tot, v in ranks),
+    # (Its last epoch complete, or a few of
+    # the next epoch's items counted: the uses of files whose last-epoch use a process of the other job
+    # took while it was being judged — docs/engine.md.)
+    h.check(not off and all(v == "following" and ((e == EPOCHS - 1 and done == tot) or (e == EPOCHS and done <= 16))
+                            for _, e, done, tot, v in ranks),
             "two jobs on one mount: the mounted job's ranks followed to the end of its last epoch: %s %s" % (ranks, off[:2]))
     other = s["progress"]["other_opens"]
     h.check(other >= samples * 3 // 4 and s["progress"]["other_readers"] >= 1 and
@@ -161,31 +167,30 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
     # world_size=2 mount. In sum it opens the plan's files in the plan's order, so only the distance in the
     # shuffle between a process's consecutive opens tells: 3, where a rank of 2 opens every 2nd. Said once
     # the restarted job's first batch is read, not before.
-    with h.mounted(data, mnt, opts):
-        def job(world, first, tag):
-            os.mkdir("%s/%s" % (tmp, tag))
-            ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=1, world=world)
-                     for r in range(world)]
-            outs = [j.communicate(timeout=600) for j in ranks]
-            return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
-        ok2 = job(2, 0, "elastic-2")
-        after2 = h.settled_stats(mnt, samples)
-        ok3 = job(3, 1, "elastic-3")
-        after3 = h.settled_stats(mnt, 2 * samples)
-        text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
-    with open(log) as f:
-        said = f.read()
-    os.unlink(log)
-    told = [line[25:] for line in said.splitlines() if "world_size=3" in line]
-    ranks = [(r["epoch"], r["done"], r["total"]) for r in after3["ranks"]]
-    h.check(ranks == [(1, 750, 750)] * WORLD, "2 ranks, then 3: the plan's ranks end epoch 1 complete (the job's "
-            "files, in sum, in the plan's order): %s" % ranks)
-    h.check(ok2 and ok3 and after2["progress"]["reads_as_world_size"] == 0 and after3["progress"]["reads_as_world_size"] == 3
-            and len(told) == 1 and "as world_size=3" in text,
-            "2 ranks, then 3 on a world_size=2 mount: read right %s; reads as world_size %d after 2 ranks, %d after 3; "
-            "the log says %s; status %s" % (ok2 and ok3, after2["progress"]["reads_as_world_size"],
-                                           after3["progress"]["reads_as_world_size"], told,
-                                           [line.strip() for line in text.splitlines() if "world" in line]))
+    # (Not under a sanitizer: the count is plain arithmetic, and the pass is long enough.)
+    if not os.environ.get("CLAIRFS_SANITIZED"):
+        with h.mounted(data, mnt, opts):
+            def job(world, first, tag):
+                os.mkdir("%s/%s" % (tmp, tag))
+                ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=1, world=world)
+                         for r in range(world)]
+                outs = [j.communicate(timeout=600) for j in ranks]
+                return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
+            ok2 = job(2, 0, "elastic-2")
+            after2 = h.settled_stats(mnt, samples)
+            ok3 = job(3, 1, "elastic-3")
+            after3 = h.settled_stats(mnt, 2 * samples)
+            text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+        with open(log) as f:
+            said = f.read()
+        os.unlink(log)
+        told = [line[25:] for line in said.splitlines() if "world_size=3" in line]
+        h.check(ok2 and ok3 and after2["progress"]["reads_as_world_size"] == 0 and after3["progress"]["reads_as_world_size"] == 3
+                and len(told) == 1 and "as world_size=3" in text,
+                "2 ranks, then 3 on a world_size=2 mount: read right %s; reads as world_size %d after 2 ranks, %d after 3; "
+                "the log says %s; status %s" % (ok2 and ok3, after2["progress"]["reads_as_world_size"],
+                                               after3["progress"]["reads_as_world_size"], told,
+                                               [line.strip() for line in text.splitlines() if "world" in line]))
 
     # A user's mount (without CAP_SYS_ADMIN) watches its opens too, though not told whose they are; with
     # fewer marks allowed than the data set has directories, it cannot: the log says why and the engine

@@ -475,9 +475,9 @@ struct Opened {
   bool ever_lost = false;
 };
 Opened run_jobs(Planner& p, const StreamSource& plan, const Job& mine, const Job* theirs, uint64_t ranks, uint64_t n,
-                uint64_t epochs, uint64_t batch = 16, uint64_t workers = 2) {
+                uint64_t epochs, uint64_t batch = 16, uint64_t workers = 2, uint64_t first = 0) {
   Opened o;
-  for (uint64_t e = 0; e < epochs; ++e) {
+  for (uint64_t e = first; e < epochs; ++e) {
     load_all_wanted(p, plan, ranks, n);
     auto opens = [&](const Job& job) {
       std::vector<std::pair<EntryId, std::pair<pid_t, pid_t>>> out;  // (file, (pid, parent))
@@ -493,7 +493,7 @@ Opened run_jobs(Planner& p, const StreamSource& plan, const Job& mine, const Job
     };
     const auto a = opens(mine);
     const auto b = theirs ? opens(*theirs) : decltype(a){};
-    const size_t lag = e == 0 ? ranks * batch : 0;
+    const size_t lag = e == first ? ranks * batch : 0;
     for (size_t i = 0; i < std::max(a.size(), b.size() + lag); ++i) {
       if (i < a.size()) {
         ++o.mine;
@@ -594,6 +594,22 @@ TEST(Planner, AJobOfThreeRanksAllHereIsFollowedOnAPlanOfTwo) {
   EXPECT_EQ(p.other_readers(), 0u);
   for (uint64_t r = 0; r < 2; ++r) {
     EXPECT_EQ(p.progress(r).epoch, epochs - 1);
+    EXPECT_EQ(p.progress(r).done, p.progress(r).total);
+  }
+}
+
+TEST(Planner, AJobRestartedWithThreeRanksEndsItsEpochComplete) {
+  // An epoch by a 2-rank job, then the next by the same job restarted with 3 ranks (new processes).
+  const uint64_t n = 1500;
+  const StreamSource plan = shuffled(n, 2), three = shuffled(n, 3);
+  auto c = every_open(config(n, 2, 576));
+  Planner p(c, plan);
+  const Opened two = run_jobs(p, plan, Job{plan, 1000}, nullptr, 2, n, 1);
+  const Opened more = run_jobs(p, plan, Job{three, 5000}, nullptr, 2, n, 2, 16, 2, 1);
+  EXPECT_FALSE(two.ever_lost || more.ever_lost);
+  EXPECT_EQ(more.mine_expected, more.mine);
+  for (uint64_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(p.progress(r).epoch, 1u);
     EXPECT_EQ(p.progress(r).done, p.progress(r).total);
   }
 }
