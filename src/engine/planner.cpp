@@ -269,26 +269,9 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // epoch's use of a file lies within it too, and a reader whose own use was opened (stepped over as a
   // hole while another process of its job read far ahead, or taken by another job's chance hit) would be
   // carried into the next epoch, and its rank with it.
-  auto nearest = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
-    std::optional<std::pair<uint64_t, uint64_t>> best;
-    int64_t best_score = 0;
-    for (size_t i = 0; i < epochs_.size(); ++i) {
-      const uint32_t off = epochs_[i].first_of(id);
-      if (off == EpochStreams::kAbsent) continue;
-      const uint64_t rank = off % R;
-      const uint64_t key = (base_[i] + off / R) * R + rank;
-      const Rank& r = ranks_[rank];
-      if (only && rank != *only) continue;
-      const int64_t d = distance(r, rank, key);
-      if (!r.live || d < -tol || d > tol) continue;
-      const int64_t score = std::abs(d) + (opened(key) && !(judged->follows && r.tentative.count(key)) ? tol / 4 : 0);
-      if (!best || score < best_score) best.emplace(key, rank), best_score = score;
-    }
-    return best;
-  };
   auto near = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
-    if (judged) return nearest(only);
-    std::optional<std::pair<uint64_t, uint64_t>> found;  // (key, rank)
+    std::optional<std::pair<uint64_t, uint64_t>> found, first_opened;  // (key, rank)
+    int64_t best = 0;
     for (size_t i = 0; i < epochs_.size(); ++i) {
       const uint32_t off = epochs_[i].first_of(id);
       if (off == EpochStreams::kAbsent) continue;
@@ -298,10 +281,17 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       if (only && rank != *only) continue;
       const int64_t d = distance(r, rank, key);
       if (!r.live || d < -tol || d > tol) continue;
-      if (!opened(key)) return std::make_pair(key, rank);
-      if (!found) found.emplace(key, rank);
+      if (judged) {
+        const bool taken = opened(key) && !(judged->follows && r.tentative.count(key));
+        const int64_t score = std::abs(d) + (taken ? tol / 4 : 0);
+        if (!found || score < best) found.emplace(key, rank), best = score;
+      } else if (!opened(key)) {
+        return std::make_pair(key, rank);
+      } else if (!first_opened) {
+        first_opened.emplace(key, rank);
+      }
     }
-    return found;
+    return found ? found : first_opened;
   };
   std::optional<std::pair<uint64_t, uint64_t>> place;
   if (!other) {
