@@ -153,8 +153,9 @@ void ReaderTracker::note_world(Seen& seen, pid_t pid) {
   s.decided = true;
   const auto most = std::max_element(s.by_distance.begin(), s.by_distance.end());
   const auto world = static_cast<uint64_t>(most - s.by_distance.begin());
-  std::vector<uint8_t>().swap(s.by_distance);
-  if (4 * uint64_t{*most} < 3 * kWorldEvidence || world == world_size_) return;
+  const uint64_t times = *most;
+  std::vector<uint8_t>().swap(s.by_distance);  // (its memory: `most` is gone with it)
+  if (4 * times < 3 * kWorldEvidence || world == world_size_) return;
   if (reads_as_world_ == 0) {
     seen.other_world = pid;
     seen.world = world;
