@@ -155,10 +155,10 @@ size_t Planner::epoch_index(uint64_t key) const {
   return epochs_.size();
 }
 
-uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key, bool reaches) {
+uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
   if (key < r.next || r.ahead.count(key)) return 0;  // opened again (a retry, a second reader): no progress
   r.silent.erase(key);  // presumed silent, but read through us after all (its pages went)
-  if (reaches) r.reached = std::max(r.reached, key);
+  r.reached = std::max(r.reached, key);
   auto count_read = [&](uint64_t k) {
     if (const size_t i = epoch_index(k); i < epochs_.size()) epochs_[i].read[rank]++;
   };
@@ -299,8 +299,8 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
     if (reads_for) place = near(reads_for);
     if (!place) place = near(std::nullopt);  // one process may read for several ranks (a benchmark, a tool)
   }
-  // Counts the open at `key` as its rank's. Only a reader known to follow (or one not judged) carries
-  // the rank's reach, which lets it step over holes: one still being judged may land ahead by chance.
+  // Counts the open at `key` as its rank's (held instead, for a process still being judged, once
+  // another order was seen on the mount).
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
     if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
     if (judged && !judged->follows && other_readers_ > 0) {
@@ -316,7 +316,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       r.tentative.erase(key);
     else if (judged)
       r.tentative.insert(key);
-    const uint64_t presumed = consume(r, rank, key, true);
+    const uint64_t presumed = consume(r, rank, key);
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
     result = {true, key, rank, presumed};
@@ -406,7 +406,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       r.ahead.clear();
       r.reached = 0;
       for (uint64_t k : run)
-        if (k != key) consume(r, rank, k, true);
+        if (k != key) consume(r, rank, k);
       r.resync.clear();
       if (judged) {
         // Its reader follows the plan, as its siblings may (they are judged again).
@@ -490,18 +490,23 @@ void Planner::lose(Rank& r, Lost why) {
   r.silent.clear();  // the engine drops the pages it pushed for it
 }
 
-double Planner::chance_near(uint64_t rank) const {
+double Planner::epoch_items(uint64_t rank) const {
   const size_t i = epoch_index(ranks_[rank].next);
-  const uint64_t items = i < epochs_.size() ? epochs_[i].seq[rank].size() : 0;
-  return std::min(0.9, static_cast<double>(2 * config_.tolerance + 1) / static_cast<double>(std::max<uint64_t>(items, 1)));
+  return i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
+}
+
+double Planner::chance_near(uint64_t rank) const {
+  return std::min(0.9, static_cast<double>(2 * config_.tolerance + 1) / epoch_items(rank));
+}
+
+size_t Planner::run_needed(double chance, double items, size_t least) {
+  return std::max<size_t>(least, 1 + static_cast<size_t>(std::ceil(std::log(200.0 * items) / -std::log(chance))));
 }
 
 size_t Planner::own_run_needed(uint64_t rank) const {
   // As resync_needed, with the chance that an open lands within kStride items after the reader's last.
-  const size_t i = epoch_index(ranks_[rank].next);
-  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
-  const double q = std::min(chance_near(rank), static_cast<double>(kStride) / items);
-  return std::max<size_t>(3, 1 + static_cast<size_t>(std::ceil(std::log(200.0 * items) / -std::log(q))));
+  const double items = epoch_items(rank);
+  return run_needed(std::min(chance_near(rank), static_cast<double>(kStride) / items), items, 3);
 }
 
 size_t Planner::resync_needed(uint64_t rank) const {
@@ -510,9 +515,8 @@ size_t Planner::resync_needed(uint64_t rank) const {
   // tries once per open. n is taken so that a whole epoch of such opens comes back by chance less
   // than once in 100.
   const double p0 = chance_near(rank);
-  const size_t i = epoch_index(ranks_[rank].next);
-  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
-  return std::max<size_t>(kResync, 1 + static_cast<size_t>(std::ceil(std::log(200.0 * items) / -std::log(p0))));
+  const double items = epoch_items(rank);
+  return run_needed(p0, items, kResync);
 }
 
 void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
@@ -527,8 +531,7 @@ void Planner::weigh(Rank& r, uint64_t rank, bool hit) {
 void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   if (reader.off) return;
   const double p0 = chance_near(rank);
-  const size_t i = epoch_index(ranks_[rank].next);
-  const double items = i < epochs_.size() ? static_cast<double>(std::max<size_t>(epochs_[i].seq[rank].size(), 1)) : 1.0;
+  const double items = epoch_items(rank);
   const double next = std::min(p0 / 2, static_cast<double>(kStride) / items);  // by chance, in another order
   switch (lay) {
     case Lay::kNext: reader.evidence += std::log(kP1 / 2 / next); break;
@@ -552,7 +555,7 @@ void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   if (((reader.evidence >= kDecide && reader.strays >= 0) || leaning) && !reader.follows) {
     reader.follows = true;
     for (const auto& [r, key] : reader.pending)
-      if (ranks_[r].live) consume(ranks_[r], r, key, true);
+      if (ranks_[r].live) consume(ranks_[r], r, key);
     std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);  // (its memory too)
   }
   if (std::min(reader.evidence, reader.strays) <= -kDecide && reader.weighed >= kMinEvidence) {

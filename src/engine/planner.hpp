@@ -255,14 +255,18 @@ class Planner {
   int64_t distance(const Rank& r, uint64_t rank, uint64_t key) const;
   // The first key at or after `key` whose use is not silent.
   uint64_t past_silent(const Rank& r, uint64_t rank, uint64_t key) const;
-  // Places an open at `key`; returns how many silent uses it counted as read. `reaches`: it moves the
-  // rank's reach (the largest key opened).
-  uint64_t consume(Rank& r, uint64_t rank, uint64_t key, bool reaches);
+  // Places an open at `key`; returns how many silent uses it counted as read.
+  uint64_t consume(Rank& r, uint64_t rank, uint64_t key);
   // One open of a live rank's reader as evidence: near its place (hit) or not; may make it lost.
   void weigh(Rank& r, uint64_t rank, bool hit);
   void lose(Rank& r, Lost why);
   // The rank an unexpected open counts against: its process's, the only one, or whose stream holds it.
   std::optional<uint64_t> blame(EntryId id, pid_t pid) const;
+  // Items of the rank's sequence in the epoch its next key lies in (at least 1).
+  double epoch_items(uint64_t rank) const;
+  // Opens in a row, each landing by chance with `chance`, that come about by chance less than once in
+  // 100 epochs of `items` opens (at least `least`).
+  static size_t run_needed(double chance, double items, size_t least);
   // The chance that an open in another order lands within the tolerance of the rank's place.
   double chance_near(uint64_t rank) const;
   // Opens in a row close together that bring a lost rank back (at least kResync).
