@@ -308,9 +308,10 @@ std::optional<int> settle_options(int argc, char** argv, MpiWorld* world, Option
     if (bad.empty()) log_error("another node's options are wrong (see its message)");
     return bad == "help" ? 0 : kExitUsage;
   }
-  if (world->size() > 1 && o.seed_auto) {
+  if (world->size() > 1 && (o.seed_auto || o.world_size_auto)) {
     if (world->rank() == 0)
-      log_error("seed=auto learns the seed on one node; with " + std::to_string(world->size()) + " nodes give seed=");
+      log_error(std::string(o.seed_auto ? "seed" : "world_size") + "=auto learns on one node; with " +
+                std::to_string(world->size()) + " nodes give " + (o.seed_auto ? "seed=" : "world_size="));
     return kExitUsage;
   }
   if (world->size() > 1)
@@ -428,9 +429,7 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   c.epochs = o.epochs;
   c.depth = static_cast<unsigned>(o.io_depth);
   c.tolerance = open_tolerance(o);
-  // A file comes back to this node about every world_size / ranks epochs: plan that far (and one more),
-  // so eviction by next use sees it; 16 at most, since each epoch planned costs memory.
-  c.horizon = std::min<uint64_t>(16, (o.world_size + o.ranks.size() - 1) / o.ranks.size() + 1);
+  c.horizon = plan_horizon(o.world_size, o.ranks.size());
   c.loader_window = o.prefetch_factor * std::max<uint64_t>(o.workers, 1) * o.batch_size;
   c.nvme = o.nvme;
   c.nvme_size = o.nvme_size;
@@ -476,17 +475,22 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   // options it would refuse are checked now, so that the mount does.
   const bool later = d.manifest->attributes_pending() != 0 && o.ram > 0;
   if (later && !o.nvme.empty()) check_nvme_dir(o.nvme);
-  if (o.seed_auto || later) {
+  // Alone on its node with DistributedSampler's order, the mount plans again when the job reads as
+  // another world size (with peers, every node's plan would have to change at once).
+  const Replanning replanning{!d.peers && o.ram > 0 && d.oracle->schedule().order == Order::kTorch,
+                              o.world_size_auto || o.ranks.size() == o.world_size, o.world_size_auto};
+  if (o.seed_auto || later || replanning.on) {
     LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,
                     d.oracle->schedule().torch_shuffle};
-    d.learning.emplace(
-        *d.manifest, *d.reader, d.oracle->schedule(), std::move(q),
-        [&d, c = engine_config(o, d.page_cache)](const Oracle& oracle, auto opened_before) {
-          EngineConfig config = c;
-          config.opened_before = std::move(opened_before);
-          return std::make_unique<ClairvoyantEngine>(*d.manifest, oracle, *d.reader, std::move(config));
-        },
-        o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{});
+    try {
+      d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q), engine_config(o, d.page_cache),
+                         o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{},
+                         replanning);
+    } catch (const NvmeError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      log_warning(std::string(e.what()) + "; staging is off, every read goes to SOURCE");
+    }
   } else if (o.ram > 0) {
     try {
       EngineConfig c = engine_config(o, d.page_cache);

@@ -137,9 +137,16 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     std::printf("  mispredicted  %llu opens\n", static_cast<unsigned long long>(get(j, {"mispredicted_opens"})));
   if (const uint64_t world = get(j, {"progress", "reads_as_world_size"}))
     std::printf(
-        "  world size    the job reads as world_size=%llu, not as mounted: progress by rank is the plan's (see the "
+        "  world size    a process reads as world_size=%llu, not as planned: progress by rank is the plan's (see the "
         "log)\n",
         static_cast<unsigned long long>(world));
+  if (const uint64_t times = get(j, {"plan", "world", "replanned"}))
+    std::printf(
+        "  planned again %llu time%s: the job reads as world_size=%llu, ranks %s here (%llu files in RAM kept)\n",
+        static_cast<unsigned long long>(times), times == 1 ? "" : "s",
+        static_cast<unsigned long long>(get(j, {"plan", "world", "world_size"})),
+        trimmed(j["plan"]["world"].value("ranks", std::string())).c_str(),
+        static_cast<unsigned long long>(get(j, {"plan", "world", "kept_files"})));
   if (const uint64_t others = get(j, {"progress", "other_opens"}))
     std::printf(
         "  other readers %llu opens by %llu processes in another order (another job?): not the plan's, counted apart\n",

@@ -64,6 +64,7 @@ struct Options {
   bool learn_from_any = false;
   uint64_t batch_size = 1;
   uint64_t world_size = 1;
+  bool world_size_auto = false;  // world_size=auto: learned from the job's readers (planned as 1 until then)
   std::vector<uint64_t> ranks;  // training ranks this mount serves, sorted, unique
   bool ranks_given = false;
   uint64_t ranks_per_node = 0;  // 0: not given

@@ -99,7 +99,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
       served_ranks(config_));
   if (s.order == Order::kTorch) {
     MutexLock lock(state_.mutex);
-    state_.tracker.set_world(s.world_size, served_ranks(config_));
+    state_.tracker.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
   }
 }
 
@@ -116,7 +116,15 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(parent_from_proc);
   }
+  if (config_.adopt) {
+    // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
+    // already is kept for its next use there.
+    MutexLock lock(state_.mutex);
+    while (auto want = state_.planner.wanted_epoch())
+      state_.planner.add_epoch(Planner::build(streams_, *want, state_.tracker.ranks(), manifest_.size()));
+  }
   catch_up(config_.opened_before);
+  if (config_.adopt) adopt(config_.adopt());
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth});
 }
@@ -178,7 +186,7 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (p.wake) state_.progress.notify_all();
-  if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world)
+  if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world || p.seen.world_decided)
     tell(p.seen, std::move(p.evidence));
 }
 
@@ -210,11 +218,12 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
         all.world = seen.world;
         all.mounted_world = seen.mounted_world;
       }
+      all.world_decided |= seen.world_decided;
       progressed();
     }
   }
   state_.progress.notify_all();
-  if (!all.changed.empty() || all.other || all.other_world) tell(all, {});
+  if (!all.changed.empty() || all.other || all.other_world || all.world_decided) tell(all, {});
 }
 
 void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
@@ -225,13 +234,19 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
                 "(status: other readers) and do not move the planned ranks");
   if (seen.other_world) {
     const uint64_t world = seen.world, mounted = seen.mounted_world;
-    log_warning("process " + std::to_string(seen.other_world) + " opens samples " + std::to_string(world) +
-                " apart in the shuffle, as a rank of world_size=" + std::to_string(world) +
-                " does (mounted world_size=" + std::to_string(mounted) +
-                "): the job runs with another world size? Progress by rank is the plan's, not the job's; "
-                "remount with world_size=" +
-                std::to_string(world));
+    const std::string words = "process " + std::to_string(seen.other_world) + " opens samples " +
+                              std::to_string(world) +
+                              " apart in the shuffle, as a rank of world_size=" + std::to_string(world) +
+                              " does (planned: world_size=" + std::to_string(mounted) + ")";
+    if (config_.replans)
+      log_info(words + "; the mount plans for its world size once no process reads as the plan's");
+    else
+      log_warning(words +
+                  ": the job runs with another world size? Progress by rank is the plan's, not the job's; "
+                  "remount with world_size=" +
+                  std::to_string(world));
   }
+  if (seen.world_decided && world_listener_) world_listener_();
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
     const std::string rank = "rank " + std::to_string(ranks[r]);
@@ -261,6 +276,47 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
   for (Evidence& e : evidence)
     for (size_t r = 0; r < ranks.size(); ++r)
       if (ranks[r] == e.rank) diagnoser_->ask(r, std::move(e));
+}
+
+// ---- re-planning -----------------------------------------------------------------------------------
+
+std::unordered_map<pid_t, ReaderTracker::ReadsAs> ClairvoyantEngine::readers_as() const {
+  MutexLock lock(state_.mutex);
+  return state_.tracker.readers_as();
+}
+
+std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_as(uint64_t world, uint64_t after,
+                                                                   uint64_t* last) const {
+  MutexLock lock(state_.mutex);
+  return state_.tracker.opens_as(world, after, last);
+}
+
+std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
+  stager_->finish();  // its reads in flight kept first: SOURCE sent them once
+  stager_.reset();    // no more staging, pushes or NVMe writes
+  std::vector<std::pair<EntryId, FileBytes>> held;
+  for (EntryId id : ram_.ids())
+    if (FileBytes bytes = ram_.get(id)) held.emplace_back(id, std::move(bytes));
+  return held;
+}
+
+void ClairvoyantEngine::free_ram() {
+  MutexLock lock(state_.mutex);
+  for (EntryId id : ram_.ids()) {
+    ram_.erase(id);
+    state_.policy.ram().erase(id);
+  }
+}
+
+void ClairvoyantEngine::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
+  MutexLock lock(state_.mutex);
+  for (auto& [id, bytes] : files) {
+    const uint64_t key = state_.policy.keep_key(id);
+    if (key == kNever || state_.policy.ram().contains(id) || !ram_.reserve(bytes->size())) continue;
+    ram_.insert(id, std::move(bytes));
+    state_.policy.ram().set(id, key, false);
+    ++adopted_;
+  }
 }
 
 // ---- Engine ----------------------------------------------------------------------------------------
@@ -504,7 +560,9 @@ std::string ClairvoyantEngine::stats_json() const {
                   {"served_files", c.served},
                   {"served_bytes", c.served_bytes},
                   {"refused_to_peers", c.refused_to_peers},
-                  {"seconds_per_file", {{"peer", stager_->seconds_per_file(true)}, {"source", stager_->seconds_per_file(false)}}}};
+                  {"seconds_per_file",
+                   {{"peer", stager_ ? stager_->seconds_per_file(true) : 0.0},
+                    {"source", stager_ ? stager_->seconds_per_file(false) : 0.0}}}};
     int usable = 0;
     for (int n = 0; n < t.nodes(); ++n) usable += n != t.node() && t.usable(n);
     j["peers"]["usable"] = usable;

@@ -19,12 +19,15 @@
 // returns. Bytes are right whatever happens. docs/engine.md tells the whole story.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,8 +38,8 @@
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
 #include "engine/diagnosis.hpp"
-#include "engine/state.hpp"
 #include "engine/stager.hpp"
+#include "engine/state.hpp"
 #include "peer/peer_store.hpp"
 #include "tiers/chain.hpp"
 #include "tiers/nvme.hpp"
@@ -44,6 +47,13 @@
 #include "tiers/ram.hpp"
 
 namespace clairfs {
+
+// Epochs planned after the readers' one, for a node serving `ranks` of `world`: a file comes back to it
+// about every world / ranks epochs, so eviction by next use must see that far (and one more); 16 at
+// most, since each epoch planned costs memory.
+inline uint64_t plan_horizon(uint64_t world, uint64_t ranks) {
+  return std::min<uint64_t>(16, (world + ranks - 1) / std::max<uint64_t>(ranks, 1) + 1);
+}
 
 struct EngineConfig {
   uint64_t ram = 0;                // bytes
@@ -65,6 +75,12 @@ struct EngineConfig {
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
+  // The files the engine of the mount's last plan held in RAM (a re-plan, LearningEngine): taken once
+  // the opens above are placed, before staging starts, and kept where the new plan uses them.
+  std::function<std::vector<std::pair<EntryId, FileBytes>>()> adopt;
+  // A reader found to read as another world size makes whoever built the engine plan again (on_world),
+  // rather than a remount: what the log says.
+  bool replans = false;
 };
 
 class ClairvoyantEngine final : public Engine {
@@ -95,7 +111,25 @@ class ClairvoyantEngine final : public Engine {
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
   PeerTransport::Lookup peer_lookup();
 
+  // Re-planning (LearningEngine). `listener` is called, off the engine's lock, each time a reader is
+  // found to read as another world size than the plan's. Set before the engine serves.
+  void on_world(std::function<void()> listener) { world_listener_ = std::move(listener); }
+  // What each process was found to read as (ReaderTracker::readers_as).
+  std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
+  // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
+  std::vector<std::pair<EntryId, pid_t>> opens_as(uint64_t world, uint64_t after, uint64_t* last) const
+      EXCLUDES(state_.mutex);
+  // The plan is over: staging stops (its reads in flight kept) and the files held in RAM are handed
+  // over to the next plan's engine (EngineConfig::adopt), and still served here until free_ram(), once
+  // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe.
+  std::vector<std::pair<EntryId, FileBytes>> retire() EXCLUDES(state_.mutex);
+  void free_ram() EXCLUDES(state_.mutex);
+  // Files kept from the last plan's engine (EngineConfig::adopt).
+  uint64_t adopted() const { return adopted_; }
+
  private:
+  // Keeps the files another engine held where this plan uses them (EngineConfig::adopt).
+  void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.mutex);
   // An open of `id` (or, without a handle, a first read): places it, wakes the stager if the readers
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
@@ -138,6 +172,8 @@ class ClairvoyantEngine final : public Engine {
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
+  std::function<void()> world_listener_;
+  uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };
 

@@ -1,11 +1,15 @@
 #include "engine/learning.hpp"
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "util/log.hpp"
 #include "util/text.hpp"
@@ -27,15 +31,83 @@ size_t next_try(size_t tried) {
   return tried < step + step / 2 ? step + step / 2 : 2 * step;
 }
 
+// True while a process runs (or runs as another user).
+bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// Adds `from`'s numbers into `into`'s, member by member (both objects of counters).
+void add_numbers(nlohmann::json& into, const nlohmann::json& from) {
+  if (!from.is_object()) return;
+  for (const auto& [key, value] : from.items()) {
+    if (value.is_object())
+      add_numbers(into[key], value);
+    else if (value.is_number_unsigned())
+      into[key] = into.value(key, uint64_t{0}) + value.get<uint64_t>();
+    else if (value.is_number())
+      into[key] = into.value(key, 0.0) + value.get<double>();
+  }
+}
+
 }  // namespace
 
-LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
-                               Start start, const Oracle* told, std::vector<uid_t> learn_from)
-    : manifest_(manifest), reader_(reader), schedule_(std::move(schedule)), question_(std::move(question)),
-      start_(std::move(start)), told_(told), learn_from_(std::move(learn_from)) {
+std::optional<Replan> replan_for(const std::unordered_map<pid_t, ReaderTracker::ReadsAs>& readers,
+                                 const std::function<bool(pid_t)>& alive, uint64_t world, bool whole) {
+  // A reader gone counts by its parent while that lives, unless the parent also has a live reader of
+  // another world size (workers=0 under torchrun: one agent is the parent of the ranks before and after
+  // an elastic restart).
+  std::map<pid_t, std::set<uint64_t>> live_worlds_of_parent;
+  for (const auto& [pid, as] : readers)
+    if (as.parent > 1 && alive(pid)) live_worlds_of_parent[as.parent].insert(as.world);
+  std::map<uint64_t, size_t> count;
+  std::map<uint64_t, std::set<uint64_t>> ranks;
+  std::map<uint64_t, uint64_t> epoch;
+  for (const auto& [pid, as] : readers) {
+    bool live = alive(pid);
+    if (!live && as.parent > 1 && alive(as.parent)) {
+      const auto& worlds = live_worlds_of_parent[as.parent];
+      live = worlds.empty() || (worlds.size() == 1 && *worlds.begin() == as.world);
+    }
+    if (!live) continue;
+    if (as.world == world) return Replan{};  // the plan's readers are still there
+    ++count[as.world];
+    ranks[as.world].insert(as.rank);
+    epoch[as.world] = std::max(epoch[as.world], as.epoch);
+  }
+  if (count.empty()) return std::nullopt;
+  const uint64_t most = std::max_element(count.begin(), count.end(), [](const auto& a, const auto& b) {
+                          return a.second < b.second;
+                        })->first;
+  Replan r{most, {}, epoch[most]};
+  if (whole)
+    for (uint64_t k = 0; k < most; ++k) r.ranks.push_back(k);
+  else
+    r.ranks.assign(ranks[most].begin(), ranks[most].end());
+  return r;
+}
+
+LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule,
+                               LearnQuestion question, EngineConfig config, const Oracle* told,
+                               std::vector<uid_t> learn_from, Replanning replanning)
+    : manifest_(manifest),
+      reader_(reader),
+      schedule_(std::move(schedule)),
+      question_(std::move(question)),
+      config_(std::move(config)),
+      told_(told),
+      learn_from_(std::move(learn_from)),
+      replanning_(replanning) {
   {
     MutexLock lock(mutex_);
     state_ = told_ ? "waiting" : "learning";
+    plan_ = {schedule_.world_size, config_.ranks};
+  }
+  // The seed told and every file's size known: nothing to wait for, and the engine's errors are the
+  // mount's.
+  if (told_ && manifest_.attributes_pending() == 0) {
+    engines_[0] = std::make_unique<ClairvoyantEngine>(manifest_, *told_, reader_,
+                                                      plan_config(config_.ranks, told_->schedule().world_size, 0));
+    publish(0, told_);
+    MutexLock lock(mutex_);
+    state_ = "told";
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -47,15 +119,40 @@ LearningEngine::~LearningEngine() {
   }
   wake_.notify_all();
   thread_.join();
-  engine_.reset();  // before the oracle it reads
+  for (size_t n = kPlans; n-- > 0;) engines_[n].reset();  // before the oracles they read
 }
 
-ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid) {
-  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
+EngineConfig LearningEngine::plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan) {
+  EngineConfig c = config_;
+  c.horizon = plan_horizon(world, ranks.size());
+  c.ranks = std::move(ranks);
+  c.replans = replanning_.on && plan + 1 < kPlans;
+  return c;
+}
+
+void LearningEngine::publish(uint64_t plan, const Oracle* oracle) {
+  ClairvoyantEngine* e = engines_[plan].get();
+  e->on_world([this] {
+    world_said_.store(true);
+    wake_.notify_all();
+  });
+  plans_[plan].store(e, std::memory_order_release);
+  oracle_ready_.store(oracle, std::memory_order_release);
+  plan_now_.store(plan, std::memory_order_release);
+}
+
+ClairvoyantEngine* LearningEngine::current(uint64_t* plan) const {
+  const uint64_t n = plan_now_.load(std::memory_order_acquire);
+  if (plan) *plan = n;
+  return plans_[n].load(std::memory_order_acquire);
+}
+
+ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid, uint64_t* plan) {
+  if (ClairvoyantEngine* e = current(plan)) return e;
   bool wake = false;
   {
     MutexLock lock(mutex_);
-    if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e;
+    if (ClairvoyantEngine* e = current(plan)) return e;
     if (opens_.size() < kMaxOpens && (state_ == "learning" || state_ == "waiting")) {
       if (!from_the_job(pid)) {
         ++not_the_job_;
@@ -89,7 +186,12 @@ bool LearningEngine::from_the_job(pid_t pid) {
 }
 
 int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
-  if (ClairvoyantEngine* e = keep(id, pid)) return e->open(id, pid, handle);
+  uint64_t plan = 0;
+  if (ClairvoyantEngine* e = keep(id, pid, &plan)) {
+    const int rc = e->open(id, pid, handle);
+    if (rc == 0) *handle |= plan << 1;
+    return rc;
+  }
   const int rc = reader_.open(id, pid, handle);
   if (rc == 0) *handle |= kSourceHandle, ++source_files_;
   return rc;
@@ -101,16 +203,16 @@ ssize_t LearningEngine::read(uint64_t handle, char* buf, size_t size, off_t offs
     if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
     return n;
   }
-  return engine_ready_.load(std::memory_order_acquire)->read(handle, buf, size, offset);
+  return engine_of(handle)->read(handle & ~kTagBits, buf, size, offset);
 }
 
 void LearningEngine::release(uint64_t handle) {
   if (handle & kSourceHandle) return reader_.release(handle & ~kSourceHandle);
-  engine_ready_.load(std::memory_order_acquire)->release(handle);
+  engine_of(handle)->release(handle & ~kTagBits);
 }
 
 ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
-  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) return e->read_unopened(id, pid, buf, size, offset);
+  if (ClairvoyantEngine* e = current()) return e->read_unopened(id, pid, buf, size, offset);
   if (offset == 0) {
     // The first read of a file is its open; the same reader reading its file from the start again is not.
     bool fresh = false;
@@ -135,7 +237,7 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
 void LearningEngine::watching_opens() {
   MutexLock lock(mutex_);
   watched_.store(true, std::memory_order_release);
-  if (engine_ready_.load(std::memory_order_acquire)) engine_->watching_opens();
+  if (ClairvoyantEngine* e = current()) e->watching_opens();
 }
 
 void LearningEngine::opened(EntryId id, pid_t pid) {
@@ -143,56 +245,71 @@ void LearningEngine::opened(EntryId id, pid_t pid) {
 }
 
 void LearningEngine::closed(EntryId id, pid_t pid) {
-  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) e->closed(id, pid);
+  if (ClairvoyantEngine* e = current()) e->closed(id, pid);
 }
 
 void LearningEngine::opens_lost() {
-  if (ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire)) e->opens_lost();
+  if (ClairvoyantEngine* e = current()) e->opens_lost();
 }
 
 void LearningEngine::run() {
-  std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
-  Schedule s = schedule_;
-  if (!told_) {
-    // Shuffles of the whole data set are background work: below the threads that serve reads, on a
-    // thread of their own. Not this one: the engine's threads are started from here and would inherit
-    // its priority (a learned engine's stager ran at nice 10 and fell behind a job reading at full speed).
-    std::optional<Learned> found;
-    std::thread shuffler([&] {
-      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
-      found = learn(kept);
-    });
-    shuffler.join();
-    if (!found) return;
-    s.seed = found->seed;
-    log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
-             std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
-             std::to_string(found->candidates) + " orders tried); staging follows it");
-    {
-      MutexLock lock(mutex_);
-      found_ = "seed=" + seed_text(found->seed);
-      found_after_ = kept.size();
+  if (!current()) {
+    std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
+    const Oracle* oracle = told_;
+    if (!told_) {
+      // Shuffles of the whole data set are background work: below the threads that serve reads, on a
+      // thread of their own. Not this one: the engine's threads are started from here and would inherit
+      // its priority (a learned engine's stager ran at nice 10 and fell behind a job reading at full speed).
+      std::optional<Learned> found;
+      std::thread shuffler([&] {
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+        found = learn(kept);
+      });
+      shuffler.join();
+      if (!found) return;
+      Schedule s = schedule_;
+      s.seed = found->seed;
+      log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
+               std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
+               std::to_string(found->candidates) + " orders tried); staging follows it");
+      {
+        MutexLock lock(mutex_);
+        found_ = "seed=" + seed_text(found->seed);
+        found_after_ = kept.size();
+      }
+      try {
+        oracles_[0] = std::make_unique<Oracle>(manifest_.samples().size(), s);
+      } catch (const std::exception& e) {
+        MutexLock lock(mutex_);
+        state_ = "failed";
+        log_warning(std::string("seed=auto: staging could not start: ") + e.what() +
+                    "; reads go to SOURCE as on a plain mount");
+        return;
+      }
+      oracle = oracles_[0].get();
     }
+    if (!start(*oracle, std::move(kept))) return;
   }
+  replan_loop();
+}
+
+bool LearningEngine::start(const Oracle& oracle, std::vector<std::pair<EntryId, pid_t>> kept) {
   // The engine stages by the files' sizes: with a scan that left them for later, it starts once the
   // fill has read them all (reads go to SOURCE meanwhile).
   {
     MutexLock lock(mutex_);
     while (!stop_ && manifest_.attributes_pending() != 0) lock.wait_for(wake_, std::chrono::milliseconds(50));
-    if (stop_) return;
+    if (stop_) return false;
     if (told_) kept = opens_;
   }
   // The engine, placed where the opens kept put the job, then the opens kept since, then the switch
   // (under the lock, so that no open falls between the two).
   const size_t placed = kept.size();
   std::string failure;
-  const Oracle* oracle = told_;
   try {
-    if (!told_) {
-      oracle_ = std::make_unique<Oracle>(manifest_.samples().size(), s);
-      oracle = oracle_.get();
-    }
-    engine_ = start_(*oracle, std::move(kept));
+    EngineConfig c = plan_config(config_.ranks, oracle.schedule().world_size, 0);
+    c.opened_before = std::move(kept);
+    engines_[0] = std::make_unique<ClairvoyantEngine>(manifest_, oracle, reader_, std::move(c));
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -201,16 +318,89 @@ void LearningEngine::run() {
     state_ = "failed";
     log_warning(std::string(told_ ? "" : "seed=auto: ") + "staging could not start: " + failure +
                 "; reads go to SOURCE as on a plain mount");
-    engine_.reset();
-    return;
+    engines_[0].reset();
+    return false;
   }
-  if (watched_.load()) engine_->watching_opens();
-  engine_->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
+  if (watched_.load()) engines_[0]->watching_opens();
+  engines_[0]->catch_up({opens_.begin() + static_cast<ptrdiff_t>(placed), opens_.end()});
   state_ = told_ ? "told" : "found";
-  oracle_ready_.store(oracle, std::memory_order_release);
-  engine_ready_.store(engine_.get(), std::memory_order_release);
+  publish(0, &oracle);
   opens_.clear();
   opens_.shrink_to_fit();
+  return true;
+}
+
+void LearningEngine::replan_loop() {
+  if (!replanning_.on) return;
+  bool pending = false;  // a reader of another world size was found: look again until planned or gone
+  for (;;) {
+    {
+      MutexLock lock(mutex_);
+      if (!stop_ && !world_said_.load()) lock.wait_for(wake_, pending ? kLookAgain : std::chrono::seconds(60));
+      if (stop_) return;
+    }
+    if (world_said_.exchange(false)) pending = true;
+    if (pending) pending = !replan();
+  }
+}
+
+bool LearningEngine::replan() {
+  uint64_t n = 0;
+  ClairvoyantEngine* old = current(&n);
+  const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
+  Replan plan;
+  {
+    MutexLock lock(mutex_);
+    plan = plan_;
+  }
+  const std::optional<Replan> next = replan_for(old->readers_as(), process_alive, plan.world, replanning_.whole_node);
+  if (!next) return true;              // no reader of another world size is left
+  if (next->world == 0) return false;  // the plan's readers are still there
+  const std::string words = "the job reads as world_size=" + std::to_string(next->world) + ", ranks " +
+                            rank_list_text(next->ranks) +
+                            " on this node (planned: world_size=" + std::to_string(plan.world) + ", ranks " +
+                            rank_list_text(plan.ranks) + ")";
+  if (n + 1 >= kPlans) {
+    log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
+    return true;
+  }
+  // The new plan, placed by its readers' latest opens (and, below, by those made while it was built);
+  // it takes the old engine's RAM copies before it starts staging.
+  Schedule s = was->schedule();
+  s.world_size = next->world;
+  std::unique_ptr<ClairvoyantEngine> e;
+  std::unique_ptr<Oracle> oracle;
+  uint64_t seen = 0;
+  try {
+    oracle = std::make_unique<Oracle>(manifest_.samples().size(), s);
+    EngineConfig c = plan_config(next->ranks, next->world, n + 1);
+    c.start_epoch = next->epoch;
+    c.opened_before = old->opens_as(next->world, 0, &seen);
+    c.adopt = [this, old] {
+      MutexLock lock(mutex_);  // stats_json reads the engines under it
+      return old->retire();
+    };
+    e = std::make_unique<ClairvoyantEngine>(manifest_, *oracle, reader_, std::move(c));
+  } catch (const std::exception& x) {
+    log_warning(words + ", but its plan could not start: " + x.what() + "; staging follows the old plan");
+    return true;
+  }
+  MutexLock lock(mutex_);
+  if (watched_.load()) e->watching_opens();
+  e->catch_up(old->opens_as(next->world, seen, &seen));
+  oracles_[n + 1] = std::move(oracle);
+  engines_[n + 1] = std::move(e);
+  publish(n + 1, oracles_[n + 1].get());
+  old->free_ram();
+  plan_ = *next;
+  ++replanned_;
+  const std::string done = words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
+                           " files in RAM kept); staging follows it";
+  if (replanning_.world_auto && n == 0)
+    log_info("world_size=auto: " + done);
+  else
+    log_warning(done);
+  return true;
 }
 
 std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_t>>& kept) {
@@ -240,7 +430,9 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
 }
 
 std::string LearningEngine::stats_json() const {
-  ClairvoyantEngine* e = engine_ready_.load(std::memory_order_acquire);
+  MutexLock lock(mutex_);  // the engines of earlier plans retire under it
+  uint64_t n = 0;
+  ClairvoyantEngine* e = current(&n);
   nlohmann::json j = nlohmann::json::parse(e ? e->stats_json() : reader_.stats_json());
   if (e) {  // what was read before the engine was there counts as SOURCE's
     j["source_traffic"]["bytes"] = j["source_traffic"].value("bytes", uint64_t{0}) + source_bytes_.load();
@@ -248,7 +440,17 @@ std::string LearningEngine::stats_json() const {
     j["tiers"]["source"]["files"] = j["tiers"]["source"].value("files", uint64_t{0}) + source_files_.load();
     j["stalls"]["opens"] = j["stalls"].value("opens", uint64_t{0}) + source_files_.load();
   }
-  MutexLock lock(mutex_);
+  // What the engines of earlier plans served counts too.
+  for (uint64_t p = 0; p < n; ++p) {
+    const nlohmann::json before = nlohmann::json::parse(engines_[p]->stats_json());
+    for (const char* section : {"tiers", "staged", "source_traffic", "stalls"})
+      add_numbers(j[section], before[section]);
+  }
+  if (replanning_.on)
+    j["plan"]["world"] = {{"world_size", plan_.world},
+                          {"ranks", fixed_width(rank_list_text(plan_.ranks), 48)},
+                          {"replanned", replanned_},
+                          {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
     j["waited"] = {{"state", fixed_width(state_, 9)},
                    {"source_bytes", source_bytes_.load()},

@@ -16,13 +16,22 @@
 // Only the job's readers teach it: an open counts when its process runs as one of `learn_from`'s users
 // (any user when that is empty), so another user's reads in some order cannot choose the seed.
 //
+// Once running, it plans again when the job does not read as the plan's world size (an elastic restart
+// with 3 ranks on a world_size=2 mount; world_size=auto, which starts as 1): the engine says when a
+// reader is found to read as another world size (ReaderTracker::readers_as), and once no live process
+// reads as the plan's while some read as another (replan_for), a new oracle and engine are built for
+// that world size: placed by those readers' latest opens, given the files the old engine held in RAM,
+// and switched to. The old engine stops staging but stays for the handles opened through it. Handles
+// carry their plan's number in two bits, so a mount plans kPlans times at most.
+//
 // Threads: the request threads call the Engine methods and stats_json; the learning thread builds the
-// engine. One mutex guards the kept opens and the switch; once the engine is there, calls take no lock.
+// engines. One mutex guards the kept opens and the switches; once an engine is there, calls take no lock.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -43,19 +52,40 @@
 
 namespace clairfs {
 
+// What a job's readers call for when they do not read as the plan's world size: a plan for `world`,
+// serving `ranks`.
+struct Replan {
+  uint64_t world = 0;
+  std::vector<uint64_t> ranks;
+  uint64_t epoch = 0;  // the epoch they read (the latest any was found in)
+};
+// From what each process was found to read as (ReaderTracker::readers_as): none while a live process
+// (or its parent: a DataLoader's workers come and go between epochs, its rank's process stays) reads
+// as `world`; else the world size most live readers read as. `whole`: the node serves every rank of its
+// world (its ranks follow the world size), else the ranks those readers read.
+std::optional<Replan> replan_for(const std::unordered_map<pid_t, ReaderTracker::ReadsAs>& readers,
+                                 const std::function<bool(pid_t)>& alive, uint64_t world, bool whole);
+
+// When the mount plans again (see above).
+struct Replanning {
+  bool on = false;          // a torch order on a node alone (with peers, every node's plan would have to change)
+  bool whole_node = false;  // the node serves every rank of its world, and so of the world planned for next
+  bool world_auto = false;  // world_size=auto: the first plan (world_size=1) is a stand-in, its change expected
+};
+
 class LearningEngine final : public Engine {
  public:
-  // Builds the engine for an oracle of the seed found, given the opens so far (on the learning thread;
-  // may throw).
-  using Start = std::function<std::unique_ptr<ClairvoyantEngine>(const Oracle&, std::vector<std::pair<EntryId, pid_t>>)>;
-
   static constexpr size_t kMaxOpens = 65536;
+  static constexpr size_t kPlans = 4;  // handles carry the plan's number in two bits
 
   // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
-  // `told`: the oracle of the seed given instead (nothing learned), or nullptr. `learn_from`: the users
-  // whose opens are learned from (empty: anyone's).
-  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question, Start start,
-                 const Oracle* told = nullptr, std::vector<uid_t> learn_from = {});
+  // `config`: the engine's. `told`: the oracle of the seed given instead (nothing learned), or nullptr:
+  // then, with every file's attributes known, the engine is built at once (its errors thrown from here).
+  // `learn_from`: the users whose opens are learned from (empty: anyone's). `replans`: plans again for
+  // another world size (a torch order on a node alone: with peers, every node would have to).
+  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
+                 EngineConfig config, const Oracle* told = nullptr, std::vector<uid_t> learn_from = {},
+                 Replanning replanning = {});
   ~LearningEngine() override;
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
@@ -70,15 +100,35 @@ class LearningEngine final : public Engine {
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
   std::string stats_json() const;
-  // The oracle of the seed found; nullptr until then.
+  // The oracle of the seed found (of the latest plan); nullptr until then.
   const Oracle* oracle() const { return oracle_ready_.load(std::memory_order_acquire); }
 
  private:
-  // Keeps an open for learning; returns the engine instead once there is one.
-  ClairvoyantEngine* keep(EntryId id, pid_t pid) EXCLUDES(mutex_);
+  // The engine of the current plan, if any, and its number.
+  ClairvoyantEngine* current(uint64_t* plan = nullptr) const;
+  // The engine a handle was opened through.
+  ClairvoyantEngine* engine_of(uint64_t handle) const {
+    return plans_[(handle >> 1) & (kPlans - 1)].load(std::memory_order_acquire);
+  }
+  // Keeps an open for learning; returns the engine instead once there is one (and its plan's number).
+  ClairvoyantEngine* keep(EntryId id, pid_t pid, uint64_t* plan = nullptr) EXCLUDES(mutex_);
   // True when `pid` runs as one of learn_from_'s users (or learn_from_ is empty).
   bool from_the_job(pid_t pid) REQUIRES(mutex_);
   void run() EXCLUDES(mutex_);
+  // Builds the first plan's engine for `oracle`, placed by `kept` then by the opens kept meanwhile,
+  // and switches to it. Returns false (said) when it cannot start.
+  bool start(const Oracle& oracle, std::vector<std::pair<EntryId, pid_t>> kept) EXCLUDES(mutex_);
+  // Plans again each time the engine says a reader reads as another world size, until stopped.
+  void replan_loop() EXCLUDES(mutex_);
+  // One re-plan, if the readers call for it (replan_for). False while it waits for the plan's readers
+  // to leave.
+  bool replan() EXCLUDES(mutex_);
+  // The engine's configuration for plan number `plan`, of `world` ranks, serving `ranks`.
+  EngineConfig plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan);
+  // Makes plan number `plan` (its engine in engines_) the one served.
+  void publish(uint64_t plan, const Oracle* oracle);
+  static constexpr uint64_t kTagBits = 7;  // a handle's low bits: SOURCE's (kSourceHandle), the plan's number
+  static constexpr auto kLookAgain = std::chrono::seconds(1);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
@@ -87,9 +137,10 @@ class LearningEngine final : public Engine {
   SourceReader& reader_;
   const Schedule schedule_;
   const LearnQuestion question_;
-  const Start start_;
+  const EngineConfig config_;
   const Oracle* const told_;
   const std::vector<uid_t> learn_from_;
+  const Replanning replanning_;
 
   mutable Mutex mutex_;
   std::condition_variable wake_;
@@ -102,14 +153,21 @@ class LearningEngine final : public Engine {
   std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found
   size_t found_after_ GUARDED_BY(mutex_) = 0;
   bool stop_ GUARDED_BY(mutex_) = false;
+  Replan plan_ GUARDED_BY(mutex_);                  // the current plan's world size and ranks
+  uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first
+  uint64_t kept_from_last_ GUARDED_BY(mutex_) = 0;  // files the latest plan's engine took from the one before
 
-  std::unique_ptr<Oracle> oracle_;              // written once, by the learning thread, before engine_
-  std::unique_ptr<ClairvoyantEngine> engine_;   // likewise
+  // Each plan's oracle and engine, written by the learning thread before the plan's number is published
+  // (plans_, plan_now_); the engines stay to the end, for the handles opened through them.
+  std::unique_ptr<Oracle> oracles_[kPlans];
+  std::unique_ptr<ClairvoyantEngine> engines_[kPlans];
+  std::atomic<ClairvoyantEngine*> plans_[kPlans] = {};
+  std::atomic<uint64_t> plan_now_{0};
   std::atomic<uint64_t> source_bytes_{0};  // read from SOURCE for the engine's callers before it was there
   std::atomic<uint64_t> source_files_{0};  // files opened there then
   std::atomic<const Oracle*> oracle_ready_{nullptr};
-  std::atomic<ClairvoyantEngine*> engine_ready_{nullptr};
   std::atomic<bool> watched_{false};  // set under mutex_, so that the engine is told once it is there
+  std::atomic<bool> world_said_{false};  // the engine found a reader of another world size since the last look
   std::thread thread_;  // last: started once the rest is set up
 };
 

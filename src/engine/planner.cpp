@@ -303,19 +303,17 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // another order was seen on the mount).
   auto take = [&](Rank& r, uint64_t rank, uint64_t key) {
     if (pid > 0) rank_of_pid_.try_emplace(pid, rank);  // a process reads for one rank: a stray hit does not move it
-    if (judged && !judged->follows && other_readers_ > 0) {
-      // Judged still, on a mount where another order is read: its open is taken once it follows (another
-      // job's chance hits would move the rank). (Until then, an open is taken at once: one held would be
-      // staged again, as not yet opened.)
-      if (judged->pending.size() < kMaxPending) judged->pending.emplace_back(rank, key);
+    if (judged && !judged->follows && judged->pending.size() < kMaxPending) {
+      // Judged still: its open is taken once it follows, dropped if it is judged off (another job's
+      // chance hits would move the rank, and its own readers' opens would then lie far from its place).
+      // Meanwhile the use counts as opened, so that it is not staged again.
+      judged->pending.emplace_back(rank, key);
+      r.tentative.insert(key);
       ++r.expected_in_block;
       result = {true, key, rank, 0};
       return;
     }
-    if (judged && judged->follows)
-      r.tentative.erase(key);
-    else if (judged)
-      r.tentative.insert(key);
+    if (judged) r.tentative.erase(key);
     const uint64_t presumed = consume(r, rank, key);
     ++r.expected_in_block;
     r.presumed_in_block += presumed;
@@ -534,8 +532,8 @@ void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   const double items = epoch_items(rank);
   const double next = std::min(p0 / 2, static_cast<double>(kStride) / items);  // by chance, in another order
   switch (lay) {
-    case Lay::kNext: reader.evidence += std::log(kP1 / 2 / next); break;
-    case Lay::kNear: reader.evidence += std::log(kP1 / 2 / (p0 - next)); break;
+    case Lay::kNext: reader.evidence += std::log(kP1 * kNextShare / next); break;
+    case Lay::kNear: reader.evidence += std::log(kP1 * (1 - kNextShare) / (p0 - next)); break;
     case Lay::kAside: reader.evidence += std::log(kP1 / p0); break;
     case Lay::kFar: reader.evidence += std::log((1 - kP1) / (1 - p0)); break;
   }
@@ -554,16 +552,23 @@ void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   const bool leaning = reader.weighed >= 2 * kMinEvidence && reader.evidence > 0 && reader.strays > 0;
   if (((reader.evidence >= kDecide && reader.strays >= 0) || leaning) && !reader.follows) {
     reader.follows = true;
-    for (const auto& [r, key] : reader.pending)
-      if (ranks_[r].live) consume(ranks_[r], r, key);
-    std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);  // (its memory too)
+    settle_pending(reader, true);
   }
   if (std::min(reader.evidence, reader.strays) <= -kDecide && reader.weighed >= kMinEvidence) {
     reader.off = true;
     reader.follows = false;
-    std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);
+    settle_pending(reader, false);
     ++other_readers_;
   }
+}
+
+void Planner::settle_pending(Reader& reader, bool take) {
+  for (const auto& [rank, key] : reader.pending) {
+    Rank& r = ranks_[rank];
+    r.tentative.erase(key);
+    if (take && r.live) consume(r, rank, key);
+  }
+  std::vector<std::pair<uint64_t, uint64_t>>().swap(reader.pending);  // (its memory too)
 }
 
 void Planner::lose_unless_followed(uint64_t rank) {
@@ -578,7 +583,7 @@ void Planner::judge_afresh(Reader& back) {
   back.evidence = kDecide;
   back.strays = 0;
   back.weighed = std::max<uint32_t>(back.weighed, kMinEvidence);
-  std::vector<std::pair<uint64_t, uint64_t>>().swap(back.pending);
+  settle_pending(back, true);
   if (back.parent <= 0) return;
   for (auto& [pid, reader] : readers_)
     if (reader.off && reader.parent == back.parent) {
@@ -647,7 +652,7 @@ void Planner::update_cursor() {
     epochs_.pop_front();
     base_.pop_front();
   }
-  // Tentative opens are kept while their epoch is planned (a follower may open the same use later).
+  // Held opens' marks go with their epoch.
   for (Rank& r : ranks_)
     while (!r.tentative.empty() && *r.tentative.begin() < base_.front() * config_.ranks)
       r.tentative.erase(r.tentative.begin());

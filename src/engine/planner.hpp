@@ -37,11 +37,12 @@
 // watch on the mount as root), each process is judged by its own opens instead, so that two jobs on one
 // mount are two. Two tests run per process: its strays alone, as above; and how its opens lie against
 // each other (Lay): a DataLoader worker reads a batch's items one after another, so its next open is
-// within kStride items after its last in the same rank's stream at least half the time, where a reader
-// in another order lands there once per few hundred opens and elsewhere near the place the rest of the
-// time. A process follows once the second test reached +kDecide with no strays against it; once another
-// order was seen on the mount, its opens before then are held (pending) and taken then, so another job's
-// chance hits do not move a rank. A
+// within kStride items after its last in the same rank's stream nearly always (kNextShare), where a
+// reader in another order lands there once per few hundred opens and elsewhere near the place the rest
+// of the time. A process follows once the second test reached +kDecide with no strays against it; until
+// then (and up to kMaxPending of them) its opens are held (pending) — counted as opened, so that they are
+// not staged again, but not moving its rank — and taken then, or dropped if it is judged off, so that
+// another job's chance hits never move a rank. A
 // process at -kDecide in either test after kMinEvidence opens reads another order: its opens are counted
 // apart (other_opens), are not placed, and make a rank lost only when none of its own readers followed
 // it for stale_after opens; it brings a lost rank back only by a run of its own (below). A judged process
@@ -76,6 +77,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -183,12 +185,18 @@ class Planner {
   // True if the use at `key` has been opened already (its rank is past it, or opened it out of order).
   bool opened(uint64_t key) const {
     const Rank& r = ranks_[key % config_.ranks];
-    return key < r.next || r.ahead.count(key) != 0;
+    return key < r.next || r.ahead.count(key) != 0 || r.tentative.count(key) != 0;
   }
   bool live(uint64_t rank) const { return ranks_[rank].live; }
   bool confirmed(uint64_t rank) const { return ranks_[rank].confirmed; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
+  // The epoch `key` lies in, if planned.
+  std::optional<uint64_t> epoch_of(uint64_t key) const {
+    uint64_t base = 0;
+    const EpochStreams* e = epoch_of_step(key / config_.ranks, &base);
+    return e ? std::optional<uint64_t>(e->epoch) : std::nullopt;
+  }
   // The step of `key` within its epoch (its item's index in its rank's sequence), if planned.
   std::optional<uint64_t> step_in_epoch(uint64_t key) const {
     uint64_t base = 0;
@@ -221,13 +229,32 @@ class Planner {
   // Bytes the planned epochs hold (their sequences and first-use indexes).
   size_t memory_bytes() const;
   uint64_t opens() const { return opens_; }
+  std::string debug_rank(uint64_t k) const {
+    const Rank& r = ranks_[k];
+    return "next " + std::to_string(r.next / config_.ranks) + " reached " + std::to_string(r.reached / config_.ranks) +
+           " tent " + std::to_string(r.tentative.size()) + " ahead " + std::to_string(r.ahead.size());
+  }
+  std::string debug_uses(EntryId id) const {
+    std::string out;
+    for (size_t i = 0; i < epochs_.size(); ++i) {
+      const uint32_t off = epochs_[i].first_of(id);
+      if (off == EpochStreams::kAbsent) continue;
+      const uint64_t R = config_.ranks, rank = off % R, key = (base_[i] + off / R) * R + rank;
+      const Rank& r = ranks_[rank];
+      out += "[e" + std::to_string(epochs_[i].epoch) + " r" + std::to_string(rank) + " step " +
+             std::to_string(off / R) + " d " + std::to_string(distance(r, rank, key)) + " opened " +
+             std::to_string(opened(key)) + " tent " + std::to_string(r.tentative.count(key)) + " next " +
+             std::to_string(r.next / R) + "] ";
+    }
+    return out;
+  }
 
  private:
   struct Rank {
     uint64_t next = 0;            // key of its first item not yet opened
     std::set<uint64_t> ahead;     // keys opened past next
     std::set<uint64_t> silent;    // presumed keys not yet passed
-    std::set<uint64_t> tentative;  // keys opened by processes not yet known to follow (another job's, maybe)
+    std::set<uint64_t> tentative;  // keys opened by processes still judged: held (Reader::pending), counted as opened
     uint64_t reached = 0;         // the largest key opened (0: none since it was last placed)
     uint64_t expected_in_block = 0;
     uint64_t presumed_in_block = 0;      // silent uses its opens counted as read
@@ -301,17 +328,19 @@ class Planner {
     pid_t parent = 0;
     uint64_t last_key = kNever;  // where its latest open was placed
     std::vector<uint64_t> run;   // its latest opens in a lost rank's stream, each shortly after the one before
-    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (rank, key): opens placed while it was judged
+    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (rank, key): opens held while it is judged (kMaxPending)
   };
   static constexpr size_t kMaxPending = 64;
   // How one open of a judged reader lay, against its previous one: shortly after it in the same rank's
   // stream (within kStride items: a DataLoader worker reads a batch's items one after another, or with
   // batches of one, every workers-th item), elsewhere near that rank's place, near another rank's place,
-  // or near none. A reader in the plan's order opens its next items at least half the time (batches of
-  // two or more); one in another order only by chance (kStride in the rank's items), and elsewhere in
-  // the same rank the rest of the time.
+  // or near none. A reader in the plan's order opens its next items nearly always (kNextShare: a batch
+  // of B items gives B - 1 of them, and with batches of one each worker's next item is `workers` on);
+  // one in another order only by chance (kStride in the rank's items), and elsewhere in the same rank
+  // the rest of the time.
   enum class Lay { kNext, kNear, kAside, kFar };
   static constexpr uint64_t kStride = 16;
+  static constexpr double kNextShare = 0.9;
   // Each parent's latest child's judgment: a DataLoader's workers of the next epoch are new processes of
   // the same parent, and start from where their predecessors ended.
   struct Lineage {
@@ -334,6 +363,8 @@ class Planner {
   // A rank whose place no following reader went on recently, when a reader in another order opens its
   // files: lost to that order.
   void lose_unless_followed(uint64_t rank);
+  // A reader's held opens once it is judged: taken (it follows) or dropped (it reads another order).
+  void settle_pending(Reader& reader, bool take);
   // A lost rank is back with `back`'s opens: it follows, and its siblings judged off are judged afresh
   // (a DataLoader's other workers read for the same rank).
   void judge_afresh(Reader& back);

@@ -131,7 +131,18 @@ ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
   if (seen.open.expected)
     note_rate(seen.open.rank, 1 + seen.open.presumed);
   else read_ahead(id, pid);
-  if (seen.open.expected && world_size_ && pid > 0) note_world(seen, pid);
+  if (world_size_ && pid > 0) {
+    if (kept_opens_.size() < kKeptOpens)
+      kept_opens_.emplace_back(id, pid);
+    else
+      kept_opens_[opens_kept_ % kKeptOpens] = {id, pid};
+    ++opens_kept_;
+    if (seen.open.expected) note_world(seen, pid);
+    // An open outside the plan between two in it: their distance is not the process's stride (a node
+    // serving some ranks sees a job of another world size open their files and others' in turn).
+    else if (auto it = strides_.find(pid); it != strides_.end())
+      it->second.last = UINT64_MAX;
+  }
   note_verdicts(seen, id);
   return seen;
 }
@@ -152,16 +163,32 @@ void ReaderTracker::note_world(Seen& seen, pid_t pid) {
   if (++s.counted < kWorldEvidence) return;
   s.decided = true;
   const auto most = std::max_element(s.by_distance.begin(), s.by_distance.end());
-  const auto world = static_cast<uint64_t>(most - s.by_distance.begin());
+  const auto distance = static_cast<uint64_t>(most - s.by_distance.begin());
   const uint64_t times = *most;
   std::vector<uint8_t>().swap(s.by_distance);  // (its memory: `most` is gone with it)
-  if (4 * times < 3 * kWorldEvidence || world == world_size_) return;
+  if (4 * times < 3 * kWorldEvidence || distance % per_worker_ != 0) return;
+  const uint64_t world = distance / per_worker_;
+  if (readers_as_.size() > kMaxReaders) readers_as_.clear();
+  readers_as_[pid] = {world, pos % world, parent_of(pid), planner_.epoch_of(seen.open.key).value_or(0)};
+  if (world == world_size_) return;
+  seen.world_decided = true;
   if (reads_as_world_ == 0) {
     seen.other_world = pid;
     seen.world = world;
     seen.mounted_world = world_size_;
   }
   reads_as_world_ = world;
+}
+
+std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_as(uint64_t world, uint64_t after, uint64_t* last) const {
+  std::vector<std::pair<EntryId, pid_t>> out;
+  *last = opens_kept_;
+  for (uint64_t i = std::max(after, opens_kept_ - kept_opens_.size()); i < opens_kept_; ++i) {
+    const auto& [id, pid] = kept_opens_[i % kKeptOpens];
+    if (auto it = readers_as_.find(pid); it != readers_as_.end() && it->second.world == world)
+      out.emplace_back(id, pid);
+  }
+  return out;
 }
 
 pid_t ReaderTracker::parent_of(pid_t pid) {

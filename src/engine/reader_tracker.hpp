@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -43,6 +44,7 @@ class ReaderTracker {
     pid_t other = 0;                 // judged to read in another order, the first such reader since none was
     pid_t other_world = 0;           // the first reader found to read as another world size (reads_as_world)
     uint64_t world = 0, mounted_world = 0;  // that world size, and the mounted one
+    bool world_decided = false;  // a reader was found to read as another world size (any, not only the first)
   };
   // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
   Seen on_open(EntryId id, pid_t pid, bool handle);
@@ -51,12 +53,29 @@ class ReaderTracker {
   // batch's items one after another, so the shuffle positions of its consecutive opens differ by the
   // world size the job runs with: a job of another world size whose ranks all read on this node opens
   // exactly the plan's files in the plan's order in sum, and is told apart only by this.
-  void set_world(uint64_t world_size, std::vector<uint64_t> ranks) {
+  // With batches of one and several workers, each worker opens every `workers`-th item of its rank, so
+  // its opens lie workers × W apart: `per_worker` (the loader's workers then, else 1) divides that out.
+  void set_world(uint64_t world_size, std::vector<uint64_t> ranks, uint64_t per_worker = 1) {
     world_size_ = world_size;
     training_ranks_ = std::move(ranks);
+    per_worker_ = std::max<uint64_t>(per_worker, 1);
   }
   // The world size a reader was found to read as, where it is not the mounted one (0: none found).
   uint64_t reads_as_world() const { return reads_as_world_; }
+  // What each process was found to read as (the mounted world size included): the world size, and the
+  // training rank under it whose share its opens lie in.
+  struct ReadsAs {
+    uint64_t world = 0;
+    uint64_t rank = 0;
+    pid_t parent = 0;    // its parent process (a DataLoader worker's: the rank's training process), 0 if unknown
+    uint64_t epoch = 0;  // the epoch its opens were in then
+  };
+  const std::unordered_map<pid_t, ReadsAs>& readers_as() const { return readers_as_; }
+  // The latest opens (up to kKeptOpens, oldest first) of processes found to read as `world`, after the
+  // `after`-th open of all (0: all kept); *last: the count of opens so far. What a new plan for that
+  // world size is placed by.
+  std::vector<std::pair<EntryId, pid_t>> opens_as(uint64_t world, uint64_t after, uint64_t* last) const;
+  static constexpr size_t kKeptOpens = 4096;
   static constexpr uint32_t kWorldEvidence = 12;  // consecutive opens' differences, a batch of 13 gives
   // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
   // rank); by default none is.
@@ -110,7 +129,11 @@ class ReaderTracker {
   std::unordered_map<pid_t, EntryId> last_read_;  // no-open mode: the file each reader read last
   uint64_t world_size_ = 0;                       // 0: not a DistributedSampler split
   std::vector<uint64_t> training_ranks_;
+  uint64_t per_worker_ = 1;
   uint64_t reads_as_world_ = 0;
+  std::unordered_map<pid_t, ReadsAs> readers_as_;
+  std::vector<std::pair<EntryId, pid_t>> kept_opens_;  // a ring of the latest opens (with an oracle's split)
+  uint64_t opens_kept_ = 0;                            // opens that went into it
   // Per process: the shuffle position of its last placed open and how far each of its next ones lay
   // (up to kWidest), until kWorldEvidence of them are counted; then the most common distance is the
   // world size it reads as, if it holds three quarters of them.

@@ -52,7 +52,13 @@ Stager::~Stager() {
   }
   state_.progress.notify_all();
   state_.staged.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Stager::finish() {
+  finishing_.store(true);
+  state_.progress.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Stager::run() {
@@ -89,6 +95,8 @@ bool Stager::turn() {
     if (state_.stop) return false;
     unsigned room = io_.ring_room();
     keep_adopted(std::move(adopted));
+    if (finishing_.load() && io_.idle()) return false;
+    if (finishing_.load()) room = 0;
     writes = pick_writes(room);
     room -= static_cast<unsigned>(writes.size());
     pick_readahead(room, picks);

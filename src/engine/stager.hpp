@@ -10,10 +10,11 @@
 
 #include <absl/container/flat_hash_set.h>
 
+#include <atomic>
 #include <cstdint>
-#include <queue>
 #include <functional>
 #include <memory>
+#include <queue>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -51,6 +52,9 @@ class Stager {
   // be set up) and starts the thread.
   explicit Stager(StagerParts parts);
   ~Stager();  // stops and joins the thread
+  // Picks nothing more, keeps what its reads in flight bring, then ends the thread (a plan replaced:
+  // what SOURCE already sent is not read again).
+  void finish();
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
@@ -132,6 +136,7 @@ class Stager {
   bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
   unsigned out_of_memory_said_ = 0;     // allocations that failed (said in the log once)
+  std::atomic<bool> finishing_{false};
   std::thread thread_;
 };
 

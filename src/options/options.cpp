@@ -303,6 +303,8 @@ void check_combinations(ParseState& st) {
   Options& o = *st.options;
   if (st.seen.count("ranks") && st.seen.count("ranks_per_node"))
     throw UsageError("give ranks= or ranks_per_node=, not both");
+  if (o.world_size_auto && (st.seen.count("ranks") || st.seen.count("ranks_per_node")))
+    throw UsageError("world_size=auto serves every rank the job has; give world_size=N with ranks= or ranks_per_node=");
   if (o.ranks_per_node > o.world_size)
     throw UsageError("ranks_per_node=" + std::to_string(o.ranks_per_node) + " exceeds world_size=" +
                      std::to_string(o.world_size));
@@ -347,6 +349,11 @@ void check_combinations(ParseState& st) {
   if (o.seed_auto && o.order != Order::kTorch)
     throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle only (order=torch), not order=") +
                      order_name(o.order) + "; give seed=");
+  if (o.world_size_auto && o.order != Order::kTorch)
+    throw UsageError(std::string("world_size=auto learns how DistributedSampler splits its shuffle (order=torch), not "
+                                 "order=") +
+                     order_name(o.order) + "; give world_size=");
+  if (o.world_size_auto && o.ram == 0) throw UsageError("world_size=auto needs staging on (ram= above 0)");
   if (o.seed_auto && o.ram == 0) throw UsageError("seed=auto needs staging on (ram= above 0): it learns the order to stage by");
   refuse_budgets_beyond_the_node(o);
   if (o.extensions.empty()) o.extensions = default_extensions();

@@ -78,9 +78,15 @@ const std::vector<OptionSpec> kTable = {
     {"batch_size", Takes::kValue, "N", S::kSchedule, "1", false, "DataLoader batch size per rank",
      "DataLoader batch size per rank (1 to 16,777,216).",
      [](Options& o, const GivenOption& g) { o.batch_size = at_least_one(g); }},
-    {"world_size", Takes::kValue, "N", S::kSchedule, "1", false, "training ranks in the job",
-     "Training ranks in the whole job (1 to 16,777,216).",
-     [](Options& o, const GivenOption& g) { o.world_size = at_least_one(g); }},
+    {"world_size", Takes::kValue, "N|auto", S::kSchedule, "1", false, "training ranks in the job, or auto",
+     "Training ranks in the whole job (1 to 16,777,216). `auto` (with `order=torch`, on one node that runs every "
+     "rank): planned as 1 until the job's first batch shows how many ranks split the shuffle, then planned for "
+     "that many, every rank served. Any mount alone on its node with `order=torch` plans again the same way when "
+     "a restarted job reads with another world size; `clairfs status` and the log say so.",
+     [](Options& o, const GivenOption& g) {
+       o.world_size_auto = g.value == "auto";
+       o.world_size = o.world_size_auto ? 1 : at_least_one(g);
+     }},
     {"ranks", Takes::kValue, "LIST", S::kSchedule, "all, if world_size=1", true,
      "training ranks this mount serves: 3, 0-3, 0,2,5 or 0-3,8 (0 to 3, and 8)",
      "The training ranks this mount serves: `3`, `0-3`, `0,2,5`, `0-3,8` (ranks 0 to 3, and 8; `:` separates "

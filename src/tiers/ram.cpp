@@ -130,6 +130,15 @@ uint64_t RamTier::files() const {
   return small_.size() + large_.size();
 }
 
+std::vector<EntryId> RamTier::ids() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<EntryId> out;
+  out.reserve(small_.size() + large_.size());
+  for (const auto& [id, bytes] : small_) out.push_back(id);
+  for (const auto& [id, bytes] : large_) out.push_back(id);
+  return out;
+}
+
 uint64_t RamTier::bookkeeping() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return held_ - held_bytes_;

@@ -67,6 +67,8 @@ class RamTier {
   uint64_t lower_budget_to_used();
   uint64_t used() const;  // held + reserved + evicted but not yet freed
   uint64_t files() const;
+  // The files held, by id.
+  std::vector<EntryId> ids() const;
   // What the held files count besides their bytes (the sum of charge(size) - size).
   uint64_t bookkeeping() const;
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace clairfs {
 
@@ -114,6 +115,20 @@ inline std::string fixed_width_scalars(std::string_view json, size_t width) {
     i = end;
   }
   return out;
+}
+
+// Ranks as a list a user would write: "0-3", "0,2,5", "0-3,8" (sorted, no repeats; "none" if empty).
+inline std::string rank_list_text(const std::vector<uint64_t>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(ranks[i]);
+    if (j > i) out += (j == i + 1 ? "," : "-") + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
 }
 
 }  // namespace clairfs

@@ -2,8 +2,6 @@
 // nodes, a page-cache double, and a real NVMe tier in a temporary directory where a test damages it.
 // Each test pins down one behaviour: the bytes are always right, and the counters say where they came
 // from.
-#include "engine/clairvoyant.hpp"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,9 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
+#include "engine/clairvoyant.hpp"
+#include "engine/learning.hpp"
 #include "fakes/loopback.hpp"
 #include "fakes/memory_source.hpp"
 
@@ -448,6 +449,143 @@ TEST(Engine, NoOpenReadsCountOneUsePerFile) {
   // next is read).
   EXPECT_EQ(s["ranks"][0]["epoch"].get<uint64_t>() * tree.files() + s["ranks"][0]["done"].get<uint64_t>(), tree.files())
       << e.stats_json();
+}
+
+// ---- another world size ----------------------------------------------------------------------------
+
+Schedule torch_schedule(uint64_t world, uint64_t batch, uint64_t workers) {
+  Schedule s;
+  s.order = Order::kTorch;
+  s.seed = 42;
+  s.world_size = world;
+  s.batch_size = batch;
+  s.workers = workers;
+  return s;
+}
+
+// A job's rank reading its epoch-0 items [from, to) as its DataLoader does, each worker a process of its
+// own (pid 1000 + 10 × rank + worker). Counts wrong bytes.
+size_t read_as_workers(ClairvoyantEngine& e, const MemoryTree& tree, const Oracle& job, uint64_t rank, size_t from,
+                       size_t to) {
+  const std::vector<uint32_t> seq = job.epoch(0).rank_sequence(rank);
+  size_t wrong = 0;
+  for (size_t k = from; k < to && k < seq.size(); ++k) {
+    const EntryId id = tree.manifest.samples()[seq[k]];
+    wrong += read_file(e, id, nullptr, static_cast<pid_t>(1000 + 10 * rank + job.worker_of(k))) != tree.bytes(id);
+  }
+  return wrong;
+}
+
+EngineConfig two_ranks(uint64_t ram) {
+  EngineConfig c = config(ram);
+  c.ranks = {0, 1};
+  c.tolerance = 64;
+  return c;
+}
+
+TEST(Engine, AJobOfAnotherWorldSizeIsFoundByEachWorkersFirstBatch) {
+  MemoryTree tree(sizes(600, 100, 200));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
+  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
+  ClairvoyantEngine e(tree.manifest, mounted, source, two_ranks(1 << 20));
+  int told = 0;
+  e.on_world([&] { ++told; });
+  for (uint64_t r = 0; r < 3; ++r) read_as_workers(e, tree, job, r, 0, 32);
+  const auto as = e.readers_as();
+  ASSERT_EQ(as.size(), 6u);  // each worker, after a batch
+  for (const auto& [pid, reads] : as) {
+    EXPECT_EQ(reads.world, 3u) << pid;
+    EXPECT_EQ(reads.rank, static_cast<uint64_t>(pid - 1000) / 10) << pid;
+  }
+  EXPECT_EQ(told, 6);
+  uint64_t last = 0;
+  EXPECT_EQ(e.opens_as(3, 0, &last).size(), 6u * 16);
+  EXPECT_EQ(last, 6u * 16);
+}
+
+TEST(Engine, WorkersOfBatchesOfOneReadAsTheirWorldSizeNotTheirStride) {
+  // With batches of one, each of 4 workers opens every 4th item of its rank: 8 apart in the shuffle.
+  MemoryTree tree(sizes(600, 100, 200));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 1, 4));
+  ClairvoyantEngine e(tree.manifest, mounted, source, two_ranks(1 << 20));
+  int told = 0;
+  e.on_world([&] { ++told; });
+  for (uint64_t r = 0; r < 2; ++r) read_as_workers(e, tree, mounted, r, 0, 64);
+  const auto as = e.readers_as();
+  ASSERT_EQ(as.size(), 8u);
+  for (const auto& [pid, reads] : as) EXPECT_EQ(reads.world, 2u) << pid;
+  EXPECT_EQ(told, 0);
+}
+
+TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
+  MemoryTree tree(sizes(300, 1000, 3000));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
+  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
+  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(4 << 20));
+  ASSERT_TRUE(wait_for(*old, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
+  for (uint64_t r = 0; r < 3; ++r) read_as_workers(*old, tree, job, r, 0, 32);
+  uint64_t seen = 0;
+  EngineConfig c = two_ranks(4 << 20);
+  c.ranks = {0, 1, 2};
+  c.opened_before = old->opens_as(3, 0, &seen);
+  c.adopt = [&] { return old->retire(); };
+  ClairvoyantEngine next(tree.manifest, job, source, c);
+  old->free_ram();
+  EXPECT_EQ(next.adopted(), tree.files());  // every file has a use in the epochs planned
+  EXPECT_EQ(stats(*old)["ram"]["files"], 0u);
+  // The job reads its epoch on: every file from RAM, none from SOURCE again.
+  for (uint64_t r = 0; r < 3; ++r) EXPECT_EQ(read_as_workers(next, tree, job, r, 32, SIZE_MAX), 0u);
+  const auto s = stats(next);
+  EXPECT_EQ(s["tiers"]["source"]["files"], 0u);
+  EXPECT_EQ(source.bytes_read(), tree.total());
+  for (const auto& rank : s["ranks"]) EXPECT_EQ(rank["done"], rank["total"]) << rank.dump();
+}
+
+TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {
+  using As = ReaderTracker::ReadsAs;
+  std::set<pid_t> alive = {11, 12, 20, 30};
+  const auto is_alive = [&](pid_t pid) { return alive.count(pid) != 0; };
+  // Workers 11 and 12 (of rank process 20) read as the plan's 2; 13 and 14 as 3 (their parent, 30).
+  std::unordered_map<pid_t, As> readers = {
+      {11, {2, 0, 20, 0}}, {12, {2, 1, 20, 0}}, {13, {3, 0, 30, 1}}, {14, {3, 2, 30, 1}}};
+  alive.insert({13, 14});
+  auto r = replan_for(readers, is_alive, 2, true);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->world, 0u);  // wait
+  // The plan's workers end between epochs, their rank's process stays: still wait.
+  alive.erase(11), alive.erase(12);
+  r = replan_for(readers, is_alive, 2, true);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->world, 0u);
+  // The job ended (an elastic restart): plan for 3, every rank on a node that served them all, the ranks
+  // seen on one that served some, from the epoch they read.
+  alive.erase(20);
+  r = replan_for(readers, is_alive, 2, true);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->world, 3u);
+  EXPECT_EQ(r->ranks, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(r->epoch, 1u);
+  r = replan_for(readers, is_alive, 2, false);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->ranks, (std::vector<uint64_t>{0, 2}));
+  // No reader of another world size left: nothing to plan.
+  alive.clear();
+  EXPECT_FALSE(replan_for(readers, is_alive, 2, true));
+}
+
+TEST(Replan, AParentOfBothWorldsDoesNotHoldTheOldPlan) {
+  // workers=0 under torchrun: the rank processes read, one agent (5) is the parent before and after.
+  using As = ReaderTracker::ReadsAs;
+  const std::set<pid_t> alive = {5, 31, 32, 33};
+  std::unordered_map<pid_t, As> readers = {
+      {21, {2, 0, 5, 0}}, {22, {2, 1, 5, 0}}, {31, {3, 0, 5, 0}}, {32, {3, 1, 5, 0}}, {33, {3, 2, 5, 0}}};
+  const auto r = replan_for(
+      readers, [&](pid_t pid) { return alive.count(pid) != 0; }, 2, true);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->world, 3u);
 }
 
 }  // namespace

@@ -17,8 +17,8 @@ Two jobs on one mount (the mounted one, seed 42, and once it is followed another
 the mounted job's ranks are followed to the end, none called off; the other's processes are judged to
 read another order and their opens counted apart (`progress.other_opens`), said once in the log and
 in `clairfs status`. A job restarted with 3 ranks (all on this node) on that world_size=2 mount, after an
-epoch with 2: said once as `world_size=3` (log, stats, status), never for the 2-rank epoch (not under a
-sanitizer). (The plan's ranks' progress is not checked there: docs/engine.md, "Another world size".)
+epoch with 2: planned again once for 3 ranks (log, stats, status), never during the 2-rank epoch; the 3 ranks
+followed to the end of their epoch, SOURCE read once over both (not under a sanitizer).
 
 A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
 
@@ -156,7 +156,8 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         # last-epoch use a process of the other job took while it was being judged — docs/engine.md.)
         h.check(not off and all(v == "following" and ((e == EPOCHS - 1 and done == tot) or (e == EPOCHS and done <= 16))
                                 for _, e, done, tot, v in ranks),
-                "two jobs on one mount: the mounted job's ranks followed to the end of its last epoch: %s %s" % (ranks, off[:2]))
+                "two jobs on one mount: the mounted job's ranks followed to the end of its last epoch: %s %s" % (
+                    ranks, off[:2] or [line[25:] for line in said.splitlines() if "warning" in line][:6]))
         other = s["progress"]["other_opens"]
         h.check(other >= samples * 3 // 4 and s["progress"]["other_readers"] >= 1 and
                 said.count("in another order than the plan") == 1 and "other readers" in text,
@@ -164,19 +165,44 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                 "log and in status %s" % (other, samples, s["progress"]["other_readers"],
                                           [line.strip() for line in text.splitlines() if "other" in line]))
 
+    def job(world, first, tag, epochs=1):
+        os.mkdir("%s/%s" % (tmp, tag))
+        ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=epochs,
+                            world=world) for r in range(world)]
+        outs = [j.communicate(timeout=600) for j in ranks]
+        return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
+
+    def rank_progress(s):
+        return [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+
+    # world_size=auto: planned as 1 until the job's first batch shows its 2 ranks, then for 2 — the
+    # re-plan below as it is first met (also under the sanitizers: the switch of engines is threads' work).
+    with h.mounted(data, mnt, "seed=42,batch_size=16,workers=2,world_size=auto,log=%s" % log):
+        ok = job(2, 0, "auto")
+        s = h.settled_stats(mnt, samples)
+    with open(log) as f:
+        said = f.read()
+    os.unlink(log)
+    plan, ranks = s["plan"]["world"], rank_progress(s)
+    h.check(ok and plan["replanned"] == 1 and plan["world_size"] == 2 and plan["ranks"].strip() == "0,1"
+            and said.count("planned again") == 1,
+            "world_size=auto, a job of 2 ranks: read right %s, planned again %d times, for world_size=%d, ranks %s %s"
+            % (ok, plan["replanned"], plan["world_size"], plan["ranks"].strip(),
+               [line[25:] for line in said.splitlines() if "planned again" in line]))
+    h.check(len(ranks) == 2 and all(e == 0 and done == tot == samples // 2 and v == "following"
+                                    for _, e, done, tot, v in ranks),
+            "world_size=auto: both ranks followed to the end of their epoch: %s" % ranks)
+    h.check(h.source_bytes(s) <= total, "world_size=auto: SOURCE read %.3f× the data set (%d files kept at the re-plan)"
+            % (h.source_bytes(s) / total, plan["kept_files"]))
+
     # 2 ranks, then 3: a job restarted with another world size (elastic), its ranks all on this node, on a
     # world_size=2 mount. In sum it opens the plan's files in the plan's order, so only the distance in the
-    # shuffle between a process's consecutive opens tells: 3, where a rank of 2 opens every 2nd. Said once
-    # the restarted job's first batch is read, not before.
+    # shuffle between a process's consecutive opens tells: 3, where a rank of 2 opens every 2nd. Found
+    # within the restarted job's first batch, not before; the mount then plans for 3 ranks (once), keeps
+    # what it holds, and follows each of them to the end of its epoch.
     # (Not under a sanitizer: the count is plain arithmetic, and the pass is long enough.)
     if not os.environ.get("CLAIRFS_SANITIZED"):
         with h.mounted(data, mnt, opts):
-            def job(world, first, tag):
-                os.mkdir("%s/%s" % (tmp, tag))
-                ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=1, world=world)
-                         for r in range(world)]
-                outs = [j.communicate(timeout=600) for j in ranks]
-                return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
             ok2 = job(2, 0, "elastic-2")
             after2 = h.settled_stats(mnt, samples)
             ok3 = job(3, 1, "elastic-3")
@@ -185,13 +211,21 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         with open(log) as f:
             said = f.read()
         os.unlink(log)
-        told = [line[25:] for line in said.splitlines() if "world_size=3" in line]
-        h.check(ok2 and ok3 and after2["progress"]["reads_as_world_size"] == 0 and after3["progress"]["reads_as_world_size"] == 3
-                and len(told) == 1 and "as world_size=3" in text,
-                "2 ranks, then 3 on a world_size=2 mount: read right %s; reads as world_size %d after 2 ranks, %d after 3; "
-                "the log says %s; status %s" % (ok2 and ok3, after2["progress"]["reads_as_world_size"],
-                                               after3["progress"]["reads_as_world_size"], told,
-                                               [line.strip() for line in text.splitlines() if "world" in line]))
+        told = [line[25:] for line in said.splitlines() if "planned again" in line]
+        plan = after3["plan"]["world"]
+        h.check(ok2 and ok3 and after2["plan"]["world"]["replanned"] == 0 and plan["replanned"] == 1
+                and plan["world_size"] == 3 and plan["ranks"].strip() == "0-2" and len(told) == 1
+                and "planned again 1 time: the job reads as world_size=3, ranks 0-2" in text,
+                "2 ranks, then 3 on a world_size=2 mount: read right %s; planned again %d times after 2 ranks, %d after 3 "
+                "(world_size=%d, ranks %s); the log says %s; status %s" % (
+                    ok2 and ok3, after2["plan"]["world"]["replanned"], plan["replanned"], plan["world_size"],
+                    plan["ranks"].strip(), told, [line.strip() for line in text.splitlines() if "planned" in line]))
+        ranks = rank_progress(after3)
+        h.check(len(ranks) == 3 and all(e == 1 and done == tot == samples // 3 and v == "following"
+                                        for _, e, done, tot, v in ranks),
+                "the 3 ranks followed to the end of their epoch: %s" % ranks)
+        h.check(h.source_bytes(after3) <= total, "SOURCE read %.3f× the data set over both jobs (%d files kept at the "
+                "re-plan)" % (h.source_bytes(after3) / total, plan["kept_files"]))
 
     # A user's mount (without CAP_SYS_ADMIN) watches its opens too, though not told whose they are; with
     # fewer marks allowed than the data set has directories, it cannot: the log says why and the engine

@@ -107,6 +107,10 @@ TEST_F(OptionsTest, RankListsRunAcrossCommas) {
   EXPECT_EQ(parse_o("world_size=8,ranks=0,2,5,seed=1").ranks, (std::vector<uint64_t>{0, 2, 5}));
   EXPECT_EQ(parse_o("world_size=8,ranks=0-2,6").ranks, (std::vector<uint64_t>{0, 1, 2, 6}));
   EXPECT_EQ(parse_o("world_size=8,ranks=3").ranks, (std::vector<uint64_t>{3}));
+  const Options any = parse_o("world_size=auto");  // planned as 1 until the job shows its world size
+  EXPECT_TRUE(any.world_size_auto);
+  EXPECT_EQ(any.world_size, 1u);
+  EXPECT_EQ(any.ranks, (std::vector<uint64_t>{0}));
   EXPECT_EQ(parse_o("world_size=8,ranks=1:4").ranks, (std::vector<uint64_t>{1, 4}));
   EXPECT_EQ(parse_o("world_size=8,ranks=4,2,2").ranks, (std::vector<uint64_t>{2, 4}));
   EXPECT_EQ(parse_o("extensions=jpg,png,ro").extensions, (std::vector<std::string>{".jpg", ".png"}));
@@ -152,6 +156,10 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"batch_size=-1", "batch_size"},
       {"batch_size=abc", "batch_size"},
       {"world_size=0", "world_size"},
+      {"world_size=auto,ranks=0", "world_size=auto"},
+      {"world_size=auto,ranks_per_node=2", "world_size=auto"},
+      {"world_size=auto,order=sequential", "world_size=auto"},
+      {"world_size=auto,ram=0", "world_size=auto"},
       {"ram=12XB", "ram"},
       {"nvme_size=lots,nvme=/tmp", "nvme_size"},
       {"world_size=4,ranks=4", "rank 4"},
@@ -187,7 +195,7 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"entry_timeout=soon", "entry_timeout"},
       {"allow_other", "allow_other"},
       {"fsname=", "fsname"},
-      {"ram=1P", "ram="},                     // more than the machine: refused, not OOM-killed later
+      {"ram=1P", "ram="},  // more than the machine: refused, not OOM-killed later
       {"ram=16G,pagecache=1P", "pagecache"},
       {"log=relative.log", "log"},
       {"log_level=loud", "log_level"},

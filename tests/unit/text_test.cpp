@@ -43,5 +43,13 @@ TEST(EscapeControls, KeepsUtf8AndIsUnambiguous) {
   EXPECT_EQ(escape_controls("\\x0a"), "\\\\x0a");
 }
 
+TEST(RankListText, WritesRanksAsAUserWould) {
+  EXPECT_EQ(rank_list_text({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(rank_list_text({0, 1}), "0,1");
+  EXPECT_EQ(rank_list_text({0, 2, 5}), "0,2,5");
+  EXPECT_EQ(rank_list_text({0, 1, 2, 3, 8}), "0-3,8");
+  EXPECT_EQ(rank_list_text({}), "none");
+}
+
 }  // namespace
 }  // namespace clairfs
