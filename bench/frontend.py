@@ -11,9 +11,11 @@ open costs a reader. For (d)-(g) the order is given to
 clairfs (order=list), the tree is listed first (as ImageFolder does, so the kernel knows every inode),
 and reading starts once everything is staged (and pushed). Runs the systems side by side,
 rotating which goes first, R times; prints medians and ratios as a markdown table. Also times the
-manifest for a tree of M entries.
+manifest for a tree of M entries. With --baseline OTHER_BUILD, (f) and (g) run with that build's clairfs
+too, in the same rotation: what a change costs the no-open reader, side by side.
 
     bench/frontend.py BUILD [--files 20000] [--reps 5] [--threads 1] [--manifest-entries 1000000]
+                            [--baseline OTHER_BUILD]
 """
 import argparse
 import json
@@ -92,8 +94,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--manifest-entries", type=int, default=1000000)
     ap.add_argument("--data", default="/dev/shm/clairfs-bench-frontend")
+    ap.add_argument("--baseline", help="another build whose clairfs runs (f) and (g) beside this one's")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
+    baseline = os.path.abspath(args.baseline) if args.baseline else None
 
     data = "%s/%d" % (args.data, args.files)
     cached_dataset(data, "--files", args.files)
@@ -142,6 +146,12 @@ def main():
     systems = [("direct (tmpfs)", direct), ("clairfs", clairfs), ("memfs ceiling", ceiling),
                ("clairfs staged, RAM", staged_ram), ("clairfs staged, pushed, progress=opens", staged_pushed_opens),
                ("clairfs staged, pushed", staged_pushed), ("clairfs staged, pushed, progress=reads", staged_pushed_reads)]
+    if baseline:
+        systems += [("baseline: clairfs staged, pushed",
+                     lambda seed: staged_first(baseline, data, mnt, listing, work, args.threads, seed, push=True)),
+                    ("baseline: clairfs staged, pushed, progress=reads",
+                     lambda seed: staged_first(baseline, data, mnt, listing, work, args.threads, seed, push=True,
+                                               progress="reads"))]
     rates = {name: [] for name, _ in systems}
     for rep in range(args.reps):
         order = systems[rep % len(systems):] + systems[:rep % len(systems)]
@@ -168,6 +178,10 @@ def main():
               med["clairfs staged, pushed"] / med["direct (tmpfs)"]))
     print("seeing every open (the watch, the default) ÷ inferring from reads (progress=reads), "
           "pushed files: **%.2f×**" % (med["clairfs staged, pushed"] / med["clairfs staged, pushed, progress=reads"]))
+    if baseline:
+        print("this build ÷ the baseline's, pushed files: the watch **%.2f×**, progress=reads **%.2f×**" % (
+            med["clairfs staged, pushed"] / med["baseline: clairfs staged, pushed"],
+            med["clairfs staged, pushed, progress=reads"] / med["baseline: clairfs staged, pushed, progress=reads"]))
 
     if args.manifest_entries:
         tree = "%s/tree-%d" % (args.data, args.manifest_entries)
