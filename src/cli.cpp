@@ -477,7 +477,10 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   if (later && !o.nvme.empty()) check_nvme_dir(o.nvme);
   // Alone on its node with DistributedSampler's order, the mount plans again when the job reads as
   // another world size (with peers, every node's plan would have to change at once).
-  const Replanning replanning{!d.peers && o.ram > 0 && d.oracle->schedule().order == Order::kTorch,
+  // (Not with batches of one and several workers: each worker's opens lie workers × W apart, and a job
+  // with another workers= than the mount's would read as another world size.)
+  const Schedule& s = d.oracle->schedule();
+  const Replanning replanning{!d.peers && o.ram > 0 && s.order == Order::kTorch && (s.batch_size > 1 || s.workers <= 1),
                               o.world_size_auto || o.ranks.size() == o.world_size, o.world_size_auto};
   if (o.seed_auto || later || replanning.on) {
     LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,

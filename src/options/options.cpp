@@ -354,6 +354,9 @@ void check_combinations(ParseState& st) {
                                  "order=") +
                      order_name(o.order) + "; give world_size=");
   if (o.world_size_auto && o.ram == 0) throw UsageError("world_size=auto needs staging on (ram= above 0)");
+  if (o.world_size_auto && o.batch_size == 1 && o.workers > 1)
+    throw UsageError("world_size=auto cannot tell ranks from workers with batch_size=1 and workers=" +
+                     std::to_string(o.workers) + ": give world_size=");
   if (o.seed_auto && o.ram == 0) throw UsageError("seed=auto needs staging on (ram= above 0): it learns the order to stage by");
   refuse_budgets_beyond_the_node(o);
   if (o.extensions.empty()) o.extensions = default_extensions();

@@ -80,7 +80,8 @@ const std::vector<OptionSpec> kTable = {
      [](Options& o, const GivenOption& g) { o.batch_size = at_least_one(g); }},
     {"world_size", Takes::kValue, "N|auto", S::kSchedule, "1", false, "training ranks in the job, or auto",
      "Training ranks in the whole job (1 to 16,777,216). `auto` (with `order=torch`, on one node that runs every "
-     "rank): planned as 1 until the job's first batch shows how many ranks split the shuffle, then planned for "
+     "rank, batches of two or more or a single worker): planned as 1 until the job's first batch shows how many ranks "
+     "split the shuffle, then planned for "
      "that many, every rank served. Any mount alone on its node with `order=torch` plans again the same way when "
      "a restarted job reads with another world size; `clairfs status` and the log say so.",
      [](Options& o, const GivenOption& g) {

@@ -160,6 +160,7 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"world_size=auto,ranks_per_node=2", "world_size=auto"},
       {"world_size=auto,order=sequential", "world_size=auto"},
       {"world_size=auto,ram=0", "world_size=auto"},
+      {"world_size=auto,batch_size=1,workers=4", "world_size=auto"},
       {"ram=12XB", "ram"},
       {"nvme_size=lots,nvme=/tmp", "nvme_size"},
       {"world_size=4,ranks=4", "rank 4"},
