@@ -42,8 +42,8 @@
 // of the time. A process follows once the second test reached +kDecide with no strays against it; until
 // then (and up to kMaxPending of them) its opens are held (pending) — counted as opened, so that they are
 // not staged again, but not moving its rank — and taken then, or dropped if it is judged off, so that
-// another job's chance hits never move a rank. A
-// process at -kDecide in either test after kMinEvidence opens reads another order: its opens are counted
+// another job's chance hits never move a rank. A process at -kDecide in either test after kMinEvidence
+// opens reads another order: its opens are counted
 // apart (other_opens), are not placed, and make a rank lost only when none of its own readers followed
 // it for stale_after opens; it brings a lost rank back only by a run of its own (below). A judged process
 // is placed at the use of its file nearest its rank's place (one already opened counts a quarter of the
