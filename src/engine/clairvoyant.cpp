@@ -292,8 +292,8 @@ std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_as(uint64_t worl
 }
 
 std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
-  stager_->finish();  // its reads in flight kept first: SOURCE sent them once
-  stager_.reset();    // no more staging, pushes or NVMe writes
+  if (stager_) stager_->finish();  // its reads in flight kept first: SOURCE sent them once
+  stager_.reset();                 // no more staging, pushes or NVMe writes
   std::vector<std::pair<EntryId, FileBytes>> held;
   for (EntryId id : ram_.ids())
     if (FileBytes bytes = ram_.get(id)) held.emplace_back(id, std::move(bytes));

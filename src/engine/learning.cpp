@@ -336,7 +336,9 @@ void LearningEngine::replan_loop() {
   for (;;) {
     {
       MutexLock lock(mutex_);
-      if (!stop_ && !world_said_.load()) lock.wait_for(wake_, pending ? kLookAgain : std::chrono::seconds(60));
+      // (world_said_ is set without the lock: a wake-up between the look and the wait is caught a few
+      // seconds later.)
+      if (!stop_ && !world_said_.load()) lock.wait_for(wake_, pending ? kLookAgain : std::chrono::seconds(5));
       if (stop_) return;
     }
     if (world_said_.exchange(false)) pending = true;
@@ -345,6 +347,7 @@ void LearningEngine::replan_loop() {
 }
 
 bool LearningEngine::replan() {
+  if (gave_up_) return true;
   uint64_t n = 0;
   ClairvoyantEngine* old = current(&n);
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
@@ -371,18 +374,23 @@ bool LearningEngine::replan() {
   std::unique_ptr<ClairvoyantEngine> e;
   std::unique_ptr<Oracle> oracle;
   uint64_t seen = 0;
+  bool retired = false;
   try {
     oracle = std::make_unique<Oracle>(manifest_.samples().size(), s);
     EngineConfig c = plan_config(next->ranks, next->world, n + 1);
     c.start_epoch = next->epoch;
     c.opened_before = old->opens_as(next->world, 0, &seen);
-    c.adopt = [this, old] {
+    c.adopt = [this, old, &retired] {
       MutexLock lock(mutex_);  // stats_json reads the engines under it
+      retired = true;
       return old->retire();
     };
     e = std::make_unique<ClairvoyantEngine>(manifest_, *oracle, reader_, std::move(c));
   } catch (const std::exception& x) {
-    log_warning(words + ", but its plan could not start: " + x.what() + "; staging follows the old plan");
+    gave_up_ = retired;
+    log_warning(
+        words + ", but its plan could not start: " + x.what() +
+        (retired ? "; staging stopped, reads go on (remount to stage again)" : "; staging follows the old plan"));
     return true;
   }
   MutexLock lock(mutex_);

@@ -141,6 +141,7 @@ class LearningEngine final : public Engine {
   const Oracle* const told_;
   const std::vector<uid_t> learn_from_;
   const Replanning replanning_;
+  bool gave_up_ = false;  // a new plan failed once the old one was retired: no more plans (the learning thread's)
 
   mutable Mutex mutex_;
   std::condition_variable wake_;
