@@ -124,6 +124,8 @@ class ClairvoyantEngine final : public Engine {
   // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe.
   std::vector<std::pair<EntryId, FileBytes>> retire() EXCLUDES(state_.mutex);
   void free_ram() EXCLUDES(state_.mutex);
+  // retire() was called (asked by the thread that called it).
+  bool retired() const { return !stager_; }
   // Files kept from the last plan's engine (EngineConfig::adopt).
   uint64_t adopted() const { return adopted_; }
 

@@ -374,23 +374,21 @@ bool LearningEngine::replan() {
   std::unique_ptr<ClairvoyantEngine> e;
   std::unique_ptr<Oracle> oracle;
   uint64_t seen = 0;
-  bool retired = false;
   try {
     oracle = std::make_unique<Oracle>(manifest_.samples().size(), s);
     EngineConfig c = plan_config(next->ranks, next->world, n + 1);
     c.start_epoch = next->epoch;
     c.opened_before = old->opens_as(next->world, 0, &seen);
-    c.adopt = [this, old, &retired] {
+    c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats_json reads the engines under it
-      retired = true;
       return old->retire();
     };
     e = std::make_unique<ClairvoyantEngine>(manifest_, *oracle, reader_, std::move(c));
   } catch (const std::exception& x) {
-    gave_up_ = retired;
+    gave_up_ = old->retired();
     log_warning(
         words + ", but its plan could not start: " + x.what() +
-        (retired ? "; staging stopped, reads go on (remount to stage again)" : "; staging follows the old plan"));
+        (gave_up_ ? "; staging stopped, reads go on (remount to stage again)" : "; staging follows the old plan"));
     return true;
   }
   MutexLock lock(mutex_);
