@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/fanotify.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,6 +41,18 @@ constexpr size_t kMaxPending = 1 << 20;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+// A detached copy of the clairfs mount at `mountpoint_abs` (made by this user), or none: root may clone a
+// mount (open_tree), a user may not. Descriptors opened through the copy hold it, not the user's mount, so
+// an unmount meanwhile succeeds (the file system then lives until the copy is closed). The original is held
+// for three system calls and no FUSE request: the session need not be answering yet.
+UniqueFd clone_of_mount(const std::string& mountpoint_abs) {
+  if (::geteuid() != 0) return UniqueFd();
+  const int root = open_own_clairfs_mount(mountpoint_abs);
+  if (root < 0) return UniqueFd();
+  const UniqueFd held(root);
+  return UniqueFd(::open_tree(root, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH));
+}
+
 }  // namespace
 
 OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine,
@@ -50,6 +63,7 @@ OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest
       frontend_(frontend),
       self_(::getpid()),
       started_(std::move(started)),
+      clone_(clone_of_mount(mountpoint_abs)),
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!stop_) {
     give_up("eventfd: " + errno_text(errno));
@@ -108,7 +122,8 @@ std::string OpenWatch::watch() {
 std::string OpenWatch::mark(int group) {
   // The mount itself, reached without following a symlink and made by us: a path a user can change
   // must not turn the watch onto another mount.
-  const int root = open_own_clairfs_mount(mountpoint_);
+  const int root = clone_ ? ::dup(clone_.get()) : open_own_clairfs_mount(mountpoint_);
+  if (root < 0 && clone_) return "cannot copy a descriptor: " + errno_text(errno);
   if (root < 0) return "cannot find this mount at " + mountpoint_ + ": " + errno_text(-root);
   const UniqueFd root_fd(root);
   struct stat root_st {};
@@ -159,6 +174,7 @@ bool OpenWatch::own_descriptors() {
 
 void OpenWatch::run() {
   const bool watching = start();
+  clone_ = UniqueFd();  // marked or given up: the user's unmount ends the file system from here on
   if (started_) started_();
   if (watching) drain();
 }

@@ -47,7 +47,10 @@ class OpenWatch {
   // open_own_clairfs_mount) once the session answers, and waits for the kernel's INIT to know whether
   // opens reach the daemon anyway. REQUIRES: manifest, engine and frontend outlive the watch; the
   // session goes first (the mark may wait for the session to answer, which a session gone ends).
-  // `started` is called once, on the watch's thread, when it watches or has given up.
+  // `started` is called once, on the watch's thread, when it watches or has given up. Root's watch marks
+  // through a copy of the mount (clone_), so the mount may be unmounted while it marks; a user's watch
+  // holds the mount while it marks (an unmount meanwhile fails with EBUSY: the mount command returns
+  // only once marked, but with -f the mount is visible before).
   OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine, const Frontend& frontend,
             std::function<void()> started = {});
   // Stops and joins the thread.
@@ -89,6 +92,10 @@ class OpenWatch {
   const Frontend& frontend_;
   const pid_t self_;
   std::function<void()> started_;
+  // Root's own copy of the mount (a detached clone of it, made before the session answers), through which the
+  // directories are marked: a descriptor held in the user's mount would make its unmount fail (EBUSY) for as
+  // long as marking takes. Empty for a user's daemon (which may not clone a mount); closed once marked.
+  UniqueFd clone_;
   UniqueFd group_;  // the fanotify group
   UniqueFd stop_;   // an eventfd: written to stop the thread
   Mutex queue_mutex_;

@@ -116,6 +116,26 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 2 and "--mpi=pmi2" in r.stderr and not h.is_mounted(mnt),
             "one of 2 srun tasks alone in its MPI world: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
 
+    # 7. Unmounted the moment it is mounted (-f), while its watch still marks 2,000 directories (root's
+    # watch marks through a copy of the mount): the unmount succeeds, and the daemon exits 0.
+    wide = tmp + "/wide"
+    for i in range(2000):
+        os.makedirs("%s/d%d" % (wide, i))
+        with open("%s/d%d/f" % (wide, i), "wb") as f:
+            f.write(b"x")
+    p = foreground(wide, mnt, "seed=1,batch_size=4")
+    read = open(mnt + "/d7/f", "rb").read() == b"x"
+    r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+    try:
+        rc = p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["fusermount3", "-u", "-z", mnt])
+        p.kill()
+        rc = None
+    h.check(read and r.returncode == 0 and rc == 0 and not h.is_mounted(mnt),
+            "unmounted at once while 2,000 directories are marked: fusermount3 %d %s, daemon exit %s"
+            % (r.returncode, r.stderr.strip(), rc))
+
     h.check(not wait_clean(tmp, [nvme]), "nothing left at the end: %s" % leftovers(tmp, [nvme]))
 
 h.finish()
