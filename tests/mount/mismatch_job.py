@@ -70,7 +70,7 @@ def main():
         deadline = time.monotonic() + 300
         while len(os.listdir(args.start_barrier)) < args.world_size and time.monotonic() < deadline:
             time.sleep(0.01)
-    read = wrong = batches = 0
+    read = wrong = batches = size = 0
     for epoch in range(args.first_epoch, args.first_epoch + args.epochs):
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)
@@ -78,6 +78,7 @@ def main():
             for rel, digest in zip(rels, digests):
                 read += 1
                 wrong += digest != want[rel]
+                size += os.path.getsize(os.path.join(args.data, rel))
             batches += 1
             if batches <= args.watch_batches:
                 ranks = stats(args.data).get("ranks")  # none with ram=0
@@ -86,7 +87,7 @@ def main():
             if args.stats_after and read - len(rels) < args.stats_after <= read:
                 print("STATS " + json.dumps({"after": read, "stats": stats(args.data)}), flush=True)
         print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": stats(args.data)}), flush=True)
-    print("DONE %d files, %d wrong" % (read, wrong), flush=True)
+    print("DONE %d files, %d wrong, %d bytes" % (read, wrong, size), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ the mounted job's ranks are followed to the end, none called off; the other's pr
 read another order and their opens counted apart (`progress.other_opens`), said once in the log and
 in `clairfs status`. A job restarted with 3 ranks (all on this node) on that world_size=2 mount, after an
 epoch with 2: planned again once for 3 ranks (log, stats, status), never during the 2-rank epoch; the 3 ranks
-followed to the end of their epoch, SOURCE read once over both (not under a sanitizer).
+followed to the end of their epoch, SOURCE read once over both (not under a sanitizer). Rank 0 of a 2-rank
+job alone on a world_size=1 mount with little RAM (security finding 8): planned again for 2 ranks, SOURCE
+serving no more than a plain mount over 2 epochs.
 
 A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
 
@@ -165,11 +167,15 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                 "log and in status %s" % (other, samples, s["progress"]["other_readers"],
                                           [line.strip() for line in text.splitlines() if "other" in line]))
 
-    def job(world, first, tag, epochs=1):
+    def job(world, first, tag, epochs=1, only=None):
+        """Runs the job's ranks (`only` of them: the others are taken to run elsewhere); whether all read right."""
         os.mkdir("%s/%s" % (tmp, tag))
+        for r in set(range(world)) - set(only or range(world)):
+            open("%s/%s/rank-%d" % (tmp, tag, r), "w").close()  # at the start barrier, as if elsewhere
         ranks = [start_rank(tmp, mnt, digests, r, False, "%s/%s" % (tmp, tag), first, False, epochs=epochs,
-                            world=world) for r in range(world)]
+                            world=world) for r in (range(world) if only is None else only)]
         outs = [j.communicate(timeout=600) for j in ranks]
+        job.bytes = sum(int(o.split(" bytes")[0].split()[-1]) for o, _ in outs if " bytes" in o)
         return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
 
     def rank_progress(s):
@@ -226,6 +232,24 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                 "the 3 ranks followed to the end of their epoch: %s" % ranks)
         h.check(h.source_bytes(after3) <= total, "SOURCE read %.3f× the data set over both jobs (%d files kept at the "
                 "re-plan)" % (h.source_bytes(after3) / total, plan["kept_files"]))
+
+        # Security finding 8 (docs/security.md): on a world_size=1 mount with RAM for a sixth of the data set,
+        # rank 0 of a 2-rank job alone (its other rank elsewhere) reads every 2nd planned file. Found and
+        # planned again for 2 ranks; over 2 epochs SOURCE serves no more than a plain mount would (the
+        # bytes the job read: half the data set an epoch), where staging by the stale plan read it 3.5×.
+        with h.mounted(data, mnt, "seed=42,batch_size=16,workers=2,world_size=1,ram=%d,log=%s" % (total // 6, log)):
+            ok = job(2, 0, "half", epochs=2, only=[0])
+            s = h.settled_stats(mnt, samples)
+        with open(log) as f:
+            said = f.read()
+        os.unlink(log)
+        plan = s["plan"]["world"]
+        read = job.bytes
+        h.check(ok and plan["replanned"] == 1 and plan["world_size"] == 2 and "planned again" in said
+                and h.source_bytes(s) <= read,
+                "rank 0 of 2 alone on a world_size=1 mount: read right %s, planned again %d time(s) for world_size=%d; "
+                "SOURCE served %.3f× what a plain mount would" % (ok, plan["replanned"], plan["world_size"],
+                                                                 h.source_bytes(s) / read))
 
     # A user's mount (without CAP_SYS_ADMIN) watches its opens too, though not told whose they are; with
     # fewer marks allowed than the data set has directories, it cannot: the log says why and the engine

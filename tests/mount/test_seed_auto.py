@@ -24,7 +24,7 @@ def run_job(mnt, digests, args):
                        capture_output=True, text=True, timeout=600)
     lines = r.stdout.splitlines()
     epochs = [json.loads(line[6:]) for line in lines if line.startswith("STATS ")]
-    ok = r.returncode == 0 and any(line.endswith(" 0 wrong") for line in lines if line.startswith("DONE "))
+    ok = r.returncode == 0 and any(", 0 wrong," in line for line in lines if line.startswith("DONE "))
     return ok, epochs, r.stderr.strip()[-400:]
 
 
