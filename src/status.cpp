@@ -64,6 +64,11 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     const auto opens = static_cast<unsigned long long>(l.value("opens_seen", uint64_t{0}));
     if (state == "learning")
       std::printf("  seed=auto: learning the job's seed (%llu opens seen); reads go to SOURCE until then\n", opens);
+    else if (state == "found" && l.value("relearned", uint64_t{0}) > 0)
+      std::printf(
+          "  seed=auto: the job reads as %s (learned again %llu time(s): it read in another order than the "
+          "seed first learned; found after %llu opens)\n",
+          seed.c_str(), static_cast<unsigned long long>(l.value("relearned", uint64_t{0})), opens);
     else if (state == "found")
       std::printf("  seed=auto: the job reads as %s (found after %llu opens)\n", seed.c_str(), opens);
     else if (state == "not found")

@@ -247,6 +247,7 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
                   std::to_string(world));
   }
   if (seen.world_decided && world_listener_) world_listener_();
+  if (seen.other && other_listener_) other_listener_();
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
     const std::string rank = "rank " + std::to_string(ranks[r]);
@@ -289,6 +290,23 @@ std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_as(uint64_t worl
                                                                    uint64_t* last) const {
   MutexLock lock(state_.mutex);
   return state_.tracker.opens_as(world, after, last);
+}
+
+bool ClairvoyantEngine::followed() const {
+  MutexLock lock(state_.mutex);
+  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
+    if (state_.planner.live(r) && state_.planner.confirmed(r)) return true;
+  return false;
+}
+
+uint64_t ClairvoyantEngine::other_readers() const {
+  MutexLock lock(state_.mutex);
+  return state_.planner.other_readers();
+}
+
+std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_other(uint64_t after, uint64_t* last) const {
+  MutexLock lock(state_.mutex);
+  return state_.tracker.opens_other(after, last);
 }
 
 std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {

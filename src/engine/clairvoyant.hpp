@@ -114,6 +114,15 @@ class ClairvoyantEngine final : public Engine {
   // Re-planning (LearningEngine). `listener` is called, off the engine's lock, each time a reader is
   // found to read as another world size than the plan's. Set before the engine serves.
   void on_world(std::function<void()> listener) { world_listener_ = std::move(listener); }
+  // The same when a reader is judged to read in another order while none was (a learned seed may be
+  // learned again from it).
+  void on_other_order(std::function<void()> listener) { other_listener_ = std::move(listener); }
+  // Whether a rank of the plan is followed now: live, its readers' opens confirm it.
+  bool followed() const EXCLUDES(state_.mutex);
+  // Processes judged to read in another order, now (Planner::other_readers).
+  uint64_t other_readers() const EXCLUDES(state_.mutex);
+  // The latest opens of the processes judged to read in another order (ReaderTracker::opens_other).
+  std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
   // What each process was found to read as (ReaderTracker::readers_as).
   std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
   // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
@@ -175,6 +184,7 @@ class ClairvoyantEngine final : public Engine {
   std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
   std::function<void()> world_listener_;
+  std::function<void()> other_listener_;
   uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

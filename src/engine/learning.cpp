@@ -31,6 +31,18 @@ size_t next_try(size_t tried) {
   return tried < step + step / 2 ? step + step / 2 : 2 * step;
 }
 
+// Runs `work` on a thread of its own at nice 10 and waits for it: shuffles of the whole data set are
+// background work, below the threads that serve reads. Not on the calling thread: the engine's threads
+// are started from it and would inherit its priority (a learned engine's stager ran at nice 10 and fell
+// behind a job reading at full speed).
+void run_niced(const std::function<void()>& work) {
+  std::thread shuffler([&] {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    work();
+  });
+  shuffler.join();
+}
+
 // True while a process runs (or runs as another user).
 bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -134,6 +146,10 @@ void LearningEngine::publish(uint64_t plan, const Oracle* oracle) {
   ClairvoyantEngine* e = engines_[plan].get();
   e->on_world([this] {
     world_said_.store(true);
+    wake_.notify_all();
+  });
+  e->on_other_order([this] {
+    other_said_.store(true);
     wake_.notify_all();
   });
   plans_[plan].store(e, std::memory_order_release);
@@ -257,15 +273,8 @@ void LearningEngine::run() {
     std::vector<std::pair<EntryId, pid_t>> kept;  // the opens the engine is placed by
     const Oracle* oracle = told_;
     if (!told_) {
-      // Shuffles of the whole data set are background work: below the threads that serve reads, on a
-      // thread of their own. Not this one: the engine's threads are started from here and would inherit
-      // its priority (a learned engine's stager ran at nice 10 and fell behind a job reading at full speed).
       std::optional<Learned> found;
-      std::thread shuffler([&] {
-        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
-        found = learn(kept);
-      });
-      shuffler.join();
+      run_niced([&] { found = learn(kept); });
       if (!found) return;
       Schedule s = schedule_;
       s.seed = found->seed;
@@ -332,17 +341,21 @@ bool LearningEngine::start(const Oracle& oracle, std::vector<std::pair<EntryId, 
 
 void LearningEngine::replan_loop() {
   if (!replanning_.on) return;
-  bool pending = false;  // a reader of another world size was found: look again until planned or gone
+  bool pending = false;     // a reader of another world size was found: look again until planned or gone
+  bool relearning = false;  // a reader in another order was found: look again until learned or followed
   for (;;) {
     {
       MutexLock lock(mutex_);
-      // (world_said_ is set without the lock: a wake-up between the look and the wait is caught a few
-      // seconds later.)
-      if (!stop_ && !world_said_.load()) lock.wait_for(wake_, pending ? kLookAgain : std::chrono::seconds(5));
+      // (world_said_ and other_said_ are set without the lock: a wake-up between the look and the wait
+      // is caught a few seconds later.)
+      if (!stop_ && !world_said_.load() && !other_said_.load())
+        lock.wait_for(wake_, pending || relearning ? kLookAgain : std::chrono::seconds(5));
       if (stop_) return;
     }
     if (world_said_.exchange(false)) pending = true;
+    if (other_said_.exchange(false)) relearning = !told_;
     if (pending) pending = !replan();
+    if (relearning && !pending) relearning = !relearn();
   }
 }
 
@@ -367,18 +380,38 @@ bool LearningEngine::replan() {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
     return true;
   }
-  // The new plan, placed by its readers' latest opens (and, below, by those made while it was built);
-  // it takes the old engine's RAM copies before it starts staging.
   Schedule s = was->schedule();
   s.world_size = next->world;
+  const uint64_t world = next->world;
+  if (!switch_plan(n, s, next->ranks, next->epoch, words,
+                   [old, world](uint64_t after, uint64_t* last) { return old->opens_as(world, after, last); }))
+    return true;
+  MutexLock lock(mutex_);
+  plan_ = *next;
+  ++replanned_;
+  const std::string done = words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
+                           " files in RAM kept); staging follows it";
+  if (replanning_.world_auto && n == 0)
+    log_info("world_size=auto: " + done);
+  else
+    log_warning(done);
+  return true;
+}
+
+bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
+                                 const std::string& words, const OpensSince& opens) {
+  ClairvoyantEngine* old = plans_[n].load(std::memory_order_acquire);
+  // The new plan, placed by its readers' latest opens (and, below, by those made while it was built);
+  // it takes the old engine's RAM copies before it starts staging.
   std::unique_ptr<ClairvoyantEngine> e;
   std::unique_ptr<Oracle> oracle;
   uint64_t seen = 0;
   try {
-    oracle = std::make_unique<Oracle>(manifest_.samples().size(), s);
-    EngineConfig c = plan_config(next->ranks, next->world, n + 1);
-    c.start_epoch = next->epoch;
-    c.opened_before = old->opens_as(next->world, 0, &seen);
+    oracle = std::make_unique<Oracle>(manifest_.samples().size(), schedule);
+    const uint64_t world = schedule.world_size;
+    EngineConfig c = plan_config(std::move(ranks), world, n + 1);
+    c.start_epoch = epoch;
+    c.opened_before = opens(0, &seen);
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats_json reads the engines under it
       return old->retire();
@@ -389,23 +422,81 @@ bool LearningEngine::replan() {
     log_warning(
         words + ", but its plan could not start: " + x.what() +
         (gave_up_ ? "; staging stopped, reads go on (remount to stage again)" : "; staging follows the old plan"));
-    return true;
+    return false;
   }
+  const std::vector<std::pair<EntryId, pid_t>> meanwhile = opens(seen, &seen);  // (`opens` may take mutex_)
   MutexLock lock(mutex_);
   if (watched_.load()) e->watching_opens();
-  e->catch_up(old->opens_as(next->world, seen, &seen));
+  e->catch_up(meanwhile);
   oracles_[n + 1] = std::move(oracle);
   engines_[n + 1] = std::move(e);
   publish(n + 1, oracles_[n + 1].get());
   old->free_ram();
-  plan_ = *next;
-  ++replanned_;
-  const std::string done = words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
-                           " files in RAM kept); staging follows it";
-  if (replanning_.world_auto && n == 0)
-    log_info("world_size=auto: " + done);
-  else
-    log_warning(done);
+  return true;
+}
+
+bool LearningEngine::relearn() {
+  if (gave_up_) return true;
+  uint64_t n = 0;
+  ClairvoyantEngine* old = current(&n);
+  if (!old || old->other_readers() == 0) return true;  // none reads in another order (any more)
+  if (old->followed()) {  // the learned order has its readers: the other is another job's, or not yet
+    MutexLock lock(mutex_);
+    relearn_tried_ = 0;
+    return false;
+  }
+  uint64_t seen = 0;
+  std::vector<std::pair<EntryId, pid_t>> others = old->opens_other(0, &seen);
+  LearnQuestion q = question_;
+  {
+    MutexLock lock(mutex_);
+    std::erase_if(others, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+    if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
+    relearn_tried_ = others.size();
+    q.world_size = plan_.world;
+    q.ranks = plan_.ranks;
+  }
+  std::vector<EntryId> ids;
+  for (const auto& o : others) ids.push_back(o.first);
+  std::optional<Learned> found;
+  run_niced([&] {
+    try {
+      found = learn_seed(manifest_, q, ids);
+    } catch (const std::exception& e) {
+      log_warning(std::string("seed=auto: ") + e.what());
+    }
+  });
+  const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
+  if (!found || found->seed == was->schedule().seed) return others.size() >= ReaderTracker::kKeptOpens;
+  const std::string words = "seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
+                            std::to_string(q.start_epoch) + ", not as " + std::string(seed_text(was->schedule().seed)) +
+                            " learned before (found from " + std::to_string(others.size()) +
+                            " opens of processes reading in another order)";
+  if (n + 1 >= kPlans) {
+    log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
+    return true;
+  }
+  Schedule s = was->schedule();
+  s.seed = found->seed;
+  std::vector<uint64_t> ranks;
+  {
+    MutexLock lock(mutex_);
+    ranks = plan_.ranks;
+  }
+  if (!switch_plan(n, s, ranks, q.start_epoch, words, [this, old](uint64_t after, uint64_t* last) {
+        std::vector<std::pair<EntryId, pid_t>> opens = old->opens_other(after, last);
+        MutexLock lock(mutex_);
+        std::erase_if(opens, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+        return opens;
+      }))
+    return true;
+  MutexLock lock(mutex_);
+  found_ = "seed=" + seed_text(found->seed);
+  found_after_ = others.size();
+  relearn_tried_ = 0;
+  ++relearned_;
+  log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
+              " files in RAM kept); staging follows it");
   return true;
 }
 
@@ -469,7 +560,8 @@ std::string LearningEngine::stats_json() const {
                   {"after_opens", found_after_},
                   {"opens_seen", e ? found_after_ : opens_.size()},
                   {"other_users_opens", not_the_job_},  // not learned from (learn_from=)
-                  {"source_bytes", source_bytes_.load()},  // read before the engine was there (counted in
+                  {"relearned", relearned_},  // times a seed was learned again (the job read in another order)
+                  {"source_bytes", source_bytes_.load()},   // read before the engine was there (counted in
                   {"source_files", source_files_.load()}};  // source_traffic, tiers.source and stalls too)
   return j.dump(2) + "\n";
 }

@@ -123,6 +123,17 @@ class LearningEngine final : public Engine {
   // One re-plan, if the readers call for it (replan_for). False while it waits for the plan's readers
   // to leave.
   bool replan() EXCLUDES(mutex_);
+  // A learned seed learned again, when no rank of its plan is followed and the job's processes read in
+  // another order: learn_seed on their latest opens, and a plan for the seed found. False while it
+  // waits for more of their opens.
+  bool relearn() EXCLUDES(mutex_);
+  // The opens a new plan is placed by: those after the `after`-th of the old engine's count; *last: the count.
+  using OpensSince = std::function<std::vector<std::pair<EntryId, pid_t>>(uint64_t after, uint64_t* last)>;
+  // Builds plan number n + 1 for `schedule`, serving `ranks` from `epoch`, placed by `opens` (those kept
+  // before it was built, then those made meanwhile), hands it plan n's RAM copies, and switches to it.
+  // False (said, after `words`) when it could not start.
+  bool switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
+                   const std::string& words, const OpensSince& opens) EXCLUDES(mutex_);
   // The engine's configuration for plan number `plan`, of `world` ranks, serving `ranks`.
   EngineConfig plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan);
   // Makes plan number `plan` (its engine in engines_) the one served.
@@ -157,6 +168,8 @@ class LearningEngine final : public Engine {
   Replan plan_ GUARDED_BY(mutex_);                  // the current plan's world size and ranks
   uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first
   uint64_t kept_from_last_ GUARDED_BY(mutex_) = 0;  // files the latest plan's engine took from the one before
+  uint64_t relearned_ GUARDED_BY(mutex_) = 0;       // seeds learned again (relearn)
+  size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // opens in another order the last try saw
 
   // Each plan's oracle and engine, written by the learning thread before the plan's number is published
   // (plans_, plan_now_); the engines stay to the end, for the handles opened through them.
@@ -169,6 +182,7 @@ class LearningEngine final : public Engine {
   std::atomic<const Oracle*> oracle_ready_{nullptr};
   std::atomic<bool> watched_{false};  // set under mutex_, so that the engine is told once it is there
   std::atomic<bool> world_said_{false};  // the engine found a reader of another world size since the last look
+  std::atomic<bool> other_said_{false};  // the engine judged a reader to read in another order (none did)
   std::thread thread_;  // last: started once the rest is set up
 };
 

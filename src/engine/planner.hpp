@@ -223,6 +223,11 @@ class Planner {
   };
   RankProgress progress(uint64_t rank) const;
   uint64_t mispredicted() const { return mispredicted_; }
+  // Whether process `pid` was judged to read in another order (with every open told).
+  bool reads_other(pid_t pid) const {
+    const auto it = readers_.find(pid);
+    return it != readers_.end() && it->second.off;
+  }
   // Readers judged to read in another order (another job's, with every open told), now; and their opens.
   uint64_t other_readers() const { return other_readers_; }
   uint64_t other_opens() const { return other_opens_; }

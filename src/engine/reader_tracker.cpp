@@ -180,15 +180,28 @@ void ReaderTracker::note_world(Seen& seen, pid_t pid) {
   reads_as_world_ = world;
 }
 
-std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_as(uint64_t world, uint64_t after, uint64_t* last) const {
+std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_of(const std::function<bool(pid_t)>& keep, uint64_t after,
+                                                               uint64_t* last) const {
   std::vector<std::pair<EntryId, pid_t>> out;
   *last = opens_kept_;
   for (uint64_t i = std::max(after, opens_kept_ - kept_opens_.size()); i < opens_kept_; ++i) {
     const auto& [id, pid] = kept_opens_[i % kKeptOpens];
-    if (auto it = readers_as_.find(pid); it != readers_as_.end() && it->second.world == world)
-      out.emplace_back(id, pid);
+    if (keep(pid)) out.emplace_back(id, pid);
   }
   return out;
+}
+
+std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_as(uint64_t world, uint64_t after, uint64_t* last) const {
+  return opens_of(
+      [&](pid_t pid) {
+        const auto it = readers_as_.find(pid);
+        return it != readers_as_.end() && it->second.world == world;
+      },
+      after, last);
+}
+
+std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_other(uint64_t after, uint64_t* last) const {
+  return opens_of([&](pid_t pid) { return planner_.reads_other(pid); }, after, last);
 }
 
 pid_t ReaderTracker::parent_of(pid_t pid) {

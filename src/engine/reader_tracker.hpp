@@ -75,6 +75,9 @@ class ReaderTracker {
   // `after`-th open of all (0: all kept); *last: the count of opens so far. What a new plan for that
   // world size is placed by.
   std::vector<std::pair<EntryId, pid_t>> opens_as(uint64_t world, uint64_t after, uint64_t* last) const;
+  // The same of the processes judged to read in another order (Planner::reads_other): what a seed is
+  // learned again from.
+  std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const;
   static constexpr size_t kKeptOpens = 4096;
   static constexpr uint32_t kWorldEvidence = 12;  // consecutive opens' differences, a batch of 13 gives
   // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
@@ -146,6 +149,8 @@ class ReaderTracker {
   };
   std::unordered_map<pid_t, Strides> strides_;
   void note_world(Seen& seen, pid_t pid);
+  std::vector<std::pair<EntryId, pid_t>> opens_of(const std::function<bool(pid_t)>& keep, uint64_t after,
+                                                  uint64_t* last) const;
   std::function<pid_t(pid_t)> parent_lookup_;
   std::unordered_map<pid_t, pid_t> parents_;  // looked up once per process
   pid_t parent_of(pid_t pid);

@@ -544,6 +544,41 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   for (const auto& rank : s["ranks"]) EXPECT_EQ(rank["done"], rank["total"]) << rank.dump();
 }
 
+TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
+  // A plan for seed 42 (a seed learned from someone's reads), a job of seed 7: its workers are judged to
+  // read another order, said once; no rank is followed; their opens are kept, and name the job's seed.
+  MemoryTree tree(sizes(600, 100, 200));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
+  Schedule seven = torch_schedule(1, 16, 2);
+  seven.seed = 7;
+  const Oracle job(tree.manifest.samples().size(), seven);
+  EngineConfig c = config(1 << 20);
+  c.tolerance = 64;
+  ClairvoyantEngine e(tree.manifest, mounted, source, c);
+  int told = 0;
+  e.on_other_order([&] { ++told; });
+  EXPECT_EQ(read_as_workers(e, tree, job, 0, 0, 96), 0u);
+  EXPECT_EQ(told, 1);
+  EXPECT_FALSE(e.followed());
+  uint64_t last = 0;
+  const auto others = e.opens_other(0, &last);
+  EXPECT_GE(others.size(), 64u);
+  EXPECT_EQ(last, 96u);
+  std::vector<EntryId> ids;
+  for (const auto& [id, pid] : others) ids.push_back(id);
+  LearnQuestion q;
+  q.gap = c.tolerance;
+  EXPECT_EQ(learn_seed(tree.manifest, q, ids).value_or(Learned{}).seed, 7);
+  // The plan's own order read on: followed, and nothing more said.
+  const Oracle& own = mounted;
+  const std::vector<uint32_t> seq = own.epoch(0).rank_sequence(0);
+  for (size_t k = 0; k < 64; ++k)
+    read_file(e, tree.manifest.samples()[seq[k]], nullptr, 2000 + static_cast<pid_t>(k / 16));
+  EXPECT_TRUE(e.followed()) << e.stats_json();
+  EXPECT_EQ(told, 1);
+}
+
 TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {
   using As = ReaderTracker::ReadsAs;
   std::set<pid_t> alive = {11, 12, 20, 30};

@@ -3,7 +3,8 @@
 told only seed=auto: the seed is found within a few batches, the plan follows the job into its next epoch,
 the published order is the one a mount told the seed publishes, and SOURCE is read no more than by that
 mount. A job whose seed is no likely one is read as on a plain mount (ram=0), and says so. Bytes are
-checked by the job against SOURCE's digests. Another user's reads do not choose the seed (learn_from=).
+checked by the job against SOURCE's digests. Another user's reads do not choose the seed (learn_from=); a
+seed learned from the job's user's reads in another order is learned again once the job reads its own.
 Also: what seed=auto cannot go with is refused.
 """
 import json
@@ -149,6 +150,35 @@ with h.tempdir() as tmp:
                     s["state"].strip() + " " + s["seed"].strip(), s["other_users_opens"], got.stderr.strip()))
         r = h.run_clairfs(["status", mnt])
         h.check("other users' opens" in r.stdout, "clairfs status says so: %s" % r.stdout.splitlines()[1:2])
+
+    # Learned again (security finding 9): the job's own user first reads 64 files in seed 5's order (a
+    # quick check, or something planted as that user), and the mount learns seed 5; then the job runs with
+    # seed 7. Its workers are judged to read another order; once no rank of the seed-5 plan is followed,
+    # the seed is learned again from their opens and the mount plans for seed 7 — said in the log and
+    # status, the files staged kept, the job followed to the end, SOURCE read about once.
+    log = tmp + "/relearn.log"
+    with h.mounted(data, mnt, (BASE % ram) + ",seed=auto,log=" + log):
+        subprocess.run(["sh", "-c", "cd %s && cat -- %s >/dev/null" % (mnt, " ".join("'%s'" % p for p in seed5))],
+                       check=True)
+        for _ in range(100):
+            if h.stats(mnt)["learned"]["seed"].strip() == "seed=5":
+                break
+            time.sleep(0.1)
+        first = h.stats(mnt)["learned"]["seed"].strip()
+        ok, epochs, err = run_job(mnt, digests, ["--seed", "7", "--epochs", "2"])
+        s = h.settled_stats(mnt, 2 * 3000)
+        text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+    said = read(log)
+    ranks = [(r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+    h.check(ok and first == "seed=5" and s["learned"]["seed"].strip() == "seed=7" and s["learned"]["relearned"] == 1
+            and "the job reads as seed=7 from epoch 0, not as 5 learned before" in said and "learned again 1 time" in text,
+            "learned seed 5 from 64 reads, then the job of seed 7: read right %s, learned %s, then %s (%d time(s)); "
+            "the log %s; status %s" % (ok, first, s["learned"]["seed"].strip(), s["learned"]["relearned"],
+                                        [line[25:] for line in said.splitlines() if "seed=" in line][-1:],
+                                        [line.strip() for line in text.splitlines() if "seed=auto" in line]))
+    h.check(ranks == [(1, 3000, 3000, "following")], "learned again: the job followed to the end of its last epoch: %s" % ranks)
+    h.check(h.source_bytes(s) <= 1.05 * total,
+            "learned again: SOURCE read %.3f× the data set over the job" % (h.source_bytes(s) / total))
 
     # What it cannot go with.
     for options, words in (("seed=auto,order=torch-random", "seed=auto learns DistributedSampler's shuffle only"),
