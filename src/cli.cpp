@@ -165,7 +165,15 @@ void raise_fd_limit() {
 sigset_t ending_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGINT, SIGTERM}) sigaddset(&set, s);
+  return set;
+}
+
+// The ending signals and SIGHUP, which every thread blocks from the same points on: SIGHUP never ends a
+// mount (a logrotate step sends it), it reopens the log (LogReopener reads it).
+sigset_t held_signals() {
+  sigset_t set = ending_signals();
+  sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -577,6 +585,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   log_notice("mounted " + o.source_abs + " at " + o.mountpoint_abs + " (" + std::to_string(d.manifest->samples().size()) +
            " samples)");
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
+  const LogReopener reopener;  // SIGHUP, for log rotation; never an end
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
   const int rc = session->serve();
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");
@@ -595,7 +604,8 @@ int start_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& endi
   int report_fd = -1;
   if (const auto rc = fork_daemon(o, report_fd)) return *rc;
   StartupReport report(report_fd);
-  pthread_sigmask(SIG_BLOCK, &ending, nullptr);  // the daemon (or -f) from here on; see ending_signals()
+  const sigset_t held = held_signals();
+  pthread_sigmask(SIG_BLOCK, &held, nullptr);  // the daemon (or -f) from here on; see ending_signals()
 
   const auto t0 = std::chrono::steady_clock::now();
   Daemon d;
@@ -627,7 +637,8 @@ int run_mount(int argc, char** argv) {
   const Launch launch = detect_launch();
   std::optional<MpiWorld> world;
   if (launch.launched) {
-    pthread_sigmask(SIG_BLOCK, &ending, nullptr);
+    const sigset_t held = held_signals();
+    pthread_sigmask(SIG_BLOCK, &held, nullptr);
     // UCX's cross-memory-attach transport (cma: process_vm_readv between processes on one host) ends
     // the process with a fatal error when the peer it copies from has died: one daemon SIGKILLed in the
     // middle of a transfer took another on its host with it (test_peers, about once in fifteen runs).

@@ -79,7 +79,7 @@ int MountedSession::serve() {
   const int rc = fuse_session_loop_mt(session_, config);
   fuse_loop_cfg_destroy(config);
   // libfuse's handler leaves the signal's number as the loop's result: a stop asked for, not a failure.
-  if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP) {
+  if (rc == SIGTERM || rc == SIGINT) {
     log_notice(std::string("stopped by SIG") + sigabbrev_np(rc) + "; unmounting");
     return 0;
   }

@@ -21,7 +21,7 @@ class MountedSession {
   MountedSession(const MountedSession&) = delete;
   MountedSession& operator=(const MountedSession&) = delete;
 
-  // Serves requests until unmounted or a SIGTERM/SIGINT/SIGHUP arrives. Returns 0 on a clean end.
+  // Serves requests until unmounted or a SIGTERM/SIGINT arrives. Returns 0 on a clean end.
   int serve();
 
  private:

@@ -1,6 +1,10 @@
 #include "util/log.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -181,6 +185,59 @@ std::string log_destination() {
 void log_flush() {
   std::lock_guard<std::mutex> lock(g_mutex);
   flush_repeats();
+}
+
+void log_reopen() {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_now.kind != Kind::kFile) {
+      why = "SIGHUP: the log (" + std::string(g_now.kind == Kind::kSyslog ? "syslog" : "stderr") + ") needs no reopening";
+    } else {
+      flush_repeats();
+      const int fd = open_for_append(g_now.path, 0640);
+      if (fd < 0) {
+        why = "SIGHUP: cannot open the log '" + g_now.path + "' again (" + why_not_written(fd) + "): lines go on here";
+      } else {
+        // Onto the same number: threads writing meanwhile go to one file or the other, never to a closed one.
+        ::dup3(fd, g_now.fd, O_CLOEXEC);
+        ::close(fd);
+      }
+    }
+  }
+  log_info(why.empty() ? "SIGHUP: the log file opened again at its path" : why);
+}
+
+LogReopener::LogReopener() {
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  signals_ = UniqueFd(::signalfd(-1, &hup, SFD_CLOEXEC | SFD_NONBLOCK));
+  stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!signals_ || !stop_) {
+    log_warning(std::string("SIGHUP will not reopen the log: ") + std::strerror(errno));
+    return;
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+LogReopener::~LogReopener() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!::write(stop_.get(), &one, sizeof one);
+  thread_.join();
+}
+
+void LogReopener::run() {
+  pollfd fds[2] = {{signals_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents) return;
+    signalfd_siginfo info{};
+    bool hup = false;
+    while (::read(signals_.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) hup = true;
+    if (hup) log_reopen();
+  }
 }
 
 void log_line(LogLevel level, const std::string& message) {

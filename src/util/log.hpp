@@ -15,6 +15,9 @@
 #pragma once
 
 #include <string>
+#include <thread>
+
+#include "util/fs.hpp"
 
 namespace clairfs {
 
@@ -46,6 +49,28 @@ void log_serving();
 std::string log_destination();
 // Says a pending count of repeated lines (at exit).
 void log_flush();
+
+// Opens the log file again at its path, for lines to go to a new file once the old one was renamed (log
+// rotation), and says so in it; nothing to do for syslog or stderr. When the path cannot be opened the
+// lines go on to the old file, and a warning there says why.
+void log_reopen();
+
+// Reopens the log (log_reopen) each time the process gets SIGHUP, on a thread of its own, while it lives:
+// the convention of daemons, and what a logrotate postrotate step sends. REQUIRES: every thread blocks
+// SIGHUP (cli.cpp's held_signals()), so that it reaches only this listener and never ends the process.
+class LogReopener {
+ public:
+  LogReopener();
+  ~LogReopener();
+  LogReopener(const LogReopener&) = delete;
+  LogReopener& operator=(const LogReopener&) = delete;
+
+ private:
+  void run();
+  UniqueFd signals_;  // a signalfd for SIGHUP
+  UniqueFd stop_;     // an eventfd: written to stop the thread
+  std::thread thread_;
+};
 
 // The file a mount of `mountpoint` logs to when the node has no syslog and log= is not given, in a folder
 // no other user can make first: /var/log/clairfs/ for root, $XDG_STATE_HOME/clairfs/ (default

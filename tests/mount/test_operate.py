@@ -110,6 +110,35 @@ with h.tempdir() as tmp:
             "log_level=error: no warning, the mount and its end still said: %s" % [l[25:] for l in got])
     os.truncate(changed, os.path.getsize(changed) - 4)
 
+    # Log rotation: docs/operating.md's logrotate entry, run by Debian's logrotate (forced) while the mount is
+    # read. SIGHUP opens the log file again at its path and never unmounts: the old lines stay in the
+    # rotated file, the new ones (and the reopening) go to the new one, every byte still right.
+    log = tmp + "/rotate/clairfs.log"
+    os.mkdir(tmp + "/rotate")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "operating.md")) as f:
+        doc = f.read()
+    entry = doc[doc.index("/var/log/clairfs/*.log {"):]
+    entry = entry[:entry.index("```")].replace("/var/log/clairfs/*.log", tmp + "/rotate/*.log")
+    with open(tmp + "/rotate.conf", "w") as f:
+        f.write(entry)
+    with h.mounted(data, mnt, "seed=1,ram=16M,log=" + log):
+        before = [h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[:20]]
+        r = subprocess.run(["logrotate", "-f", "-s", tmp + "/rotate.state", tmp + "/rotate.conf"],
+                           capture_output=True, text=True, timeout=60)
+        for _ in range(50):
+            if os.path.exists(log) and any("opened again" in l for l in lines(log)):
+                break
+            time.sleep(0.1)
+        after = [h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[20:40]]
+        still = h.is_mounted(mnt)
+    old, new = lines(log + ".1"), lines(log) if os.path.exists(log) else []
+    h.check(r.returncode == 0 and all(before + after) and still and any("clairfs: mounted" in l for l in old)
+            and any("SIGHUP: the log file opened again" in l for l in new)
+            and new[-1:] and new[-1].endswith("the mount ended; the daemon exits"),
+            "logrotate with docs/operating.md's entry: mount kept serving %s, the rotated file starts %s, the new one "
+            "holds %s %s" % (still and all(before + after), [l[25:] for l in old[:1]], [l[25:] for l in new],
+                             r.stderr.strip()))
+
     # Bad logs are refused at mount, with one line.
     for options, words in (("log=relative.log", "log=relative.log"), ("log=/nonexistent-dir/x.log", "cannot log to"),
                            ("log_level=loud", "log_level"), ("metrics_file=/nonexistent-dir/m.prom", "metrics_file")):
