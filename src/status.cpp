@@ -3,12 +3,14 @@
 // files came from.
 #include "status.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -170,16 +172,52 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     std::printf("  log           %s\n", log.c_str());
 }
 
-// One screen of status. Returns false (and prints why) if the stats cannot be read.
-bool show(const std::string& mountpoint) {
-  std::ifstream in(mountpoint + "/.clairfs/stats");
-  if (!in) {
-    std::fprintf(stderr, "clairfs: '%s' is not a clairfs mount (no .clairfs/stats)\n", mountpoint.c_str());
+// What is wrong when a mount's stats cannot be opened (errno `e`), in one line; `seen`: a screen of it was
+// shown before (clairfs status --watch), so a mount point that is a plain folder now saw its mount end.
+std::string why_no_stats(const std::string& mountpoint, int e, bool seen) {
+  const std::string at = "'" + escape_controls(mountpoint) + "'";
+  switch (e) {
+    case ENOTCONN:
+      return "the clairfs mount at " + at + " is dead (its daemon ended without unmounting it): clear it with "
+             "'clairfs cleanup " + escape_controls(mountpoint) + "'";
+    case EACCES:
+    case EPERM:
+      return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e) +
+             " (a mount is the user's who made it, and root's; others read it only with allow_other)";
+    case ENOENT:
+    case ENOTDIR:
+      return seen ? "the mount at " + at + " ended" : at + " is not a clairfs mount (no .clairfs/stats)";
+    default:
+      return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e);
+  }
+}
+
+// One screen of status. Returns false (and prints why) if the stats cannot be read; *ended: the mount a
+// screen was shown of before (`seen`) has ended.
+bool show(const std::string& mountpoint, bool seen = false, bool* ended = nullptr) {
+  const int fd = ::open((mountpoint + "/.clairfs/stats").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (ended) *ended = seen && (e == ENOENT || e == ENOTDIR);
+    std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
     return false;
   }
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
+      return false;
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(text);
     escape_strings(j);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "clairfs: cannot read %s/.clairfs/stats: %s\n", mountpoint.c_str(), e.what());
@@ -238,7 +276,8 @@ int run_status(int argc, char** argv) {
   for (bool first = true;; first = false) {
     if (terminal) std::printf("\033[H\033[2J");
     else if (!first) std::printf("\n");
-    if (!show(mountpoint)) return 1;
+    bool ended = false;
+    if (!show(mountpoint, !first, &ended)) return ended ? 0 : 1;  // a mount that ended: the watch is over
     ::usleep(static_cast<useconds_t>(every * 1e6));
   }
 }

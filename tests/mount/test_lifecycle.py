@@ -77,6 +77,9 @@ with h.tempdir() as tmp:
     r = h.run_clairfs([src, mnt, "-o", opts])
     h.check(r.returncode == 2 and "dead clairfs mount" in r.stderr and "fusermount3 -u -z" in r.stderr,
             "mounting on a dead mount: exit %d, %s" % (r.returncode, r.stderr.strip()))
+    r = h.run_clairfs(["status", mnt])
+    h.check(r.returncode == 1 and "is dead" in r.stderr and "clairfs cleanup" in r.stderr,
+            "clairfs status on the dead mount says it is dead, and what clears it: %s" % r.stderr.strip())
     subprocess.run(["fusermount3", "-u", "-z", mnt], check=True)
     p = foreground(src, mnt, opts)
     h.check(len(stale) == 1 and not os.path.exists(os.path.join(nvme, stale[0])) and p.poll() is None,
@@ -135,6 +138,22 @@ with h.tempdir() as tmp:
     h.check(read and r.returncode == 0 and rc == 0 and not h.is_mounted(mnt),
             "unmounted at once while 2,000 directories are marked: fusermount3 %d %s, daemon exit %s"
             % (r.returncode, r.stderr.strip(), rc))
+
+    # 8. clairfs status --watch sees its mount end: it says so and exits 0; a user the mount is not
+    # readable by is told that, not that it is no clairfs mount.
+    p = foreground(src, mnt, opts)
+    watch = subprocess.Popen([h.CLAIRFS, "status", mnt, "--watch", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    time.sleep(0.6)
+    denied = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", h.CLAIRFS, "status", mnt],
+                            capture_output=True, text=True, timeout=30)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    out, err = watch.communicate(timeout=30)
+    h.check(watch.returncode == 0 and "clairfs at" in out and err.strip() == "clairfs: the mount at '%s' ended" % mnt,
+            "status --watch: screens, then its mount's end, exit %d: %s" % (watch.returncode, err.strip()))
+    h.check(denied.returncode == 1 and "Permission denied" in denied.stderr and "allow_other" in denied.stderr,
+            "status as a user the mount is not readable by: %s" % denied.stderr.strip())
 
     h.check(not wait_clean(tmp, [nvme]), "nothing left at the end: %s" % leftovers(tmp, [nvme]))
 
