@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -276,6 +277,21 @@ std::string ranks_of_this_node(Options& o, const MpiWorld& world) {
 }
 
 // Where the daemon's lines will go (log=, log_level=); "" or why it cannot log there (said here).
+// Whether /etc/fuse.conf (fusermount3's, fixed when it is built) has the line `user_allow_other`, without
+// which fusermount3 refuses allow_other to users other than root.
+bool fuse_conf_allows_other() {
+  std::ifstream conf("/etc/fuse.conf");
+  std::string line;
+  while (std::getline(conf, line)) {
+    line = line.substr(0, line.find('#'));
+    const size_t from = line.find_first_not_of(" \t");
+    if (from != std::string::npos && line.compare(from, 16, "user_allow_other") == 0 &&
+        line.find_first_not_of(" \t", from + 16) == std::string::npos)
+      return true;
+  }
+  return false;
+}
+
 std::string settle_logging(const Options& o) {
   set_log_level(o.log_level == "debug"     ? LogLevel::kDebug
                 : o.log_level == "warning" ? LogLevel::kWarning
@@ -299,6 +315,11 @@ std::optional<int> settle_options(int argc, char** argv, MpiWorld* world, Option
     bad = "help";
   } catch (const UsageError& e) {
     bad = e.what();
+    log_error(bad);
+  }
+  if (bad.empty() && o.allow_other && ::geteuid() != 0 && !fuse_conf_allows_other()) {
+    bad = "allow_other: /etc/fuse.conf has no line 'user_allow_other', without which only root may let other "
+          "users read a mount (an administrator adds it)";
     log_error(bad);
   }
   if (bad.empty() && world) {

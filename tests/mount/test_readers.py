@@ -267,6 +267,15 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
             os.chmod(data, 0o755)
             subprocess.run(["chown", "clairfs-other:clairfs-other", user], check=True)
             run_as(["mkdir", user + "/mnt"])
+            # allow_other without user_allow_other in /etc/fuse.conf: one line that names the file, not
+            # fusermount3's words followed by a guess about /dev/fuse.
+            with open("/etc/fuse.conf") as f:
+                allowed = any(line.split("#")[0].strip() == "user_allow_other" for line in f)
+            if not allowed:
+                r = run_as([h.CLAIRFS, data, user + "/mnt", "-o", "seed=42,allow_other,default_permissions"])
+                h.check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "/etc/fuse.conf" in r.stderr
+                        and "user_allow_other" in r.stderr, "a user's allow_other without user_allow_other: exit %d, %s"
+                        % (r.returncode, r.stderr.strip()))
             first = sorted(want)[0]
             for limit, label, want_from, want_said in (
                     ("2", "a user allowed 2 marks", "reads", "more directories than fs.fanotify.max_user_marks"),
