@@ -276,7 +276,6 @@ std::string ranks_of_this_node(Options& o, const MpiWorld& world) {
          std::to_string(o.world_size) + "; start one daemon per node that runs training ranks";
 }
 
-// Where the daemon's lines will go (log=, log_level=); "" or why it cannot log there (said here).
 // Whether /etc/fuse.conf (fusermount3's, fixed when it is built) has the line `user_allow_other`, without
 // which fusermount3 refuses allow_other to users other than root.
 bool fuse_conf_allows_other() {
@@ -292,6 +291,7 @@ bool fuse_conf_allows_other() {
   return false;
 }
 
+// Where the daemon's lines will go (log=, log_level=); "" or why it cannot log there (said here).
 std::string settle_logging(const Options& o) {
   set_log_level(o.log_level == "debug"     ? LogLevel::kDebug
                 : o.log_level == "warning" ? LogLevel::kWarning

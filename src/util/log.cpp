@@ -189,6 +189,7 @@ void log_flush() {
 
 void log_reopen() {
   std::string why;
+  bool failed = false;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_now.kind != Kind::kFile) {
@@ -198,6 +199,7 @@ void log_reopen() {
       const int fd = open_for_append(g_now.path, 0640);
       if (fd < 0) {
         why = "SIGHUP: cannot open the log '" + g_now.path + "' again (" + why_not_written(fd) + "): lines go on here";
+        failed = true;
       } else {
         // Onto the same number: threads writing meanwhile go to one file or the other, never to a closed one.
         ::dup3(fd, g_now.fd, O_CLOEXEC);
@@ -205,7 +207,8 @@ void log_reopen() {
       }
     }
   }
-  log_info(why.empty() ? "SIGHUP: the log file opened again at its path" : why);
+  log_line(failed ? LogLevel::kWarning : LogLevel::kInfo,
+           why.empty() ? "SIGHUP: the log file opened again at its path" : why);
 }
 
 LogReopener::LogReopener() {
