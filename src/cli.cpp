@@ -39,19 +39,19 @@
 #include "engine/owners.hpp"
 #include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
-#include "oracle/schedule.hpp"
-#include "status.hpp"
-#include "version.hpp"
 #include "fuse/frontend.hpp"
 #include "fuse/mount.hpp"
 #include "fuse/open_watch.hpp"
 #include "fuse/page_cache.hpp"
+#include "oracle/schedule.hpp"
 #include "peer/mpi.hpp"
+#include "status.hpp"
 #include "util/clock.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
 #include "util/mounts.hpp"
 #include "util/text.hpp"
+#include "version.hpp"
 
 namespace clairfs {
 
@@ -318,8 +318,9 @@ std::optional<int> settle_options(int argc, char** argv, MpiWorld* world, Option
     log_error(bad);
   }
   if (bad.empty() && o.allow_other && ::geteuid() != 0 && !fuse_conf_allows_other()) {
-    bad = "allow_other: /etc/fuse.conf has no line 'user_allow_other', without which only root may let other "
-          "users read a mount (an administrator adds it)";
+    bad =
+        "allow_other: /etc/fuse.conf has no line 'user_allow_other', without which only root may let other "
+        "users read a mount (an administrator adds it)";
     log_error(bad);
   }
   if (bad.empty() && world) {

@@ -8,9 +8,9 @@
 
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -178,17 +178,17 @@ std::string why_no_stats(const std::string& mountpoint, int e, bool seen) {
   const std::string at = "'" + escape_controls(mountpoint) + "'";
   switch (e) {
     case ENOTCONN:
-      return "the clairfs mount at " + at + " is dead (its daemon ended without unmounting it): clear it with "
-             "'clairfs cleanup " + escape_controls(mountpoint) + "'";
+      return "the clairfs mount at " + at +
+             " is dead (its daemon ended without unmounting it): clear it with "
+             "'clairfs cleanup " +
+             escape_controls(mountpoint) + "'";
     case EACCES:
     case EPERM:
       return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e) +
              " (a mount is the user's who made it, and root's; others read it only with allow_other)";
     case ENOENT:
-    case ENOTDIR:
-      return seen ? "the mount at " + at + " ended" : at + " is not a clairfs mount (no .clairfs/stats)";
-    default:
-      return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e);
+    case ENOTDIR: return seen ? "the mount at " + at + " ended" : at + " is not a clairfs mount (no .clairfs/stats)";
+    default: return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e);
   }
 }
 

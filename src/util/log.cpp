@@ -193,7 +193,8 @@ void log_reopen() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_now.kind != Kind::kFile) {
-      why = "SIGHUP: the log (" + std::string(g_now.kind == Kind::kSyslog ? "syslog" : "stderr") + ") needs no reopening";
+      why =
+          "SIGHUP: the log (" + std::string(g_now.kind == Kind::kSyslog ? "syslog" : "stderr") + ") needs no reopening";
     } else {
       flush_repeats();
       const int fd = open_for_append(g_now.path, 0640);
