@@ -66,6 +66,7 @@ OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest
       clone_(clone_of_mount(mountpoint_abs)),
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!stop_) {
+    clone_ = UniqueFd();  // (held, the copy would keep the file system alive after the user's unmount)
     give_up("eventfd: " + errno_text(errno));
     if (started_) started_();
     return;
