@@ -201,6 +201,10 @@ bool LearningEngine::from_the_job(pid_t pid) {
   return it->second;
 }
 
+void LearningEngine::keep_the_jobs(std::vector<std::pair<EntryId, pid_t>>& opens) {
+  std::erase_if(opens, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+}
+
 int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   uint64_t plan = 0;
   if (ClairvoyantEngine* e = keep(id, pid, &plan)) {
@@ -450,7 +454,7 @@ bool LearningEngine::relearn() {
   LearnQuestion q = question_;
   {
     MutexLock lock(mutex_);
-    std::erase_if(others, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+    keep_the_jobs(others);
     if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
     relearn_tried_ = others.size();
     q.world_size = plan_.world;
@@ -486,7 +490,7 @@ bool LearningEngine::relearn() {
   if (!switch_plan(n, s, ranks, q.start_epoch, words, [this, old](uint64_t after, uint64_t* last) {
         std::vector<std::pair<EntryId, pid_t>> opens = old->opens_other(after, last);
         MutexLock lock(mutex_);
-        std::erase_if(opens, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+        keep_the_jobs(opens);
         return opens;
       }))
     return true;

@@ -114,6 +114,8 @@ class LearningEngine final : public Engine {
   ClairvoyantEngine* keep(EntryId id, pid_t pid, uint64_t* plan = nullptr) EXCLUDES(mutex_);
   // True when `pid` runs as one of learn_from_'s users (or learn_from_ is empty).
   bool from_the_job(pid_t pid) REQUIRES(mutex_);
+  // Drops the opens of processes not from_the_job.
+  void keep_the_jobs(std::vector<std::pair<EntryId, pid_t>>& opens) REQUIRES(mutex_);
   void run() EXCLUDES(mutex_);
   // Builds the first plan's engine for `oracle`, placed by `kept` then by the opens kept meanwhile,
   // and switches to it. Returns false (said) when it cannot start.
@@ -167,7 +169,6 @@ class LearningEngine final : public Engine {
   bool stop_ GUARDED_BY(mutex_) = false;
   Replan plan_ GUARDED_BY(mutex_);                  // the current plan's world size and ranks
   uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first
-  uint64_t kept_from_last_ GUARDED_BY(mutex_) = 0;  // files the latest plan's engine took from the one before
   uint64_t relearned_ GUARDED_BY(mutex_) = 0;       // seeds learned again (relearn)
   size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // opens in another order the last try saw
 
