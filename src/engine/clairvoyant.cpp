@@ -532,9 +532,14 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
   j["mispredicted_opens"] = state_.planner.mispredicted();
   j["plan"] = {{"cursor", state_.planner.cursor()}, {"staged_up_to", state_.policy.stage_key()},
                {"planned_up_to", state_.planner.planned_end()}, {"lead_files", lead_min == UINT64_MAX ? 0 : lead_min}};
-  j["pagecache"] = {{"budget", config_.page_cache ? config_.pagecache : 0}, {"used", state_.window.used()},
-                    {"pushes", counters_.pushes.load()}, {"push_failures", counters_.push_failures.load()},
-                    {"drops", counters_.drops.load()}};
+  j["pagecache"] = {{"budget", config_.page_cache ? config_.pagecache : 0},
+                    {"used", state_.window.used()},
+                    {"pushes", counters_.pushes.load()},
+                    {"push_failures", counters_.push_failures.load()},
+                    {"drops", counters_.drops.load()},
+                    {"asked", counters_.kernel_asks.load()},
+                    {"left_to_kernel", counters_.left_to_kernel.load()},
+                    {"taken_back", counters_.kernel_took_back.load()}};
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
   j["progress"] = {{"from", !config_.no_open ? "opens"
                             : inferred       ? "reads"

@@ -29,6 +29,9 @@ struct EngineCounters {
   // Tiers.
   std::atomic<uint64_t> ram_evictions{0}, nvme_evictions{0};
   std::atomic<uint64_t> pushes{0}, push_failures{0}, drops{0};
+  // Files the kernel was asked about before staging them, uses left to the pages it said it held, and
+  // files it had taken back when asked again as their use came near (staged then).
+  std::atomic<uint64_t> kernel_asks{0}, left_to_kernel{0}, kernel_took_back{0};
   // Reads on demand.
   std::atomic<uint64_t> demand_peer_files{0};
   std::atomic<uint64_t> piecewise_files{0};  // read from SOURCE piece by piece: no room to hold them whole

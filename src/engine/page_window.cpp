@@ -64,7 +64,7 @@ void PageWindow::forget_opens() {
 }
 
 void PageWindow::read_through(EntryId id, const Planner::Open& o) {
-  if (in_kernel_[id] == kNone || in_kernel_[id] == kDropping) in_kernel_[id] = kRead;
+  if (in_kernel_[id] != kPushed) in_kernel_[id] = kRead;
   // Its pages are in the kernel now: a later use the window walked past already (not presumed then,
   // with no pages to read) may be read from them.
   if (!config_.no_open) return;
@@ -75,7 +75,17 @@ void PageWindow::read_through(EntryId id, const Planner::Open& o) {
 void PageWindow::rank_lost(uint64_t rank) {
   const uint64_t ranks = config_.ranks, cursor = planner_.cursor();
   for (uint64_t key = cursor + (rank + ranks - cursor % ranks) % ranks; key < push_key_; key += ranks)
-    if (const auto item = planner_.item(key); item && in_kernel_[*item] == kPushed) drop(*item);
+    if (const auto item = planner_.item(key); item && in_kernel_[*item] == kPushed) let_go(*item);
+}
+
+void PageWindow::let_go(EntryId id) {
+  if (config_.no_open) return drop(id);
+  // With opens told, pages in the kernel are its own as any file's: a push no longer wanted leaves the
+  // budget and stays, since the readers may still read it (a job off the plan read it in the last epoch,
+  // say); dropping it would send that read to SOURCE again.
+  if (in_kernel_[id] != kPushed) return;
+  kernel_bytes_ -= manifest_.entry(id).size;
+  in_kernel_[id] = kRead;
 }
 
 void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
@@ -83,6 +93,14 @@ void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
   // are well past it), whether pushed or read through the mount, so the kernel holds only what is about
   // to be read — unless they were pushed for a later use already.
   if (in_kernel_[id] == kPushed && next < push_key_) return;
+  if (!config_.no_open) {
+    // With opens told: the pages are the kernel's now, kept as any file's (a plain mount's would be),
+    // and asked about before the file is staged again. Dropping them here would read SOURCE again
+    // for every file the next epoch needs while the kernel has room for the data set.
+    let_go(id);
+    if (in_kernel_[id] == kHeld) in_kernel_[id] = kRead;
+    return;
+  }
   if (drop_delay_ == 0) drop(id);
   else late_drops_.emplace_back(key, id);
 }
@@ -111,9 +129,17 @@ void PageWindow::settle(uint64_t evict_window) {
 
 void PageWindow::evicted(EntryId id) {
   // Without opens, the file may be being read right now (it was just passed, say): its pages go once
-  // the readers have moved on. With opens, drop() waits for its last release.
+  // the readers have moved on. With opens, a push leaves the budget and its pages stay the kernel's.
   if (drop_delay_ > 0 && (in_kernel_[id] == kRead || in_kernel_[id] == kPushed)) late_drops_.emplace_back(planner_.cursor(), id);
-  else drop(id);
+  else
+    let_go(id);
+}
+
+bool PageWindow::answered(EntryId id, bool held) {
+  if (in_kernel_[id] != kAsking && in_kernel_[id] != kAskingAgain) return false;
+  const bool taken_back = in_kernel_[id] == kAskingAgain && !held;
+  in_kernel_[id] = held ? kHeld : kNone;
+  return taken_back;
 }
 
 bool PageWindow::beacon(uint64_t key) const {
@@ -139,7 +165,7 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
       }
       continue;
     }
-    if (config_.no_open ? in_kernel_[*item] != kNone : in_kernel_[*item] == kPushed) {
+    if (config_.no_open ? in_kernel_[*item] != kNone : in_kernel_[*item] == kPushed || in_kernel_[*item] == kHeld) {
       // Pushed for an earlier use, or (without opens) read through the mount: this use is likely read
       // from those pages (if they went meanwhile, the read reaches us and counts as usual).
       if (config_.no_open) planner_.presume(push_key_);

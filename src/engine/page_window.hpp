@@ -67,8 +67,31 @@ class PageWindow {
   void passed(uint64_t key, EntryId id, uint64_t next);
   // After progress: pages waiting for the cursor go, unless needed again within `keep_within` keys.
   void settle(uint64_t evict_window);
-  // RAM let the file go: its pages go too (once nobody reads them).
+  // RAM let the file go: pages pushed from it go too (once nobody reads them) without opens; with them,
+  // every page is the kernel's to keep or reclaim.
   void evicted(EntryId id);
+
+  // --- what the kernel holds, asked before staging (with opens told) ---
+  // With opens told, the pages of a file the readers read stay in the kernel as any file's do (it
+  // reclaims them under memory pressure), so a later use may be read from them: before staging the
+  // file for it, the stager asks the kernel whether it still holds them, and if it does, leaves that use
+  // to the kernel's pages rather than read SOURCE again for a second copy.
+  // When the use comes near (StagingPolicy::needed_soon), a file the kernel said it held is asked about
+  // again: it may have taken the pages back since, and the file is then staged after all.
+  bool should_ask(EntryId id) const { return !config_.no_open && config_.kernel && in_kernel_[id] == kRead; }
+  bool should_ask_again(EntryId id) const { return in_kernel_[id] == kHeld; }
+  void asking(EntryId id) { in_kernel_[id] = in_kernel_[id] == kHeld ? kAskingAgain : kAsking; }
+  bool asking_now(EntryId id) const { return in_kernel_[id] == kAsking || in_kernel_[id] == kAskingAgain; }
+  // The kernel's answer (ignored if the file's state moved on meanwhile: opened, dropped). True if the
+  // kernel took back pages it said it held: the file is to be staged after all.
+  bool answered(EntryId id, bool held);
+  // The kernel said it holds the file's pages (until its next open).
+  bool kernel_holds(EntryId id) const { return in_kernel_[id] == kHeld; }
+  // With opens told: the readers read the file or it was pushed, and no drop is known (read-ahead, a
+  // guess, does not stage such a file: the kernel most likely holds it).
+  bool kernel_may_hold(EntryId id) const {
+    return !config_.no_open && in_kernel_[id] != kNone && in_kernel_[id] != kDropping;
+  }
 
   bool pushed(EntryId id) const { return in_kernel_[id] == kPushed; }
   uint64_t push_key() const { return push_key_; }
@@ -100,13 +123,25 @@ class PageWindow {
 
  private:
   // What the kernel may hold of a file: none of its pages (as far as we know), pages read through the
-  // mount, a push (its size counted in kernel_bytes_), or a drop queued and not yet done (the pages
-  // may still be read; a push's size stays counted until the drop is done).
-  enum InKernel : uint8_t { kNone = 0, kRead = 1, kPushed = 2, kDropping = 3 };
+  // mount (or pushed and read since), a push (its size counted in kernel_bytes_), or a drop queued and
+  // not yet done (the pages may still be read; a push's size stays counted until the drop is done).
+  // With opens told, the stager asks the kernel about kRead files before staging them: kAsking until the
+  // answer, then kHeld or kNone; a kHeld file asked again as its use comes near is kAskingAgain.
+  enum InKernel : uint8_t {
+    kNone = 0,
+    kRead = 1,
+    kPushed = 2,
+    kDropping = 3,
+    kAsking = 4,
+    kHeld = 5,
+    kAskingAgain = 6
+  };
   // A use left unpushed in no-open mode, so that its read tells where the reader is.
   bool beacon(uint64_t key) const;
   // Queues a drop now, or at the file's last release.
   void drop(EntryId id);
+  // A push no longer wanted: dropped without opens, the kernel's own with them.
+  void let_go(EntryId id);
 
   const Manifest& manifest_;
   Planner& planner_;

@@ -36,6 +36,13 @@ constexpr uint64_t kKernelCallBytesPerNs = 1;
 constexpr auto kPeerPoll = std::chrono::milliseconds(1);
 // At most this many files wait for their keeper (deferred_); beyond, a refusal sends a file to SOURCE.
 constexpr size_t kMaxDeferred = 65536;
+// The kernel is asked whether it holds files at most this many keys ahead of the staging walk, with at
+// most this many questions unanswered: an answer takes a request's round trip, and the staging walk
+// finds most of its answers there when it comes.
+constexpr uint64_t kAskAhead = 256;
+constexpr size_t kAsksInFlight = 64;
+// A question not answered within this long is taken as "not held".
+constexpr auto kAskTimeout = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -87,6 +94,7 @@ bool Stager::turn() {
   plan_ahead();
   run_drops();
   push_ahead();
+  ask_kernel();
   std::vector<Pick> picks;
   std::vector<Write> writes;
   auto adopted = demand_.take_adopted();
@@ -252,6 +260,13 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     const EntryId id = queue[n];
     const Entry& e = manifest_.entry(id);
     if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id)) continue;
+    if (kernel_ && state_.window.should_ask(id)) {  // read ahead only if the kernel no longer holds it
+      state_.window.asking(id);
+      to_ask_.push_back(id);
+      readahead_asks_.insert(id);
+      continue;
+    }
+    if (state_.window.kernel_may_hold(id)) continue;
     const bool room_found = state_.policy.make_readahead_room(
         [&] { return ram_.reserve(e.size); }, [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
     if (!room_found) break;  // the rest waits for room (read files make it)
@@ -274,6 +289,19 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
+    if (kernel_ && !policy.owned(c->id)) {      // (a file kept for the other nodes is staged: they ask this one)
+      if (state_.window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
+        if (c->key >= left_up_to_) counters_.left_to_kernel++;  // (once: the walk may come again)
+        left_up_to_ = std::max(left_up_to_, c->key + 1);
+        policy.take();
+        continue;
+      }
+      if (state_.window.asking_now(c->id)) break;  // its answer is on its way
+      if (state_.window.should_ask(c->id)) {       // asked at the next turn, then staged or not
+        ask_key_ = c->key;
+        break;
+      }
+    }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     if (!make_ram_room(c->size, c->key, policy.owned(c->id))) break;
     Origin first = Origin::kSource;
@@ -288,6 +316,68 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     state_.in_flight.insert(c->id);
     policy.take();
   }
+}
+
+void Stager::ask_kernel() {
+  if (!kernel_) return;
+  std::vector<EntryId> ask;
+  const auto now = Clock::now();
+  {
+    MutexLock lock(state_.mutex);
+    StagingPolicy& policy = state_.policy;
+    // An answer that never came (the session ending, say) must not hold the staging walk: not held.
+    for (auto it = asking_.begin(); it != asking_.end();) {
+      if (now - it->second < kAskTimeout) {
+        ++it;
+        continue;
+      }
+      if (state_.window.answered(it->first, false)) state_.policy.restart();
+      readahead_asks_.erase(it->first);
+      asking_.erase(it++);
+    }
+    const uint64_t from = policy.stage_key();
+    const uint64_t end = std::min(state_.planner.planned_end(), from + kAskAhead);
+    auto walk = [&](uint64_t& key, uint64_t end, bool again) REQUIRES(state_.mutex) {
+      for (; key < end && asking_.size() + ask.size() < kAsksInFlight; ++key) {
+        if (!policy.upcoming(key)) continue;
+        const EntryId id = *state_.planner.item(key);
+        if (policy.owned(id) || policy.ram().contains(id) ||
+            !(again ? state_.window.should_ask_again(id) : state_.window.should_ask(id)))
+          continue;
+        state_.window.asking(id);
+        ask.push_back(id);
+      }
+    };
+    // The uses coming near first: a file the kernel said it held may be gone from it by now.
+    uint64_t near = state_.planner.cursor();
+    while (policy.needed_soon(near)) ++near;
+    again_key_ = std::max(again_key_, state_.planner.cursor());
+    walk(again_key_, near, true);
+    ask_key_ = std::max(ask_key_, from);
+    walk(ask_key_, end, false);
+    ask.insert(ask.end(), to_ask_.begin(), to_ask_.end());  // read-ahead's, from the last turn
+    to_ask_.clear();
+  }
+  for (EntryId id : ask) {
+    auto answer = io_.external([this, id](int64_t held) { answered(id, held > 0); });
+    asking_.emplace(id, now);
+    counters_.kernel_asks++;
+    if (kernel_->probe(id, manifest_.entry(id).size, answer) < 0)
+      answer(0);  // not asked (the inode forgotten): not held
+  }
+}
+
+void Stager::answered(EntryId id, bool held) {
+  if (asking_.erase(id) == 0) return;  // given up on (kAskTimeout)
+  MutexLock lock(state_.mutex);
+  const bool readahead = readahead_asks_.erase(id) != 0;
+  if (!state_.window.answered(id, held)) {
+    if (readahead && !held) state_.tracker.readahead().push_back(id);  // read ahead after all
+    return;
+  }
+  // Taken back since the kernel said it held it: staged after all, the walk going back for it.
+  counters_.kernel_took_back++;
+  state_.policy.restart();
 }
 
 bool Stager::may_defer(bool soon) const {

@@ -8,6 +8,7 @@
 // EngineState::mutex, never holding it across I/O.
 #pragma once
 
+#include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
 #include <atomic>
@@ -82,6 +83,10 @@ class Stager {
   void plan_ahead();
   void run_drops();
   void push_ahead();
+  // Asks the kernel whether it still holds the files the staging walk comes to next whose pages the
+  // readers read (PageWindow::should_ask); the walk leaves those it holds to it.
+  void ask_kernel();
+  void answered(EntryId id, bool held) EXCLUDES(state_.mutex);
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
   // (EngineState::kernel_call_overdue_ns).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
@@ -120,6 +125,12 @@ class Stager {
   // The stager thread's own.
   IoLoop io_;
   PeerModel model_;
+  uint64_t ask_key_ = 0;         // next key whose file the kernel may be asked about
+  uint64_t again_key_ = 0;       // next key whose file the kernel said it held, to ask again as it comes near
+  uint64_t left_up_to_ = 0;      // uses below it left to the kernel's pages are counted
+  std::vector<EntryId> to_ask_;  // read-ahead's questions, asked at the next turn
+  absl::flat_hash_set<EntryId> readahead_asks_;  // read ahead once the kernel says it does not hold them
+  absl::flat_hash_map<EntryId, std::chrono::steady_clock::time_point> asking_;  // questions unanswered, since
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
   std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
   // Files their keeper refused while the readers did not need them soon. Most likely the keeper had not

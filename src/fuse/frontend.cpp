@@ -10,13 +10,14 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 #include <optional>
 #include <vector>
 
+#include "fuse/page_cache.hpp"
 #include "util/fs.hpp"
 #include "util/log.hpp"
 
@@ -185,6 +186,11 @@ struct Handlers {
 
   static void forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
   static void forget_multi(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+  // The kernel's answer to a probe of its page cache (FusePageCache::probe, the only retrieve sent).
+  static void retrieve_reply(fuse_req_t req, void* cookie, fuse_ino_t ino, off_t, fuse_bufvec* bufv) {
+    FusePageCache::retrieved(cookie, ino, fuse_buf_size(bufv));
+    fuse_reply_none(req);
+  }
 
   static void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     Frontend& fe = self(req);
@@ -450,6 +456,7 @@ struct Handlers {
     o.lookup = Guarded<lookup>::call;
     o.forget = forget;
     o.forget_multi = forget_multi;
+    o.retrieve_reply = retrieve_reply;
     o.getattr = Guarded<getattr>::call;
     o.readlink = Guarded<readlink>::call;
     o.opendir = Guarded<opendir>::call;

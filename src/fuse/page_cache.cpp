@@ -1,5 +1,6 @@
 #include "fuse/page_cache.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <mutex>
 
@@ -13,8 +14,17 @@ void FusePageCache::attach(fuse_session* session) {
 }
 
 void FusePageCache::detach() {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
-  session_ = nullptr;
+  {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    session_ = nullptr;
+  }
+  // No reply comes any more: the files are taken as not held (staged as usual, if still needed).
+  std::unordered_map<fuse_ino_t, Probe> waiting;
+  {
+    MutexLock lock(probes_mutex_);
+    waiting.swap(probes_);
+  }
+  for (auto& [ino, probe] : waiting) probe.answer(0);
 }
 
 int FusePageCache::push(EntryId id, const char* data, size_t size) {
@@ -43,6 +53,41 @@ int FusePageCache::drop(EntryId id) {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   if (!session_) return -ENODEV;
   return fuse_lowlevel_notify_inval_inode(session_, Frontend::ino_of(id), 0, 0);
+}
+
+int FusePageCache::probe(EntryId id, uint64_t size, std::function<void(int64_t)> answer) {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  if (!session_) return -ENODEV;
+  const fuse_ino_t ino = Frontend::ino_of(id);
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(size, kProbeBytes));
+  {
+    MutexLock probes(probes_mutex_);
+    if (!probes_.emplace(ino, Probe{want, std::move(answer)}).second) return -EBUSY;
+  }
+  if (int rc = fuse_lowlevel_notify_retrieve(session_, ino, want, 0, this); rc < 0) {
+    MutexLock probes(probes_mutex_);
+    probes_.erase(ino);
+    return rc;
+  }
+  return 0;
+}
+
+void FusePageCache::retrieved(void* cookie, fuse_ino_t ino, size_t bytes) {
+  static_cast<FusePageCache*>(cookie)->answer(ino, bytes);
+}
+
+void FusePageCache::answer(fuse_ino_t ino, size_t bytes) {
+  Probe probe;
+  {
+    MutexLock lock(probes_mutex_);
+    auto it = probes_.find(ino);
+    if (it == probes_.end()) return;  // answered "not held" at detach() already
+    probe = std::move(it->second);
+    probes_.erase(it);
+  }
+  // The kernel sends the pages it holds from the start up to the first it does not: all of them asked
+  // for, or the file is not held whole.
+  probe.answer(bytes >= probe.bytes ? 1 : 0);
 }
 
 }  // namespace clairfs

@@ -166,8 +166,9 @@ const std::vector<OptionSpec> kTable = {
     {"pagecache", Takes::kValue, "SIZE", S::kCaches, "1/4 of ram, at most 1G", false,
      "staged files pushed into the kernel's page cache ahead of the readers, at most; 0: no pushes",
      "How much of what is staged just ahead of the readers is also pushed into the kernel's page cache, so "
-     "those reads never reach the daemon. These pages are copies of RAM-tier files (memory use up to `ram` + "
-     "`pagecache`) and are dropped once read. `0`: no pushes. Cannot exceed `ram`.",
+     "those reads never reach the daemon. Pushed pages not yet read are copies of RAM-tier files (memory use up "
+     "to `ram` + `pagecache`); once read they are the kernel's, kept or reclaimed as any file's pages (with "
+     "`progress=reads`, dropped). `0`: no pushes. Cannot exceed `ram`.",
      [](Options& o, const GivenOption& g) {
        o.pagecache = parse_size(g.key, g.value);
        o.pagecache_given = true;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 
 #include "clairfs/manifest.hpp"
 
@@ -19,6 +21,12 @@ class PageCache {
   virtual int push(EntryId id, const char* data, size_t size) = 0;
   // Drops a file's cached pages. Same threading rule.
   virtual int drop(EntryId id) = 0;
+  // Asks whether the kernel still holds a file of `size` bytes whole (by its first 128 KiB, for a larger
+  // file: the pages the kernel sends back to a retrieve): `answer` runs once, on another thread, with 1
+  // if it does and 0 if not. Returns 0, or -errno when the question could not be asked (-ENOENT: the
+  // kernel has forgotten the inode, so it holds none of its pages); `answer` is not called then. One
+  // question per file at a time. Same threading rule.
+  virtual int probe(EntryId id, uint64_t size, std::function<void(int64_t)> answer) = 0;
 };
 
 }  // namespace clairfs

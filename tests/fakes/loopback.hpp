@@ -1,6 +1,7 @@
 // Fakes for engine tests: LoopbackNet joins several engines in one process as peer nodes (answers come
 // on the net's own thread, as a real transport's do), and each node can refuse everything or vanish on
-// command; PageCacheDouble stands for the kernel's page cache, recording pushes and drops.
+// command; PageCacheDouble stands for the kernel's page cache, recording pushes and drops and answering
+// whether it holds a file (what was pushed and not dropped, or everything while told it holds all).
 #pragma once
 
 #include <algorithm>
@@ -143,6 +144,27 @@ class PageCacheDouble final : public PageCache {
     drops_++;
     return 0;
   }
+  int probe(EntryId id, uint64_t, std::function<void(int64_t)> answer) override {
+    bool held = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held = hold_all_ || pushed_.count(id) != 0;
+      probes_++;
+    }
+    answer(held ? 1 : 0);
+    return 0;
+  }
+  // From now on every file's pages are held (true), or none but those pushed (false: the kernel took back
+  // what the readers read).
+  void hold_all(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hold_all_ = on;
+    if (!on) pushed_.clear();
+  }
+  uint64_t probes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return probes_;
+  }
   void lock(EntryId id) {
     std::lock_guard<std::mutex> lock(mutex_);
     locked_.insert(id);
@@ -196,10 +218,11 @@ class PageCacheDouble final : public PageCache {
   std::condition_variable unlocked_;
   unsigned waiting_ = 0;
   bool refuse_ = false;
+  bool hold_all_ = false;
   std::chrono::milliseconds push_time_{0};
   std::unordered_set<EntryId> pushed_, locked_;
   size_t peak_held_ = 0;
-  uint64_t pushes_ = 0, drops_ = 0;
+  uint64_t pushes_ = 0, drops_ = 0, probes_ = 0;
 };
 
 }  // namespace clairfs::fakes

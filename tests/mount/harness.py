@@ -167,6 +167,23 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def forget_pages(root, rels):
+    """Has the kernel drop the cached pages of these files (as memory pressure would): their next reads
+    reach the daemon, and a staging engine that asks the kernel finds them gone."""
+    for rel in rels:
+        fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def drop_page_cache():
+    """The kernel drops every clean cached page (root; no file is opened, so no open is seen)."""
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
+
+
 def digests(root):
     """{path relative to root: digest} for every file below root."""
     return {os.path.relpath(os.path.join(d, f), root): digest(os.path.join(d, f))

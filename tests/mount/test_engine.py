@@ -70,9 +70,15 @@ with h.tempdir() as tmp:
             h.check(cached > 0 and s["pagecache"]["pushes"] > 0,
                     "some files were pushed into the kernel and read with no read reaching the daemon: %s" % s["pagecache"])
             h.check(s["pagecache"]["used"] <= s["pagecache"]["budget"], "pushed pages within their budget: %s" % s["pagecache"])
-            # A quarter of the data set held by next use: epoch 2 reads SOURCE again for most, not all, of it.
+            # RAM for a quarter of the data set, the kernel's page cache for all of it (security finding 13).
+            # Told of opens, the engine leaves the pages the reader read to the kernel, and asks it before
+            # staging a file again: SOURCE is read about once, as through a plain mount (1.000-1.008× in 8
+            # runs; a file the kernel kept only in part is read again). Following reads, passed pages are
+            # dropped: epoch 2 reads SOURCE again for most, not all, of the data set.
             from_source = s["source_traffic"]["bytes"]
-            h.check(total <= from_source < 2 * total, "SOURCE read %.2f× the data set over 2 epochs" % (from_source / total))
+            h.check(total <= from_source <= total * 1.15 if progress != "reads" else total <= from_source < 2 * total,
+                    "SOURCE read %.3f× the data set over 2 epochs (%d uses left to the kernel's pages)" % (
+                        from_source / total, s["pagecache"]["left_to_kernel"]))
             h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
             # stats keeps one length (read without opens, the kernel caches it like any file and trusts
             # the size it was told), and is made afresh for each reader.
@@ -95,6 +101,16 @@ with h.tempdir() as tmp:
                     "clairfs status shows the epoch, RAM and tiers:\n" + r.stdout)
     r = h.run_clairfs(["status", tmp])
     h.check(r.returncode == 1 and "not a clairfs mount" in r.stderr, "clairfs status on a plain directory: " + r.stderr.strip())
+
+    # A job without set_epoch reads epoch 0's order every epoch (security finding 13's second case): with
+    # RAM for a quarter of the data set, SOURCE is still read about once (it was 1.76× a plain mount).
+    with h.mounted(src, mnt, "seed=9,batch_size=8,workers=2,ram=%d" % budget):
+        rels = order(0)
+        bad = sum(h.digest(os.path.join(mnt, rel)) != want[rel] for _ in range(3) for rel in rels)
+        s = h.settled_stats(mnt, 3 * len(rels))
+        h.check(bad == 0 and h.source_bytes(s) <= total * 1.15,
+                "epoch 0's order read 3 times: every byte right (%d wrong), SOURCE read %.3f× the data set" % (
+                    bad, h.source_bytes(s) / total))
 
     # 2. A reader that does not follow the prediction (another seed), and 8 concurrent readers.
     with h.mounted(src, mnt, "seed=1,batch_size=8,ram=%d" % (total // 3)):
@@ -147,6 +163,7 @@ with h.tempdir() as tmp:
         h.check(bad == 0 and s["ranks"][0]["live"] and staged >= len(rels) * 0.7,
                 "back in the predicted order (epoch 1): live again, %d of %d opens staged" % (staged, len(rels)))
         before = s["readahead_files"]
+        h.forget_pages(mnt, many_want)  # the kernel takes their pages back: read ahead once it says so
         for p in sorted(many_want):  # ImageFolder's order: a sequential pass
             time.sleep(0.0005)  # a little compute, as any reader has (and a sanitized daemon needs)
             bad += h.digest(os.path.join(mnt, p)) != many_want[p]

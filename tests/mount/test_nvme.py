@@ -57,8 +57,12 @@ with h.tempdir() as tmp:
             return f.read().splitlines()
 
     def read_epochs(epochs, between=None):
+        """Reads the epochs in the predicted order; before each but the first the kernel drops the files'
+        pages (as on a node whose page cache cannot hold the data set: the tiers below it serve)."""
         wrong = opened = 0
         for e in epochs:
+            if e > 0:
+                h.drop_page_cache()
             if between:
                 between(e)
             for rel in order(e):
