@@ -366,7 +366,14 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   bool first = offset == 0;  // the kernel reads a file from its start
   Origin from = Origin::kRam;
   FileBytes data;
-  if (first && watched_.load(std::memory_order_acquire)) {
+  if (!first && watched_.load(std::memory_order_acquire)) {
+    MutexLock lock(state_.mutex);
+    // A read past the start of a use the watch told and no read reached yet: the kernel held the file's
+    // first pages and not the rest. This use's first read is here, counted by where it is served from
+    // (not also as the page cache's at the close).
+    first = take_unread(id, &data, &from);
+    if (!data) data = ram_copy(id, &from);
+  } else if (first && watched_.load(std::memory_order_acquire)) {
     {
       MutexLock lock(state_.mutex);
       if (take_unread(id, &data, &from)) {

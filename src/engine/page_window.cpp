@@ -89,9 +89,9 @@ void PageWindow::let_go(EntryId id) {
 }
 
 void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
-  // The readers are past it: its pages go (once nobody has it open, or, without opens, once the readers
-  // are well past it), whether pushed or read through the mount, so the kernel holds only what is about
-  // to be read — unless they were pushed for a later use already.
+  // The readers are past it. Without opens its pages go once the readers are well past it, whether
+  // pushed or read through the mount, so the kernel holds only what is about to be read and beacons are
+  // read through the daemon — unless they were pushed for a later use already.
   if (in_kernel_[id] == kPushed && next < push_key_) return;
   if (!config_.no_open) {
     // With opens told: the pages are the kernel's now, kept as any file's (a plain mount's would be),

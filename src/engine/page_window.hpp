@@ -1,10 +1,11 @@
 // The page-cache window: staged files just ahead of the readers pushed into the kernel's page cache (so
-// their reads never reach the daemon), and passed or evicted files' pages dropped, within `pagecache`
-// bytes.
+// their reads never reach the daemon), within `pagecache` bytes of pushes not yet read.
 //
 // Per file it knows what the kernel may hold (nothing, pages read through the mount, a push, a drop on its
-// way) and walks the plan from the cursor with its own key (push_key). With opens, a file's pages go once
-// the readers passed it and its last handle is released. Without opens (FUSE no-open mode) pushed uses
+// way, what the kernel answered when asked) and walks the plan from the cursor with its own key
+// (push_key). With opens told, a passed file's pages are the kernel's, kept as any file's, and the
+// stager asks the kernel before staging the file again (see "what the kernel holds" below). Without
+// opens (FUSE no-open mode) pushed uses
 // are presumed read (Planner::presume), one use in every `beacon_every` steps of each rank and its last
 // in each epoch stay unpushed so that reading them says where the reader is (beacons), and passed pages
 // go only `drop_delay` keys behind the cursor — no release says when a reader is done with a file.

@@ -94,6 +94,22 @@ with h.tempdir() as tmp:
             h.check(len(set(map(len, texts))) == 1 and os.stat(path).st_size == len(texts[0]) and after == before + 1,
                     "stats: one length (%d bytes), and fresh: a read through the daemon is counted at once (%d, %d)" % (
                         len(texts[0]), before, after))
+            if progress == "watch":
+                # A file the kernel holds only in part (its first page): the read of the rest reaches the
+                # daemon, and that use is counted once, by where the rest came from (it was counted twice,
+                # as SOURCE's and as the page cache's at the close).
+                big = next(rel for rel in order(0) if os.path.getsize(os.path.join(src, rel)) > 3 * 4096)
+                fd = os.open(os.path.join(mnt, big), os.O_RDONLY)
+                os.read(fd, 1 << 20)
+                os.posix_fadvise(fd, 4096, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+                seen = h.stats(mnt)["progress"]["opens_seen"]
+                right = h.digest(os.path.join(mnt, big)) == want[big]
+                s2 = h.settled_stats(mnt, seen + 1)
+                served = sum(v["files"] for v in s2["tiers"].values())
+                h.check(right and served == s2["progress"]["opens_seen"],
+                        "a file held in part: read right (%s), its use counted once: %d served of %d opens seen" % (
+                            right, served, s2["progress"]["opens_seen"]))
             h.within_memory_bound(h.daemon_pids(mnt), budget, len(want))
             r = h.run_clairfs(["status", mnt])
             h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
