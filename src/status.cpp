@@ -188,9 +188,14 @@ std::string why_no_stats(const std::string& mountpoint, int e, bool seen) {
              " (a mount is the user's who made it, and root's; others read it only with allow_other)";
     case ENOENT:
     case ENOTDIR: return seen ? "the mount at " + at + " ended" : at + " is not a clairfs mount (no .clairfs/stats)";
+    case ECONNABORTED: return "the mount at " + at + (seen ? " ended" : " ended as its stats were read");
     default: return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e);
   }
 }
+
+// What reading a mount's stats fails with once the mount has gone: its folder is the mount point's
+// again, or the daemon ended its connection while the read was under way (an unmount).
+bool ended_with(int e) { return e == ENOENT || e == ENOTDIR || e == ECONNABORTED; }
 
 // One screen of status. Returns false (and prints why) if the stats cannot be read; *ended: the mount a
 // screen was shown of before (`seen`) has ended.
@@ -198,7 +203,7 @@ bool show(const std::string& mountpoint, bool seen = false, bool* ended = nullpt
   const int fd = ::open((mountpoint + "/.clairfs/stats").c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
-    if (ended) *ended = seen && (e == ENOENT || e == ENOTDIR);
+    if (ended) *ended = seen && ended_with(e);
     std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
     return false;
   }
@@ -209,6 +214,7 @@ bool show(const std::string& mountpoint, bool seen = false, bool* ended = nullpt
     if (n < 0) {
       const int e = errno;
       ::close(fd);
+      if (ended) *ended = seen && ended_with(e);
       std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
       return false;
     }

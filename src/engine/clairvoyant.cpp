@@ -247,12 +247,13 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
                   std::to_string(world));
   }
   if (seen.world_decided && world_listener_) world_listener_();
-  if (seen.other && other_listener_) other_listener_();
+  if (seen.other) other_order_said();
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
     const std::string rank = "rank " + std::to_string(ranks[r]);
     switch (verdict) {
       case ReaderTracker::Verdict::kFollowing:
+        other_order_said_.store(false);  // followed again: a reader in another order later is news
         if (auto e = std::find_if(evidence.begin(), evidence.end(), [&](const Evidence& x) { return x.rank == ranks[r]; });
             e != evidence.end()) {  // back, but in a later epoch than the plan had it in: the diagnosis says why
           log_warning(rank + " reads the planned order of a later epoch than " + std::to_string(e->epoch) +
@@ -265,6 +266,7 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
       case ReaderTracker::Verdict::kOff:
         log_warning(rank + " does not read in the planned order: staging for it stops until it does" +
                     (diagnoser_ ? " (what it reads as follows when found)" : ""));
+        other_order_said();  // seed=auto: the job may read as another seed now
         break;
       case ReaderTracker::Verdict::kIdle:
         log_info(rank + " stopped reading: staging for it stops until it reads again");
@@ -307,6 +309,23 @@ uint64_t ClairvoyantEngine::other_readers() const {
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_other(uint64_t after, uint64_t* last) const {
   MutexLock lock(state_.mutex);
   return state_.tracker.opens_other(after, last);
+}
+
+void ClairvoyantEngine::other_order_said() {
+  if (other_listener_ && !other_order_said_.exchange(true)) other_listener_();
+}
+
+uint64_t ClairvoyantEngine::ranks_off() const {
+  MutexLock lock(state_.mutex);
+  uint64_t off = 0;
+  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
+    off += !state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder;
+  return off;
+}
+
+std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::latest_opens(uint64_t after, uint64_t* last) const {
+  MutexLock lock(state_.mutex);
+  return state_.tracker.opens_all(after, last);
 }
 
 std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {

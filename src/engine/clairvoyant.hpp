@@ -114,8 +114,8 @@ class ClairvoyantEngine final : public Engine {
   // Re-planning (LearningEngine). `listener` is called, off the engine's lock, each time a reader is
   // found to read as another world size than the plan's. Set before the engine serves.
   void on_world(std::function<void()> listener) { world_listener_ = std::move(listener); }
-  // The same when a reader is judged to read in another order while none was (a learned seed may be
-  // learned again from it).
+  // The same, once until a rank follows the plan again, when a reader is judged to read in another order
+  // or a rank goes off the plan (a learned seed may be learned again from what they read).
   void on_other_order(std::function<void()> listener) { other_listener_ = std::move(listener); }
   // Whether a rank of the plan is followed now: live, its readers' opens confirm it.
   bool followed() const EXCLUDES(state_.mutex);
@@ -123,6 +123,9 @@ class ClairvoyantEngine final : public Engine {
   uint64_t other_readers() const EXCLUDES(state_.mutex);
   // The latest opens of the processes judged to read in another order (ReaderTracker::opens_other).
   std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
+  // Ranks off the plan for reading another order (not idle), and the latest opens of every process.
+  uint64_t ranks_off() const EXCLUDES(state_.mutex);
+  std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
   // What each process was found to read as (ReaderTracker::readers_as).
   std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
   // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
@@ -185,6 +188,8 @@ class ClairvoyantEngine final : public Engine {
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
   std::function<void()> world_listener_;
   std::function<void()> other_listener_;
+  std::atomic<bool> other_order_said_{false};  // other_listener_ called
+  void other_order_said();
   uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

@@ -443,14 +443,18 @@ bool LearningEngine::relearn() {
   if (gave_up_) return true;
   uint64_t n = 0;
   ClairvoyantEngine* old = current(&n);
-  if (!old || old->other_readers() == 0) return true;  // none reads in another order (any more)
+  if (!old) return true;
+  // Processes judged to read in another order, or (the job's processes placed in its ranks before the
+  // order turned) ranks off the plan: what they read now is the evidence.
+  const bool other = old->other_readers() > 0;
+  if (!other && old->ranks_off() == 0) return true;  // none reads in another order (any more)
   if (old->followed()) {  // the learned order has its readers: the other is another job's, or not yet
     MutexLock lock(mutex_);
     relearn_tried_ = 0;
     return false;
   }
   uint64_t seen = 0;
-  std::vector<std::pair<EntryId, pid_t>> others = old->opens_other(0, &seen);
+  std::vector<std::pair<EntryId, pid_t>> others = other ? old->opens_other(0, &seen) : old->latest_opens(0, &seen);
   LearnQuestion q = question_;
   {
     MutexLock lock(mutex_);

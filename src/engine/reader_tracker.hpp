@@ -78,6 +78,10 @@ class ReaderTracker {
   // The same of the processes judged to read in another order (Planner::reads_other): what a seed is
   // learned again from.
   std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const;
+  // The latest kept opens of every process.
+  std::vector<std::pair<EntryId, pid_t>> opens_all(uint64_t after, uint64_t* last) const {
+    return opens_of([](pid_t) { return true; }, after, last);
+  }
   static constexpr size_t kKeptOpens = 4096;
   static constexpr uint32_t kWorldEvidence = 12;  // consecutive opens' differences, a batch of 13 gives
   // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
