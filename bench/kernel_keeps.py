@@ -8,6 +8,7 @@ memory cgroup (v1) limited to --reader-mib for the smaller page cache.
     kernel_keeps.py BUILD [--other CLAIRFS] [--files 1500] [--kb 64] [--reader-mib 40] [--reps 2]
 """
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -15,7 +16,12 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "mount"))
-import harness as h  # noqa: E402
+import harness as h  # noqa: E402  (the mount tests' helpers: mounts, data sets, stats)
+
+# The benchmark harness's slow source (its module is also named harness).
+_spec = importlib.util.spec_from_file_location("bench_harness", os.path.join(HERE, "harness.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 CGROUP = "/sys/fs/cgroup/memory"
 READER = r'''
@@ -47,13 +53,13 @@ def main():
     with open(limited + "/memory.limit_in_bytes", "w") as f:
         f.write(str(args.reader_mib << 20))
     with tempfile.TemporaryDirectory(prefix="clairfs-bench-") as tmp:
-        data, slow, mnt = tmp + "/data", tmp + "/slow", tmp + "/mnt"
-        for d in (slow, mnt):
-            os.mkdir(d)
+        data, mnt = tmp + "/data", tmp + "/mnt"
+        os.mkdir(mnt)
         want, total = h.dataset(data, args.files, 8, args.kb, 30)
-        sfs = subprocess.Popen([build + "/bench/slowfs", data, slow, "--open-latency-ms", "2", "--bandwidth-mbps", "200"],
-                               stdout=subprocess.PIPE, text=True)
-        sfs.stdout.readline()
+        p = bench.Params(False)
+        p.bandwidth_mbps = 200
+        source = bench.SlowSource(build, data, tmp, p)
+        slow = source.mnt
         told = "seed=42,batch_size=16,workers=0,world_size=1,ram=%d" % (total // 3)
         orders = tmp + "/orders"
         os.mkdir(orders)
@@ -82,8 +88,7 @@ def main():
                         print("%-6s page cache %-7s SOURCE %.3f× the data set, reader %.2f s, stalls %.2f s" % (
                             label, cache, h.source_bytes(s) / total, float(out.stdout), s["stalls"]["seconds"]), flush=True)
         finally:
-            subprocess.run(["fusermount3", "-u", slow])
-            sfs.wait()
+            source.close()
             os.rmdir(limited)
 
 
