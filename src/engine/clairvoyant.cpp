@@ -246,7 +246,7 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
                   "remount with world_size=" +
                   std::to_string(world));
   }
-  if (seen.world_decided && world_listener_) world_listener_();
+  if (seen.world_decided && config_.on_world) config_.on_world();
   if (seen.other) other_order_said();
   for (const auto& [index, verdict] : seen.changed) {
     const uint64_t r = index;  // a name a lambda can capture
@@ -312,7 +312,7 @@ std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_other(uint64_t a
 }
 
 void ClairvoyantEngine::other_order_said() {
-  if (other_listener_ && !other_order_said_.exchange(true)) other_listener_();
+  if (config_.on_other_order && !other_order_said_.exchange(true)) config_.on_other_order();
 }
 
 uint64_t ClairvoyantEngine::ranks_off() const {

@@ -81,6 +81,12 @@ struct EngineConfig {
   // A reader found to read as another world size makes whoever built the engine plan again (on_world),
   // rather than a remount: what the log says.
   bool replans = false;
+  // Re-planning (LearningEngine), called off the engine's lock from its first open on (catch_up's too):
+  // each time a reader is found to read as another world size than the plan's;
+  std::function<void()> on_world;
+  // and once until a rank follows the plan again, when a reader is judged to read in another order or a
+  // rank goes off the plan (a learned seed may be learned again from what they read).
+  std::function<void()> on_other_order;
 };
 
 class ClairvoyantEngine final : public Engine {
@@ -111,12 +117,6 @@ class ClairvoyantEngine final : public Engine {
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
   PeerTransport::Lookup peer_lookup();
 
-  // Re-planning (LearningEngine). `listener` is called, off the engine's lock, each time a reader is
-  // found to read as another world size than the plan's. Set before the engine serves.
-  void on_world(std::function<void()> listener) { world_listener_ = std::move(listener); }
-  // The same, once until a rank follows the plan again, when a reader is judged to read in another order
-  // or a rank goes off the plan (a learned seed may be learned again from what they read).
-  void on_other_order(std::function<void()> listener) { other_listener_ = std::move(listener); }
   // Whether a rank of the plan is followed now: live, its readers' opens confirm it.
   bool followed() const EXCLUDES(state_.mutex);
   // Processes judged to read in another order, now (Planner::other_readers).
@@ -186,9 +186,7 @@ class ClairvoyantEngine final : public Engine {
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
-  std::function<void()> world_listener_;
-  std::function<void()> other_listener_;
-  std::atomic<bool> other_order_said_{false};  // other_listener_ called
+  std::atomic<bool> other_order_said_{false};  // config_.on_other_order called
   void other_order_said();
   uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above

@@ -139,20 +139,19 @@ EngineConfig LearningEngine::plan_config(std::vector<uint64_t> ranks, uint64_t w
   c.horizon = plan_horizon(world, ranks.size());
   c.ranks = std::move(ranks);
   c.replans = replanning_.on && plan + 1 < kPlans;
+  c.on_world = [this] {
+    world_said_.store(true);
+    wake_.notify_all();
+  };
+  c.on_other_order = [this] {
+    other_said_.store(true);
+    wake_.notify_all();
+  };
   return c;
 }
 
 void LearningEngine::publish(uint64_t plan, const Oracle* oracle) {
-  ClairvoyantEngine* e = engines_[plan].get();
-  e->on_world([this] {
-    world_said_.store(true);
-    wake_.notify_all();
-  });
-  e->on_other_order([this] {
-    other_said_.store(true);
-    wake_.notify_all();
-  });
-  plans_[plan].store(e, std::memory_order_release);
+  plans_[plan].store(engines_[plan].get(), std::memory_order_release);
   oracle_ready_.store(oracle, std::memory_order_release);
   plan_now_.store(plan, std::memory_order_release);
 }

@@ -1,11 +1,15 @@
 #include "fuse/mount.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
 #include "util/log.hpp"
+#include "util/mounts.hpp"
 
 namespace clairfs {
 
@@ -24,6 +28,15 @@ std::string escape(const std::string& s) {
 // 16 threads: enough that a slow SOURCE read does not hold up lookups and cached reads; requests are
 // short, so more would only add contention on 2-core nodes.
 constexpr unsigned kMaxThreads = 16;
+
+// Closes the connection at descriptor `fd` and leaves there a descriptor that polls POLLERR.
+void end_connection_quietly(int fd) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) return;
+  ::close(ends[0]);
+  if (::dup2(ends[1], fd) < 0) log_warning(std::string("cannot close the FUSE connection: ") + std::strerror(errno));
+  ::close(ends[1]);
+}
 
 }  // namespace
 
@@ -58,6 +71,8 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
     throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
   mounted_ = true;
+  mountpoint_ = o.mountpoint_abs;
+  if (const auto m = mount_at(mountpoint_); m && m->fstype == "fuse.clairfs") mount_id_ = m->id;
   if (page_cache_) page_cache_->attach(session_);
 }
 
@@ -66,7 +81,16 @@ MountedSession::~MountedSession() { stop(); }
 void MountedSession::stop() {
   if (!session_) return;
   if (page_cache_) page_cache_->detach();  // waits for a push in progress
-  if (mounted_) fuse_session_unmount(session_);
+  if (mounted_) {
+    // libfuse unmounts by closing the connection first and then unmounting the path: in between every
+    // access (a reader, `clairfs status --watch`) fails with ENOTCONN as if the daemon had died, and as
+    // root it unmounts whatever the path names by then. So the mount this session made is detached
+    // first, by its id through a descriptor; then the connection is closed by putting in its place a
+    // descriptor that polls as an ended connection (a pipe's write end with no reader), which tells
+    // libfuse that the mount is gone already.
+    if (detach_mount_by_id(mountpoint_, mount_id_)) end_connection_quietly(fuse_session_fd(session_));
+    fuse_session_unmount(session_);
+  }
   if (signals_set_) fuse_remove_signal_handlers(session_);
   fuse_session_destroy(session_);
   session_ = nullptr;

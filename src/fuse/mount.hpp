@@ -32,6 +32,8 @@ class MountedSession {
   FusePageCache* page_cache_ = nullptr;
   bool signals_set_ = false;
   bool mounted_ = false;
+  std::string mountpoint_;
+  long mount_id_ = -1;  // the mount's id in /proc/self/mountinfo, as it was made
 };
 
 }  // namespace clairfs

@@ -62,6 +62,7 @@ void each_mount(Fn fn) {
     if (dash == std::string::npos) continue;
     std::istringstream tail(line.substr(dash + 3));
     MountEntry e;
+    e.id = id;
     e.mountpoint = unescape(point);
     tail >> e.fstype >> e.source >> e.super_options;
     e.source = unescape(e.source);
@@ -180,6 +181,18 @@ int open_own_clairfs_mount(const std::string& abs_path) {
   return ours ? fd.release() : -ENOENT;
 }
 
+// Detaches the mount `fd` (an O_PATH descriptor of its root) is open on: umount2 through the descriptor
+// as root — its /proc link leads to the mount it holds, not to whatever the path names by now — else
+// `fusermount3 -u -z`, which checks that the mount at `abs_path` is the caller's own. Sets errno.
+bool detach_held(int fd, const std::string& abs_path) {
+  const std::string held = "/proc/self/fd/" + std::to_string(fd);
+  if (::umount2(held.c_str(), MNT_DETACH) == 0) return true;
+  const int first = errno;
+  if (::geteuid() != 0 && fusermount_detach(abs_path)) return true;
+  errno = first;
+  return false;
+}
+
 Detached detach_clairfs_mount(const std::string& abs_path) {
   MountEntry m;
   const int opened = open_clairfs_mount(abs_path, &m);
@@ -187,17 +200,16 @@ Detached detach_clairfs_mount(const std::string& abs_path) {
   UniqueFd fd(opened);
   struct statfs sf {};
   const bool dead = ::fstatfs(fd.get(), &sf) != 0 && errno == ENOTCONN;
-  // The descriptor's /proc link leads to the mount it holds, not to whatever the path names by now.
-  const std::string held = "/proc/self/fd/" + std::to_string(fd.get());
-  if (::umount2(held.c_str(), MNT_DETACH) != 0) {
-    const int first = errno;
-    // Not root: fusermount3 (set-uid) checks that the mount is the caller's own.
-    if (::geteuid() == 0 || !fusermount_detach(abs_path)) {
-      errno = first;
-      return Detached::kFailed;
-    }
-  }
+  if (!detach_held(fd.get(), abs_path)) return Detached::kFailed;
   return dead ? Detached::kDead : Detached::kLive;
+}
+
+bool detach_mount_by_id(const std::string& abs_path, long id) {
+  const int opened =
+      open_resolved(AT_FDCWD, abs_path.c_str(), O_PATH | O_NOFOLLOW, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  if (opened < 0) return false;
+  UniqueFd fd(opened);
+  return id >= 0 && mount_id_of(fd.get()) == id && detach_held(fd.get(), abs_path);
 }
 
 std::string host_name() {

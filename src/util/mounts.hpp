@@ -19,6 +19,7 @@ struct MountEntry {
   std::string fstype;      // "fuse.clairfs" for ours
   std::string source;      // the fsname
   std::string super_options;  // the file system's own: FUSE's say user_id= (who mounted it)
+  long id = -1;               // the mount's id (unique while it is mounted)
 };
 
 // The topmost mount whose mount point is exactly `abs_path`, if any.
@@ -49,6 +50,11 @@ enum class Detached { kNotClairfs, kSymlink, kLive, kDead, kFailed };
 // detached (umount2 through the descriptor as root, else `fusermount3 -u -z`) — a parent directory
 // swapped for a symlink in between cannot turn it onto another mount. kFailed sets errno.
 Detached detach_clairfs_mount(const std::string& abs_path);
+
+// Detaches the mount with id `id` (a daemon's own, recorded as it mounted) at `abs_path`, resolved
+// once with no symlink on the way: true if that very mount is detached. No request reaches the file
+// system, so a daemon that no longer serves its mount can detach it.
+bool detach_mount_by_id(const std::string& abs_path, long id);
 
 // An O_PATH descriptor of the root of the clairfs mount at `abs_path` (lexically_absolute) that this
 // process's user made, or -errno: the path is resolved once, with no symlink on the way (-ELOOP if it
