@@ -560,7 +560,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
     return j;
   };
   auto stats = [counters]() { return counters().dump(2) + "\n"; };
-  auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return openmetrics(counters(), mountpoint); };
+  auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return metrics_text(counters(), mountpoint); };
   ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}, {}};
   if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
   if (o.default_permissions) {

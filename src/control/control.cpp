@@ -155,7 +155,7 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
       "order/epoch-E/rank-R   the samples training rank R loads in epoch E, in order: one path relative to\n"
       "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n"
       "stats                  what the engine served from where, its budget and lead (JSON).\n"
-      "metrics                the same numbers in OpenMetrics text (Prometheus; see metrics_file=).\n\n"
+      "metrics                the same numbers in Prometheus text (see metrics_file=).\n\n"
       "Order: " + std::string(order_name(oracle.schedule().order)) + ", seed " +
       (config_.learned ? std::string("auto (learned from the first reads: see stats; no order files until then)")
                        : seed_text(oracle.schedule().seed)) +
@@ -252,10 +252,10 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh, Reader who) cons
   if (l.text && (!refresh || now - l.at < every)) return l;
   const size_t before = l.text ? l.text->size() : 0;
   if (ino == kMetricsIno) {  // its numbers from the same counters as stats'
-    std::string text = config_.metrics ? config_.metrics() : "# EOF\n";
+    std::string text = config_.metrics ? config_.metrics() : std::string();
     const size_t help = text.find("# HELP ");
     const size_t at = help == std::string::npos ? std::string::npos : text.find('\n', help);
-    // No HELP line (a config without metrics): the text is "# EOF", nothing may follow it; left as it is.
+    // No HELP line (a config without metrics): the text is empty, and left so.
     l.text = std::make_shared<const TextFile>(at == std::string::npos ? std::move(text) : padded(std::move(text), at, before));
   } else {
     std::string text = fixed_width_scalars(config_.stats ? config_.stats() : "{}\n", kStatsWidth);

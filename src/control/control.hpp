@@ -2,7 +2,7 @@
 //
 //   MOUNTPOINT/.clairfs/README                   what these files are
 //   MOUNTPOINT/.clairfs/stats                    the engine's counters (JSON), made afresh when asked
-//   MOUNTPOINT/.clairfs/metrics                  the same in OpenMetrics text (control/metrics.hpp)
+//   MOUNTPOINT/.clairfs/metrics                  the same in Prometheus text (control/metrics.hpp)
 //   MOUNTPOINT/.clairfs/order/epoch-E/rank-R     rank R's samples in epoch E, in the order its DataLoader
 //                                                loads them: one path relative to the mount root a line
 //
@@ -18,7 +18,7 @@
 // attributes are never cached, each read asks for them, a new modification time makes the kernel drop
 // its pages — and a reader whose next read comes after a size change would get another rendering's
 // bytes, or zeros, after the first one's (a JSON reader saw "Extra data"). So every rendering is padded
-// (spaces: after the JSON, at the end of the first HELP line of the OpenMetrics text) to a multiple of
+// (spaces: after the JSON, at the end of the first HELP line of the metrics) to a multiple of
 // kLivePage, never shorter than the last one; it grows only when the content outgrows it (the ranks
 // appearing once seed=auto has learned, say), once in a mount's life or a few times. stats prints every
 // number right-aligned in a field of kStatsWidth, so its size rarely has a reason to grow. Made afresh
@@ -68,7 +68,7 @@ struct ControlConfig {
   uid_t uid = 0;                // owner shown for the virtual files (SOURCE's root owner)
   gid_t gid = 0;
   std::function<std::string()> stats;    // .clairfs/stats (JSON)
-  std::function<std::string()> metrics;  // .clairfs/metrics (OpenMetrics text)
+  std::function<std::string()> metrics;  // .clairfs/metrics (Prometheus text)
   // seed=auto: the oracle of the seed learned, nullptr until then (no order files meanwhile). Unset: the
   // tree's own oracle.
   std::function<const Oracle*()> learned;

@@ -57,27 +57,28 @@ double at(const nlohmann::json& j, std::initializer_list<const char*> path, bool
   return p->is_number() ? p->get<double>() : 0;
 }
 
-// Writes families one after another: header lines, then samples.
+// Writes families one after another: header lines, then samples. In the classic text format a family's
+// lines name its samples (a counter's with _total), and its types are counter and gauge.
 class Writer {
  public:
-  void family(const std::string& name, const char* type, const char* help, const char* unit = nullptr) {
-    out_ += "# TYPE " + name + " " + type + "\n";
-    if (unit) out_ += "# UNIT " + name + " " + unit + "\n";
-    out_ += "# HELP " + name + " " + help + "\n";
+  void family(const std::string& name, const char* type, const char* help) {
+    const std::string named = std::string(type) == "counter" ? name + "_total" : name;
+    out_ += "# HELP " + named + " " + help + "\n";
+    out_ += "# TYPE " + named + " " + type + "\n";
   }
   void sample(const std::string& name, const std::string& labels, double v) {
     out_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number(v) + "\n";
   }
   // A family of one sample, if the stats have its number.
   void single(const std::string& name, const char* type, const char* help, const nlohmann::json& j,
-              std::initializer_list<const char*> path, const char* unit = nullptr) {
+              std::initializer_list<const char*> path) {
     bool found = true;
     const double v = at(j, path, &found);
     if (!found) return;
-    family(name, type, help, unit);
+    family(name, type, help);
     sample(std::string(type) == std::string("counter") ? name + "_total" : name, "", v);
   }
-  std::string done() { return out_ + "# EOF\n"; }
+  std::string done() { return out_; }
 
  private:
   std::string out_;
@@ -92,9 +93,9 @@ uint64_t resident_bytes() {
 
 }  // namespace
 
-std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) {
+std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint) {
   Writer w;
-  w.family("clairfs_build", "info", "The clairfs daemon serving this mount.");
+  w.family("clairfs_build_info", "gauge", "The clairfs daemon serving this mount (always 1).");
   w.sample("clairfs_build_info", "version=\"" + label(CLAIRFS_VERSION) + "\",mountpoint=\"" + label(mountpoint) + "\"", 1);
 
   if (j.contains("ranks") && j["ranks"].is_array()) {
@@ -102,27 +103,27 @@ std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) 
       const char* name;
       const char* key;
       const char* help;
-      const char* unit;
     };
     const Gauge gauges[] = {
-        {"clairfs_rank_epoch", "epoch", "The epoch the rank's reader is in.", nullptr},
-        {"clairfs_rank_files_done", "done", "Files of that epoch the rank read.", nullptr},
-        {"clairfs_rank_files_in_epoch", "total", "Files the rank reads in that epoch.", nullptr},
-        {"clairfs_rank_lead_files", "lead_files", "Files staged ahead of the rank's reader, in a row.", nullptr},
-        {"clairfs_rank_lead_seconds", "lead_seconds", "The lead in seconds of reading at the rank's rate.", "seconds"},
-        {"clairfs_rank_files_per_second", "files_per_second", "The rank's reading rate.", nullptr},
+        {"clairfs_rank_epoch", "epoch", "The epoch the rank's reader is in."},
+        {"clairfs_rank_files_done", "done", "Files of that epoch the rank read."},
+        {"clairfs_rank_files_in_epoch", "total", "Files the rank reads in that epoch."},
+        {"clairfs_rank_lead_files", "lead_files", "Files staged ahead of the rank's reader, in a row."},
+        {"clairfs_rank_lead_seconds", "lead_seconds", "The lead in seconds of reading at the rank's rate."},
+        {"clairfs_rank_files_per_second", "files_per_second", "The rank's reading rate."},
     };
     for (const Gauge& g : gauges) {
-      w.family(g.name, "gauge", g.help, g.unit);
+      w.family(g.name, "gauge", g.help);
       for (const auto& r : j["ranks"])
         w.sample(g.name, "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\"", r.value(g.key, 0.0));
     }
-    w.family("clairfs_rank_verdict", "stateset", "Whether the rank reads in the planned order.");
+    w.family("clairfs_rank_verdict", "gauge",
+             "1 for the rank's verdict (following, checking, off, idle): whether it reads in the planned order.");
     for (const auto& r : j["ranks"]) {
       const std::string verdict = trimmed(r.value("verdict", std::string()));
       for (const char* state : {"following", "checking", "off", "idle"})
         w.sample("clairfs_rank_verdict",
-                 "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\",clairfs_rank_verdict=\"" + state + "\"",
+                 "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\",verdict=\"" + state + "\"",
                  verdict == state ? 1 : 0);
     }
     w.family("clairfs_rank_mispredicted_opens", "counter", "The rank's opens the plan did not expect.");
@@ -139,8 +140,7 @@ std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) 
     const double v = at(j, {"tiers", t[1], "files"}, &found);
     if (found) w.sample("clairfs_served_files_total", std::string("tier=\"") + t[0] + "\"", v);
   }
-  w.family("clairfs_served_bytes", "counter", "Bytes the readers read, by the tier that served them (pushed pages: not seen).",
-           "bytes");
+  w.family("clairfs_served_bytes", "counter", "Bytes the readers read, by the tier that served them (pushed pages: not seen).");
   for (const auto& t : tiers) {
     bool found = true;
     const double v = at(j, {"tiers", t[1], "bytes"}, &found);
@@ -150,14 +150,13 @@ std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) 
   // What SOURCE saw: reads for the readers and for staging.
   bool staged = true;
   const double staged_files = at(j, {"staged", "files"}, &staged) - at(j, {"staged", "from_nvme"}) - at(j, {"staged", "from_peer"});
-  w.family("clairfs_source_read_bytes", "counter", "Bytes read from SOURCE, for any reason.", "bytes");
+  w.family("clairfs_source_read_bytes", "counter", "Bytes read from SOURCE, for any reason.");
   w.sample("clairfs_source_read_bytes_total", "",
            j.contains("source_traffic") ? at(j, {"source_traffic", "bytes"}) : at(j, {"tiers", "source", "bytes"}));
   w.family("clairfs_source_opens", "counter", "Files opened in SOURCE, for any reason.");
   w.sample("clairfs_source_opens_total", "", at(j, {"tiers", "source", "files"}) + (staged ? staged_files : 0));
 
-  w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j, {"stalls", "seconds"},
-           "seconds");
+  w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j, {"stalls", "seconds"});
   w.single("clairfs_staging_waits_given_up", "counter",
            "Opens that stopped waiting for a staging read held up by the kernel and read the file themselves.", j,
            {"stalls", "staging_waits_given_up"});
@@ -166,13 +165,13 @@ std::string openmetrics(const nlohmann::json& j, const std::string& mountpoint) 
            {"source_changed"});
   w.single("clairfs_staging_failures", "counter", "Files the stager could not read.", j, {"staged", "failures"});
   w.single("clairfs_peer_timeouts", "counter", "Requests to peer nodes that timed out.", j, {"peers", "timeouts"});
-  w.single("clairfs_ram_used_bytes", "gauge", "Bytes of files held in the RAM tier.", j, {"ram", "used"}, "bytes");
-  w.single("clairfs_ram_budget_bytes", "gauge", "The RAM tier's budget (ram=).", j, {"ram", "budget"}, "bytes");
+  w.single("clairfs_ram_used_bytes", "gauge", "Bytes of files held in the RAM tier.", j, {"ram", "used"});
+  w.single("clairfs_ram_budget_bytes", "gauge", "The RAM tier's budget (ram=).", j, {"ram", "budget"});
   w.single("clairfs_pagecache_used_bytes", "gauge", "Bytes pushed into the kernel's page cache, not yet read.", j,
-           {"pagecache", "used"}, "bytes");
-  w.single("clairfs_nvme_used_bytes", "gauge", "Bytes held in the NVMe tier.", j, {"nvme", "used"}, "bytes");
-  w.single("clairfs_nvme_capacity_bytes", "gauge", "The NVMe tier's budget.", j, {"nvme", "capacity"}, "bytes");
-  w.family("clairfs_resident_memory_bytes", "gauge", "The daemon's resident memory.", "bytes");
+           {"pagecache", "used"});
+  w.single("clairfs_nvme_used_bytes", "gauge", "Bytes held in the NVMe tier.", j, {"nvme", "used"});
+  w.single("clairfs_nvme_capacity_bytes", "gauge", "The NVMe tier's budget.", j, {"nvme", "capacity"});
+  w.family("clairfs_resident_memory_bytes", "gauge", "The daemon's resident memory.");
   w.sample("clairfs_resident_memory_bytes", "", static_cast<double>(resident_bytes()));
   return w.done();
 }

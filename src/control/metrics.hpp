@@ -1,12 +1,13 @@
-// The mount's numbers in OpenMetrics text (what Prometheus and node_exporter's textfile collector read),
-// made from the stats (.clairfs/stats, one source for both): MOUNTPOINT/.clairfs/metrics, and with
-// metrics_file=PATH a file rewritten every few seconds by a thread of its own (MetricsFile).
+// The mount's numbers in the Prometheus text format (0.0.4, the one node_exporter's textfile collector
+// and `promtool check metrics` read; Prometheus and OpenMetrics scrapers read it too), made from the
+// stats (.clairfs/stats, one source for both): MOUNTPOINT/.clairfs/metrics, and with metrics_file=PATH
+// a file rewritten every few seconds by a thread of its own (MetricsFile).
 //
 // Families (every name starts clairfs_; counters end _total; labels in braces):
 //   clairfs_build_info{version, mountpoint}                    1
 //   clairfs_rank_epoch{rank}, clairfs_rank_files_done{rank}, clairfs_rank_files_in_epoch{rank},
 //   clairfs_rank_lead_files{rank}, clairfs_rank_lead_seconds{rank}, clairfs_rank_files_per_second{rank}
-//   clairfs_rank_verdict{rank, clairfs_rank_verdict}         1 for its verdict (following, checking, off, idle)
+//   clairfs_rank_verdict{rank, verdict}                       1 for its verdict (following, checking, off, idle), else 0
 //   clairfs_rank_mispredicted_opens_total{rank}
 //   clairfs_served_files_total{tier}, clairfs_served_bytes_total{tier}   page_cache, ram, nvme, peer, source
 //   clairfs_source_read_bytes_total, clairfs_source_opens_total           all SOURCE traffic, staging too
@@ -28,7 +29,7 @@
 
 namespace clairfs {
 
-std::string openmetrics(const nlohmann::json& stats, const std::string& mountpoint);
+std::string metrics_text(const nlohmann::json& stats, const std::string& mountpoint);
 
 // Writes `text()` to `path` every `every` (a temporary file beside it, renamed over it), and removes it
 // when destroyed. A write that fails is said once in the log, then tried again each time.

@@ -163,7 +163,10 @@ ClairvoyantEngine* LearningEngine::current(uint64_t* plan) const {
 }
 
 ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid, uint64_t* plan) {
-  if (ClairvoyantEngine* e = current(plan)) return e;
+  if (ClairvoyantEngine* e = current(plan)) {
+    if (!told_) from_the_job(pid);  // asked while the process is there, for learning again later
+    return e;
+  }
   bool wake = false;
   {
     MutexLock lock(mutex_);
@@ -183,6 +186,7 @@ ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid, uint64_t* plan) {
 
 bool LearningEngine::from_the_job(pid_t pid) {
   if (learn_from_.empty()) return true;
+  MutexLock lock(pids_mutex_);
   if (job_pids_.size() > 4096) job_pids_.clear();
   auto [it, added] = job_pids_.try_emplace(pid, false);
   if (!added) return it->second;
@@ -201,7 +205,7 @@ bool LearningEngine::from_the_job(pid_t pid) {
 }
 
 void LearningEngine::keep_the_jobs(std::vector<std::pair<EntryId, pid_t>>& opens) {
-  std::erase_if(opens, [this](const auto& o) REQUIRES(mutex_) { return !from_the_job(o.second); });
+  std::erase_if(opens, [this](const auto& o) { return !from_the_job(o.second); });
 }
 
 int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
@@ -458,7 +462,7 @@ bool LearningEngine::relearn() {
   {
     MutexLock lock(mutex_);
     keep_the_jobs(others);
-    if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
+      if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
     relearn_tried_ = others.size();
     q.world_size = plan_.world;
     q.ranks = plan_.ranks;

@@ -112,10 +112,12 @@ class LearningEngine final : public Engine {
   }
   // Keeps an open for learning; returns the engine instead once there is one (and its plan's number).
   ClairvoyantEngine* keep(EntryId id, pid_t pid, uint64_t* plan = nullptr) EXCLUDES(mutex_);
-  // True when `pid` runs as one of learn_from_'s users (or learn_from_ is empty).
-  bool from_the_job(pid_t pid) REQUIRES(mutex_);
+  // True when `pid` runs as one of learn_from_'s users (or learn_from_ is empty). Answered once per
+  // process, while it is there: keep() asks for each open's, so that a process gone by the time its
+  // opens are learned from (a DataLoader worker of an epoch past) is still known as the job's.
+  bool from_the_job(pid_t pid) EXCLUDES(pids_mutex_);
   // Drops the opens of processes not from_the_job.
-  void keep_the_jobs(std::vector<std::pair<EntryId, pid_t>>& opens) REQUIRES(mutex_);
+  void keep_the_jobs(std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(pids_mutex_);
   void run() EXCLUDES(mutex_);
   // Builds the first plan's engine for `oracle`, placed by `kept` then by the opens kept meanwhile,
   // and switches to it. Returns false (said) when it cannot start.
@@ -160,7 +162,8 @@ class LearningEngine final : public Engine {
   std::condition_variable wake_;
   std::vector<std::pair<EntryId, pid_t>> opens_ GUARDED_BY(mutex_);
   std::unordered_map<pid_t, EntryId> last_unopened_ GUARDED_BY(mutex_);  // no-open mode: a reader's last file
-  std::unordered_map<pid_t, bool> job_pids_ GUARDED_BY(mutex_);          // from_the_job's answers
+  Mutex pids_mutex_ ACQUIRED_AFTER(mutex_);
+  std::unordered_map<pid_t, bool> job_pids_ GUARDED_BY(pids_mutex_);     // from_the_job's answers
   uint64_t not_the_job_ GUARDED_BY(mutex_) = 0;                          // opens of other users', not learned from
   size_t tried_at_ GUARDED_BY(mutex_) = 0;  // opens the last try saw
   std::string state_ GUARDED_BY(mutex_);  // learning, found, not found, failed; told: waiting, told, failed

@@ -260,8 +260,8 @@ const std::vector<OptionSpec> kTable = {
        o.log_level = g.value;
      }},
     {"metrics_file", Takes::kValue, "FILE", S::kLogs, "", false,
-     "write OpenMetrics text to FILE every 5 s (node_exporter's textfile collector)",
-     "Write the mount's metrics in OpenMetrics text to FILE every 5 seconds, atomically (a temporary file in "
+     "write the metrics to FILE every 5 s (node_exporter's textfile collector)",
+     "Write the mount's metrics in the Prometheus text format to FILE every 5 seconds, atomically (a temporary file in "
      "the same folder, renamed), for node_exporter's textfile collector (name it `*.prom` in its folder). "
      "Removed when the mount ends. The same text is always at `MOUNTPOINT/.clairfs/metrics`.",
      [](Options& o, const GivenOption& g) {

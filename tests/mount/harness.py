@@ -224,6 +224,21 @@ def settled_stats(mnt, opens, timeout=20):
         time.sleep(0.05)
 
 
+def quiet_stats(mnt, timeout=20):
+    """Stats once every open the watch heard of has its close heard too and nothing has changed for 0.3 s
+    (for a check that cannot know how many opens there were)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        s = stats(mnt)
+        p = s.get("progress", {})
+        now = (p.get("opens_seen"), p.get("closes_seen"), sum(v["files"] for v in s["tiers"].values()))
+        if (now == last and now[0] == now[1]) or time.monotonic() > deadline:
+            return s
+        last = now
+        time.sleep(0.3)
+
+
 def source_bytes(s):
     """What SOURCE served, by a mount's stats: all its traffic when staging (staging included), else its reads."""
     return s["source_traffic"]["bytes"] if "source_traffic" in s else s["tiers"]["source"]["bytes"]

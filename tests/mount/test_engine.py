@@ -103,9 +103,8 @@ with h.tempdir() as tmp:
                 os.read(fd, 1 << 20)
                 os.posix_fadvise(fd, 4096, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
-                seen = h.stats(mnt)["progress"]["opens_seen"]
                 right = h.digest(os.path.join(mnt, big)) == want[big]
-                s2 = h.settled_stats(mnt, seen + 1)
+                s2 = h.quiet_stats(mnt)  # (its events come a moment after: under ASan the count read late)
                 served = sum(v["files"] for v in s2["tiers"].values())
                 h.check(right and served == s2["progress"]["opens_seen"],
                         "a file held in part: read right (%s), its use counted once: %d served of %d opens seen" % (

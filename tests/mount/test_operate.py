@@ -1,18 +1,21 @@
 """What an operator meets: the log (where it goes without syslog, log=FILE, log_level=, timestamps,
-repeated lines folded, the daemon's last words), OpenMetrics at .clairfs/metrics and metrics_file=
-(checked with python3-prometheus-client's OpenMetrics parser, against the stats), and clairfs status
-naming the log. This machine has no syslog (/dev/log), as many compute nodes have none.
+repeated lines folded, the daemon's last words), the metrics at .clairfs/metrics and metrics_file=
+(checked with python3-prometheus-client's parser against the stats, with `promtool check metrics`, and
+through a real node_exporter's textfile collector), and clairfs status naming the log. This machine has
+no syslog (/dev/log), as many compute nodes have none.
 """
 import os
 import re
 import signal
+import socket
 import json
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
@@ -34,6 +37,29 @@ def value(fams, family, sample, **labels):
         if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
             return s.value
     return None
+
+
+def node_exporter(textfile_dir):
+    """What a real node_exporter (Debian's) exports with its textfile collector reading `textfile_dir`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    p = subprocess.Popen(["prometheus-node-exporter", "--collector.disable-defaults", "--collector.textfile",
+                          "--collector.textfile.directory=" + textfile_dir, "--web.listen-address=127.0.0.1:%d" % port],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+                    return r.read().decode()
+            except OSError:
+                if time.monotonic() > deadline or p.poll() is not None:
+                    return ""
+                time.sleep(0.2)
+    finally:
+        p.terminate()
+        p.wait()
 
 
 def read_in_two(path):
@@ -149,7 +175,7 @@ with h.tempdir() as tmp:
         r = h.run_clairfs([data, mnt, "-o", "seed=1,log=syslog"])
         h.check(r.returncode == 2 and "no syslog" in r.stderr, "log=syslog without syslog refused: %s" % r.stderr.strip())
 
-    # Metrics: parsed as OpenMetrics, the numbers the stats have; metrics_file written, then removed.
+    # Metrics: parsed, the numbers the stats have; metrics_file written, read by node_exporter, removed.
     prom = tmp + "/clairfs.prom"
     with h.mounted(data, mnt, "seed=1,ram=16M,metrics_file=" + prom):
         for r in rel[:50]:
@@ -161,8 +187,8 @@ with h.tempdir() as tmp:
             fams = families(text)
         except Exception as e:  # noqa: BLE001 - what the parser says is the finding
             fams = {}
-            h.check(False, "metrics parse as OpenMetrics: %s" % e)
-        want = ("clairfs_build", "clairfs_rank_epoch", "clairfs_rank_verdict", "clairfs_served_files", "clairfs_served_bytes",
+            h.check(False, "metrics parse: %s" % e)
+        want = ("clairfs_build_info", "clairfs_rank_epoch", "clairfs_rank_verdict", "clairfs_served_files", "clairfs_served_bytes",
                 "clairfs_source_read_bytes", "clairfs_source_opens", "clairfs_stall_seconds", "clairfs_mispredicted_opens",
                 "clairfs_ram_used_bytes", "clairfs_resident_memory_bytes")
         h.check(all(f in fams for f in want), "metrics has %s (missing: %s)" % (len(want), [f for f in want if f not in fams]))
@@ -172,7 +198,7 @@ with h.tempdir() as tmp:
             in_stats = sum(stats["tiers"][t]["files"] for t in ("pagecache", "ram", "nvme", "peer", "source"))
             h.check(served > 0 and abs(served - in_stats) <= 2, "files served: metrics %d, stats %d" % (served, in_stats))
             h.check(value(fams, "clairfs_rank_verdict", "clairfs_rank_verdict", rank="0",
-                          clairfs_rank_verdict=stats["ranks"][0]["verdict"].strip()) == 1,
+                          verdict=stats["ranks"][0]["verdict"].strip()) == 1,
                     "the rank's verdict is set: %s" % stats["ranks"][0]["verdict"].strip())
             h.check(value(fams, "clairfs_resident_memory_bytes", "clairfs_resident_memory_bytes") > 1e6, "resident memory given")
         # Read while they change (a reader in another thread): each read is one rendering, whole.
@@ -209,9 +235,19 @@ with h.tempdir() as tmp:
         h.check(ok and "clairfs_served_files_total" in open(prom).read() and families(open(prom).read()),
                 "metrics_file written and rewritten within 12 s")
         h.check(not [n for n in os.listdir(tmp) if ".tmp" in n], "no temporary file left beside it")
+        for name, path in ((".clairfs/metrics", mnt + "/.clairfs/metrics"), ("metrics_file=", prom)):
+            with open(path) as f:
+                r = subprocess.run(["promtool", "check", "metrics"], stdin=f, capture_output=True, text=True, timeout=30)
+            h.check(r.returncode == 0, "promtool check metrics accepts %s: exit %d %s" % (
+                name, r.returncode, (r.stdout + r.stderr).strip()[:300]))
+        exported = node_exporter(tmp)
+        h.check("node_textfile_scrape_error 0" in exported and "clairfs_served_files_total{" in exported
+                and 'clairfs_rank_verdict{rank="0",verdict="' in exported,
+                "node_exporter's textfile collector exports clairfs_* from metrics_file= with no scrape error: %s" % [
+                    line for line in exported.splitlines() if "scrape_error" in line or "textfile" in line and "#" not in line])
     h.check(not os.path.exists(prom), "metrics_file removed when the mount ended")
 
-    # A plain mount: SOURCE's numbers only, still valid OpenMetrics.
+    # A plain mount: SOURCE's numbers only, still valid.
     with h.mounted(data, mnt, "seed=1,ram=0"):
         with open(os.path.join(mnt, rel[0]), "rb") as f:
             f.read()
