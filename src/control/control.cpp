@@ -156,12 +156,12 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
       "                       the mount root a line ('\\' and newlines in names escaped as \\\\ and \\n).\n"
       "stats                  what the engine served from where, its budget and lead (JSON).\n"
       "metrics                the same numbers in Prometheus text (see metrics_file=).\n\n"
-      "Order: " + std::string(order_name(oracle.schedule().order)) + ", seed " +
+      "Order: " +
+      std::string(order_name(oracle.schedule().order)) + ", seed " +
       (config_.learned ? std::string("auto (learned from the first reads: see stats; no order files until then)")
                        : seed_text(oracle.schedule().seed)) +
-      ", world_size " +
-      std::to_string(oracle.schedule().world_size) + ", batch_size " + std::to_string(oracle.schedule().batch_size) +
-      ", " + std::to_string(oracle.num_samples()) + " samples.\n";
+      ", world_size " + std::to_string(oracle.schedule().world_size) + ", batch_size " +
+      std::to_string(oracle.schedule().batch_size) + ", " + std::to_string(oracle.num_samples()) + " samples.\n";
   readme_ = std::make_shared<const TextFile>(std::move(readme));
 }
 

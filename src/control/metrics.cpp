@@ -140,7 +140,8 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
     const double v = at(j, {"tiers", t[1], "files"}, &found);
     if (found) w.sample("clairfs_served_files_total", std::string("tier=\"") + t[0] + "\"", v);
   }
-  w.family("clairfs_served_bytes", "counter", "Bytes the readers read, by the tier that served them (pushed pages: not seen).");
+  w.family("clairfs_served_bytes", "counter",
+           "Bytes the readers read, by the tier that served them (pushed pages: not seen).");
   for (const auto& t : tiers) {
     bool found = true;
     const double v = at(j, {"tiers", t[1], "bytes"}, &found);
@@ -156,7 +157,8 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
   w.family("clairfs_source_opens", "counter", "Files opened in SOURCE, for any reason.");
   w.sample("clairfs_source_opens_total", "", at(j, {"tiers", "source", "files"}) + (staged ? staged_files : 0));
 
-  w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j, {"stalls", "seconds"});
+  w.single("clairfs_stall_seconds", "counter", "Time readers waited for files served from SOURCE.", j,
+           {"stalls", "seconds"});
   w.single("clairfs_staging_waits_given_up", "counter",
            "Opens that stopped waiting for a staging read held up by the kernel and read the file themselves.", j,
            {"stalls", "staging_waits_given_up"});

@@ -462,7 +462,7 @@ bool LearningEngine::relearn() {
   {
     MutexLock lock(mutex_);
     keep_the_jobs(others);
-      if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
+    if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
     relearn_tried_ = others.size();
     q.world_size = plan_.world;
     q.ranks = plan_.ranks;
