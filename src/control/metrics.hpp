@@ -7,13 +7,14 @@
 //   clairfs_build_info{version, mountpoint}                    1
 //   clairfs_rank_epoch{rank}, clairfs_rank_files_done{rank}, clairfs_rank_files_in_epoch{rank},
 //   clairfs_rank_lead_files{rank}, clairfs_rank_lead_seconds{rank}, clairfs_rank_files_per_second{rank}
-//   clairfs_rank_verdict{rank, verdict}                       1 for its verdict (following, checking, off, idle), else
-//   0 clairfs_rank_mispredicted_opens_total{rank} clairfs_served_files_total{tier}, clairfs_served_bytes_total{tier}
-//   page_cache, ram, nvme, peer, source clairfs_source_read_bytes_total, clairfs_source_opens_total           all
-//   SOURCE traffic, staging too clairfs_stall_seconds_total, clairfs_mispredicted_opens_total,
-//   clairfs_source_changed_total, clairfs_staging_failures_total, clairfs_peer_timeouts_total clairfs_ram_used_bytes,
-//   clairfs_ram_budget_bytes, clairfs_pagecache_used_bytes, clairfs_nvme_used_bytes, clairfs_nvme_capacity_bytes,
-//   clairfs_resident_memory_bytes
+//   clairfs_rank_verdict{rank, verdict}     1 for its verdict (following, checking, off, idle), else 0
+//   clairfs_rank_mispredicted_opens_total{rank}
+//   clairfs_served_files_total{tier}, clairfs_served_bytes_total{tier}   page_cache, ram, nvme, peer, source
+//   clairfs_source_read_bytes_total, clairfs_source_opens_total           all SOURCE traffic, staging too
+//   clairfs_stall_seconds_total, clairfs_mispredicted_opens_total, clairfs_source_changed_total,
+//   clairfs_staging_failures_total, clairfs_peer_timeouts_total
+//   clairfs_ram_used_bytes, clairfs_ram_budget_bytes, clairfs_pagecache_used_bytes, clairfs_nvme_used_bytes,
+//   clairfs_nvme_capacity_bytes, clairfs_resident_memory_bytes
 // Families the mount has no number for (no staging: no ranks, no RAM tier) are left out.
 #pragma once
 
