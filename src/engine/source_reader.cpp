@@ -17,7 +17,7 @@ namespace clairfs {
 
 namespace {
 
-struct OpenFile {
+struct OpenSourceFile {
   UniqueFd fd;
   EntryId id;
 };
@@ -77,12 +77,12 @@ int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
   const int fd = open_verified(id);
   if (fd < 0) return fd;
   counters_.opens++;
-  *handle = reinterpret_cast<uint64_t>(new OpenFile{UniqueFd(fd), id});
+  *handle = reinterpret_cast<uint64_t>(new OpenSourceFile{UniqueFd(fd), id});
   return 0;
 }
 
 ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset) {
-  auto* file = reinterpret_cast<OpenFile*>(handle);
+  auto* file = reinterpret_cast<OpenSourceFile*>(handle);
   return read_at(file->id, file->fd.get(), buf, size, offset);
 }
 
@@ -120,7 +120,7 @@ ssize_t SourceReader::read_at(EntryId id, int fd, char* buf, size_t size, off_t 
   return static_cast<ssize_t>(done);
 }
 
-void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenFile*>(handle); }
+void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenSourceFile*>(handle); }
 
 int SourceReader::fetch(EntryId id, const Buffer& buf) {
   const int fd = open_verified(id);
