@@ -563,6 +563,9 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return metrics_text(counters(), mountpoint); };
   ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}, {}};
   if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
+  // A plan to come (seed=auto, or planned again for other ranks): stats with an engine's sections and
+  // each rank's (about 6 KiB and 0.5 KiB a rank, the metrics less), from the first rendering on.
+  if (d.learning) cc.live_reserve = 16384 + 1024 * std::max<size_t>(o.ranks.size(), 8);
   if (o.default_permissions) {
     // An access ACL longer than its three base entries (user, group, other: 4 + 3 × 8 bytes) names users
     // or groups. One getxattr a directory, once, at mount (a data set has a directory in hundreds of files).

@@ -250,7 +250,7 @@ ControlTree::Live ControlTree::live(uint64_t ino, bool refresh, Reader who) cons
   const auto every =
       who == Reader::kOwner ? l.every : std::max<std::chrono::steady_clock::duration>(l.every, kOthersRefresh);
   if (l.text && (!refresh || now - l.at < every)) return l;
-  const size_t before = l.text ? l.text->size() : 0;
+  const size_t before = l.text ? l.text->size() : config_.live_reserve;
   if (ino == kMetricsIno) {  // its numbers from the same counters as stats'
     std::string text = config_.metrics ? config_.metrics() : std::string();
     const size_t help = text.find("# HELP ");

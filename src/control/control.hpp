@@ -75,6 +75,10 @@ struct ControlConfig {
   // True when SOURCE's directory `id` has an ACL beyond its mode bits (named users or groups). Unset: no
   // ACLs are enforced (the mount does not check permissions, or the kernel cannot check ACLs).
   std::function<bool(EntryId)> extended_acl;
+  // The length the live files keep from their first rendering on, at least: a mount whose stats gain
+  // their ranks later (seed=auto learning, a plan made again for more ranks) starts at the length they
+  // will have, so that no reader ever meets the one change of length.
+  size_t live_reserve = 0;
 };
 
 class ControlTree {

@@ -69,6 +69,7 @@ with h.tempdir() as tmp:
 
     with h.mounted(data, mnt, (BASE % ram) + ",seed=auto"):
         readme = read(mnt + "/.clairfs/README")
+        learning_size = os.stat(mnt + "/.clairfs/stats").st_size
         h.check("seed auto" in readme, "the README says the seed is learned: %s" % [
             line for line in readme.splitlines() if line.startswith("Order")])
         ok, auto, err = run_job(mnt, digests, job)
@@ -81,6 +82,11 @@ with h.tempdir() as tmp:
             time.sleep(0.2)
             s = h.stats(mnt)
         learned = s["learned"]
+        # stats keeps one length from before the seed is learned to after (a reader that met the change
+        # read two renderings in one: "Extra data", seen under TSan).
+        h.check(os.stat(mnt + "/.clairfs/stats").st_size == learning_size,
+                "stats keeps its length once the seed is learned and the ranks appear: %d, then %d bytes" % (
+                    learning_size, os.stat(mnt + "/.clairfs/stats").st_size))
         # The seeds are tried at low priority on a thread of their own; the engine built after it runs at
         # the daemon's (it was started from the niced thread once, and its stager fell behind the job).
         h.check(niced_threads(mnt) <= told_niced, "the learned engine's threads run at normal priority: %d niced, "
