@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "util/mounts.hpp"
 #include "util/text.hpp"
 
 namespace clairfs {
@@ -172,9 +173,9 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     std::printf("  log           %s\n", log.c_str());
 }
 
-// What is wrong when a mount's stats cannot be opened (errno `e`), in one line; `seen`: a screen of it was
-// shown before (clairfs status --watch), so a mount point that is a plain folder now saw its mount end.
-std::string why_no_stats(const std::string& mountpoint, int e, bool seen) {
+// What is wrong when a mount's stats cannot be read (errno `e`), in one line (show() says a watched
+// mount's end itself).
+std::string why_no_stats(const std::string& mountpoint, int e) {
   const std::string at = "'" + escape_controls(mountpoint) + "'";
   switch (e) {
     case ENOTCONN:
@@ -187,26 +188,33 @@ std::string why_no_stats(const std::string& mountpoint, int e, bool seen) {
       return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e) +
              " (a mount is the user's who made it, and root's; others read it only with allow_other)";
     case ENOENT:
-    case ENOTDIR: return seen ? "the mount at " + at + " ended" : at + " is not a clairfs mount (no .clairfs/stats)";
-    case ECONNABORTED: return "the mount at " + at + (seen ? " ended" : " ended as its stats were read");
+    case ENOTDIR: return at + " is not a clairfs mount (no .clairfs/stats)";
+    case ECONNABORTED: return "the mount at " + at + " ended as its stats were read";
     default: return "cannot read .clairfs/stats of " + at + ": " + std::strerror(e);
   }
 }
 
 // What reading a mount's stats fails with once the mount has gone: its folder is the mount point's
-// again, or the daemon ended its connection while the read was under way (an unmount).
-bool ended_with(int e) { return e == ENOENT || e == ENOTDIR || e == ECONNABORTED; }
+// again, or the daemon ended its connection while the read was under way (ECONNABORTED), or after the
+// file was opened (ENOTCONN, as from a dead daemon — but a dead daemon's mount is still there).
+bool ended_with(int e, const std::string& mountpoint) {
+  return e == ENOENT || e == ENOTDIR || e == ECONNABORTED || (e == ENOTCONN && !is_dead_fuse_mount(mountpoint));
+}
 
 // One screen of status. Returns false (and prints why) if the stats cannot be read; *ended: the mount a
 // screen was shown of before (`seen`) has ended.
 bool show(const std::string& mountpoint, bool seen = false, bool* ended = nullptr) {
   const int fd = ::open((mountpoint + "/.clairfs/stats").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    if (ended) *ended = seen && ended_with(e);
-    std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
+  // Says why the stats cannot be read (errno `e`); false.
+  const auto cannot = [&](int e) {
+    const bool gone = seen && ended_with(e, mountpoint);
+    if (ended) *ended = gone;
+    const std::string why =
+        gone ? "the mount at '" + escape_controls(mountpoint) + "' ended" : why_no_stats(mountpoint, e);
+    std::fprintf(stderr, "clairfs: %s\n", why.c_str());
     return false;
-  }
+  };
+  if (fd < 0) return cannot(errno);
   std::string text;
   char buf[65536];
   for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
@@ -214,9 +222,7 @@ bool show(const std::string& mountpoint, bool seen = false, bool* ended = nullpt
     if (n < 0) {
       const int e = errno;
       ::close(fd);
-      if (ended) *ended = seen && ended_with(e);
-      std::fprintf(stderr, "clairfs: %s\n", why_no_stats(mountpoint, e, seen).c_str());
-      return false;
+      return cannot(e);
     }
     text.append(buf, static_cast<size_t>(n));
   }
