@@ -556,20 +556,32 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   for (const auto& rank : s["ranks"]) EXPECT_EQ(rank["done"], rank["total"]) << rank.dump();
 }
 
+// A plan for seed 42 (one rank, batch 16, 2 workers), a job of seed 7, and an engine that counts how often
+// it says that a reader reads in another order.
+struct AnotherSeed {
+  MemoryTree tree{sizes(600, 100, 200)};
+  MemorySource source{tree};
+  const Oracle mounted{tree.manifest.samples().size(), torch_schedule(1, 16, 2)};
+  const Oracle job{tree.manifest.samples().size(), [] {
+                     Schedule seven = torch_schedule(1, 16, 2);
+                     seven.seed = 7;
+                     return seven;
+                   }()};
+  int told = 0;
+  EngineConfig c = [this] {
+    EngineConfig c = config(1 << 20);
+    c.tolerance = 64;
+    c.on_other_order = [this] { ++told; };
+    return c;
+  }();
+  ClairvoyantEngine e{tree.manifest, mounted, source, c};
+};
+
 TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
   // A plan for seed 42 (a seed learned from someone's reads), a job of seed 7: its workers are judged to
   // read another order, said once; no rank is followed; their opens are kept, and name the job's seed.
-  MemoryTree tree(sizes(600, 100, 200));
-  MemorySource source(tree);
-  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
-  Schedule seven = torch_schedule(1, 16, 2);
-  seven.seed = 7;
-  const Oracle job(tree.manifest.samples().size(), seven);
-  EngineConfig c = config(1 << 20);
-  c.tolerance = 64;
-  int told = 0;
-  c.on_other_order = [&] { ++told; };
-  ClairvoyantEngine e(tree.manifest, mounted, source, c);
+  AnotherSeed f;
+  auto& [tree, source, mounted, job, told, c, e] = f;
   EXPECT_EQ(read_as_workers(e, tree, job, 0, 0, 96), 0u);
   EXPECT_EQ(told, 1);
   EXPECT_FALSE(e.followed());
@@ -594,17 +606,8 @@ TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
 TEST(Engine, AnotherOrderInTheOpensCaughtUpIsToldToo) {
   // seed=auto: the opens made while the engine was built are placed by catch_up before the engine serves
   // (ci's red test_seed_auto under ASan: a job that turned to seed 42 then was never told, nor learned).
-  MemoryTree tree(sizes(600, 100, 200));
-  MemorySource source(tree);
-  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
-  Schedule seven = torch_schedule(1, 16, 2);
-  seven.seed = 7;
-  const Oracle job(tree.manifest.samples().size(), seven);
-  EngineConfig c = config(1 << 20);
-  c.tolerance = 64;
-  int told = 0;
-  c.on_other_order = [&] { ++told; };
-  ClairvoyantEngine e(tree.manifest, mounted, source, c);
+  AnotherSeed f;
+  auto& [tree, source, mounted, job, told, c, e] = f;
   std::vector<std::pair<EntryId, pid_t>> opens;
   const std::vector<uint32_t> own = mounted.epoch(0).rank_sequence(0), other = job.epoch(0).rank_sequence(0);
   for (size_t k = 0; k < 64; ++k) opens.emplace_back(tree.manifest.samples()[own[k]], 2000);
