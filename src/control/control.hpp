@@ -19,8 +19,9 @@
 // its pages — and a reader whose next read comes after a size change would get another rendering's
 // bytes, or zeros, after the first one's (a JSON reader saw "Extra data"). So every rendering is padded
 // (spaces: after the JSON, at the end of the first HELP line of the metrics) to a multiple of
-// kLivePage, never shorter than the last one; it grows only when the content outgrows it (the ranks
-// appearing once seed=auto has learned, say), once in a mount's life or a few times. stats prints every
+// kLivePage, never shorter than the last one (nor than ControlConfig::live_reserve, which a mount whose
+// ranks appear later — seed=auto learning — starts at); it grows only when the content outgrows it, once
+// in a mount's life or a few times. stats prints every
 // number right-aligned in a field of kStatsWidth, so its size rarely has a reason to grow. Made afresh
 // at most every kLiveRefresh (1 ms), or four times the last rendering's time if that is longer.
 #pragma once
