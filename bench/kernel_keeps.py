@@ -6,6 +6,9 @@ older build, say) and a plain mount, side by side in one run. SOURCE is bench/sl
 memory cgroup (v1) limited to --reader-mib for the smaller page cache.
 
     kernel_keeps.py BUILD [--other CLAIRFS] [--files 1500] [--kb 64] [--reader-mib 40] [--reps 2]
+                    [--progress reads]
+
+--progress: the clairfs mounts' progress= (default: the default, opens watched).
 """
 import argparse
 import importlib.util
@@ -45,6 +48,7 @@ def main():
     ap.add_argument("--kb", type=int, default=64)
     ap.add_argument("--reader-mib", type=int, default=40)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--progress")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     binaries = [("this", build + "/clairfs")] + ([("other", os.path.abspath(args.other))] if args.other else [])
@@ -61,6 +65,8 @@ def main():
         source = bench.SlowSource(build, data, tmp, p)
         slow = source.mnt
         told = "seed=42,batch_size=16,workers=0,world_size=1,ram=%d" % (total // 3)
+        if args.progress:
+            told += ",progress=" + args.progress
         orders = tmp + "/orders"
         os.mkdir(orders)
         h.CLAIRFS = build + "/clairfs"
@@ -68,8 +74,8 @@ def main():
             for e in range(3):
                 with open(mnt + "/.clairfs/order/epoch-%d/rank-0" % e) as f, open(orders + "/epoch-%d" % e, "w") as o:
                     o.write(f.read())
-        print("%d files, %.1f MiB; RAM a third of it; reader's page cache: all, or %d MiB" % (
-            args.files, total / 2**20, args.reader_mib))
+        print("%d files, %.1f MiB; RAM a third of it; reader's page cache: all, or %d MiB%s" % (
+            args.files, total / 2**20, args.reader_mib, "; progress=" + args.progress if args.progress else ""))
         try:
             for rep in range(args.reps):
                 for cache in ("all", "%d MiB" % args.reader_mib):

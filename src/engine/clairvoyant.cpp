@@ -65,8 +65,9 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
   p.every_open = !c.no_open;
-  // Without opens, an empty file's use never reaches us: the kernel has nothing to read.
-  if (c.no_open) p.unseen = [&manifest](EntryId id) { return manifest.entry(id).size == 0; };
+  // Without opens, an empty file's use never reaches us: the kernel has nothing to read (the page
+  // window adds the files whose pages the kernel holds).
+  if (c.no_open) p.unseen = [&manifest](uint64_t, EntryId id) { return manifest.entry(id).size == 0; };
   return p;
 }
 

@@ -29,6 +29,13 @@ PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier
     // Half the budget at most: the other half is for pushing ahead.
     drop_delay_ = std::min((config_.tolerance / 2 + 1) * config_.ranks, std::max<uint64_t>(1, config_.budget / mean / 2));
     beacon_every_ = std::clamp<uint64_t>(config_.budget / mean / config_.ranks / kBeaconsPerWindow, kBeaconMin, kBeaconMax);
+    // A use of a file whose pages the kernel keeps (a passed file's, kept for this use) is read from them
+    // without a word to us, as a pushed one is: its reader's next news counts it as read. Beacons never.
+    if (config_.kernel) {
+      planner_.set_unseen([this](uint64_t key, EntryId id) {
+        return manifest_.entry(id).size == 0 || (kernel_may_hold(id) && !beacon(key));
+      });
+    }
   }
   push_key_ = planner_.cursor();
 }
@@ -79,30 +86,33 @@ void PageWindow::rank_lost(uint64_t rank) {
 }
 
 void PageWindow::let_go(EntryId id) {
-  if (config_.no_open) return drop(id);
-  // With opens told, pages in the kernel are its own as any file's: a push no longer wanted leaves the
-  // budget and stays, since the readers may still read it (a job off the plan read it in the last epoch,
-  // say); dropping it would send that read to SOURCE again.
+  // Pages in the kernel are its own as any file's: a push no longer wanted leaves the budget and stays,
+  // since the readers may still read it (a job off the plan read it in the last epoch, say); dropping it
+  // would send that read to SOURCE again.
   if (in_kernel_[id] != kPushed) return;
   kernel_bytes_ -= manifest_.entry(id).size;
   in_kernel_[id] = kRead;
 }
 
-void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
-  // The readers are past it. Without opens its pages go once the readers are well past it, whether
-  // pushed or read through the mount, so the kernel holds only what is about to be read and beacons are
-  // read through the daemon — unless they were pushed for a later use already.
-  if (in_kernel_[id] == kPushed && next < push_key_) return;
-  if (!config_.no_open) {
-    // With opens told: the pages are the kernel's now, kept as any file's (a plain mount's would be),
-    // and asked about before the file is staged again. Dropping them here would read SOURCE again
-    // for every file the next epoch needs while the kernel has room for the data set.
+void PageWindow::keep_or_drop(uint64_t key, EntryId id, uint64_t next) {
+  // Without opens, the pages stay too unless the file's next use is a beacon, whose read must reach the
+  // daemon: those go once the readers are well past this use (a reader of the rank may still be on it).
+  if (!config_.no_open || next == kNever || !beacon(next)) {
     let_go(id);
     if (in_kernel_[id] == kHeld) in_kernel_[id] = kRead;
     return;
   }
   if (drop_delay_ == 0) drop(id);
   else late_drops_.emplace_back(key, id);
+}
+
+void PageWindow::passed(uint64_t key, EntryId id, uint64_t next) {
+  // The readers are past it (unless it was pushed for a later use already). Its pages are the kernel's
+  // now, kept as any file's (a plain mount's would be), and asked about before the file is staged again:
+  // dropping them here would read SOURCE again for every file the next epoch needs while the kernel has
+  // room for the data set (security finding 13).
+  if (in_kernel_[id] == kPushed && next < push_key_) return;
+  keep_or_drop(key, id, next);
 }
 
 void PageWindow::settle(uint64_t evict_window) {
@@ -128,11 +138,9 @@ void PageWindow::settle(uint64_t evict_window) {
 }
 
 void PageWindow::evicted(EntryId id) {
-  // Without opens, the file may be being read right now (it was just passed, say): its pages go once
-  // the readers have moved on. With opens, a push leaves the budget and its pages stay the kernel's.
-  if (drop_delay_ > 0 && (in_kernel_[id] == kRead || in_kernel_[id] == kPushed)) late_drops_.emplace_back(planner_.cursor(), id);
-  else
-    let_go(id);
+  // A push leaves the budget, and its pages stay the kernel's as a passed file's do.
+  const uint64_t cursor = planner_.cursor();
+  keep_or_drop(cursor, id, planner_.next_use(id, cursor));
 }
 
 bool PageWindow::answered(EntryId id, bool held) {
@@ -158,8 +166,9 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
     if (!item || !planner_.live(planner_.rank_of(push_key_)) || manifest_.entry(*item).size == 0) continue;
     if (config_.no_open && beacon(push_key_)) {
       // Left for its reader to ask the daemon; pages still there from an earlier use go (and if the
-      // reader is quicker than that, it read them: presumed).
-      if (in_kernel_[*item] != kNone) {
+      // reader is quicker than that, it read them: presumed) — unless a use before this one is still to
+      // be read from them: passing it drops them (keep_or_drop).
+      if (in_kernel_[*item] != kNone && planner_.next_use(*item, planner_.cursor()) >= push_key_) {
         drop(*item);
         planner_.presume(push_key_);
       }
@@ -171,6 +180,9 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
       if (config_.no_open) planner_.presume(push_key_);
       continue;
     }
+    // Without opens, not pushed ahead of a beacon of it not read yet (the walk steps over kept pages, so
+    // it may be far ahead of the readers): the beacon would be read from these pages, unheard.
+    if (config_.no_open && before_a_beacon(*item, push_key_)) continue;
     break;
   }
   if (push_key_ >= end) return std::nullopt;
@@ -184,6 +196,11 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
   kernel_bytes_ += size;
   ++push_key_;
   return Push{id, key, std::move(data)};
+}
+
+bool PageWindow::before_a_beacon(EntryId id, uint64_t key) const {
+  const uint64_t sooner = planner_.next_use(id, planner_.cursor());
+  return sooner < key && beacon(sooner) && !planner_.opened(sooner);
 }
 
 void PageWindow::push_done(const Push& push, int rc, Clock::time_point now) {

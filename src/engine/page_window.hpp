@@ -3,12 +3,12 @@
 //
 // Per file it knows what the kernel may hold (nothing, pages read through the mount, a push, a drop on its
 // way, what the kernel answered when asked) and walks the plan from the cursor with its own key
-// (push_key). With opens told, a passed file's pages are the kernel's, kept as any file's, and the
-// stager asks the kernel before staging the file again (see "what the kernel holds" below). Without
-// opens (FUSE no-open mode) pushed uses
-// are presumed read (Planner::presume), one use in every `beacon_every` steps of each rank and its last
-// in each epoch stay unpushed so that reading them says where the reader is (beacons), and passed pages
-// go only `drop_delay` keys behind the cursor — no release says when a reader is done with a file.
+// (push_key). A passed file's pages are the kernel's, kept as any file's, and the stager asks the
+// kernel before staging the file again (see "what the kernel holds" below). Without opens (FUSE no-open
+// mode) pushed uses are presumed read (Planner::presume), one use in every `beacon_every` steps of each
+// rank and its last in each epoch stay unpushed so that reading them says where the reader is
+// (beacons), and the pages of a passed file next used as a beacon go `drop_delay` keys behind the
+// cursor — no release says when a reader is done with a file.
 //
 // State is guarded by the engine's mutex (thread-compatible); request threads tell it of opens, releases
 // and progress, the stager takes pushes and drops from it and does them with the mutex released — a
@@ -68,18 +68,18 @@ class PageWindow {
   void passed(uint64_t key, EntryId id, uint64_t next);
   // After progress: pages waiting for the cursor go, unless needed again within `keep_within` keys.
   void settle(uint64_t evict_window);
-  // RAM let the file go: pages pushed from it go too (once nobody reads them) without opens; with them,
-  // every page is the kernel's to keep or reclaim.
+  // RAM let the file go: a push leaves the budget, and its pages are the kernel's to keep or reclaim (as
+  // a passed file's: without opens dropped before a beacon).
   void evicted(EntryId id);
 
-  // --- what the kernel holds, asked before staging (with opens told) ---
-  // With opens told, the pages of a file the readers read stay in the kernel as any file's do (it
-  // reclaims them under memory pressure), so a later use may be read from them: before staging the
-  // file for it, the stager asks the kernel whether it still holds them, and if it does, leaves that use
-  // to the kernel's pages rather than read SOURCE again for a second copy.
-  // When the use comes near (StagingPolicy::needed_soon), a file the kernel said it held is asked about
-  // again: it may have taken the pages back since, and the file is then staged after all.
-  bool should_ask(EntryId id) const { return !config_.no_open && config_.kernel && in_kernel_[id] == kRead; }
+  // --- what the kernel holds, asked before staging ---
+  // The pages of a file the readers read stay in the kernel as any file's do (it reclaims them under
+  // memory pressure; without opens, those of a file next used as a beacon go), so a later use may be
+  // read from them: before staging the file for it, the stager asks the kernel whether it still holds
+  // them, and if it does, leaves that use to the kernel's pages rather than read SOURCE again for a
+  // second copy. When the use comes near (StagingPolicy::needed_soon), a file the kernel said it held is
+  // asked about again: it may have taken the pages back since, and the file is then staged after all.
+  bool should_ask(EntryId id) const { return config_.kernel && in_kernel_[id] == kRead; }
   bool should_ask_again(EntryId id) const { return in_kernel_[id] == kHeld; }
   void asking(EntryId id) { in_kernel_[id] = in_kernel_[id] == kHeld ? kAskingAgain : kAsking; }
   bool asking_now(EntryId id) const { return in_kernel_[id] == kAsking || in_kernel_[id] == kAskingAgain; }
@@ -88,11 +88,9 @@ class PageWindow {
   bool answered(EntryId id, bool held);
   // The kernel said it holds the file's pages (until its next open).
   bool kernel_holds(EntryId id) const { return in_kernel_[id] == kHeld; }
-  // With opens told: the readers read the file or it was pushed, and no drop is known (read-ahead, a
-  // guess, does not stage such a file: the kernel most likely holds it).
-  bool kernel_may_hold(EntryId id) const {
-    return !config_.no_open && in_kernel_[id] != kNone && in_kernel_[id] != kDropping;
-  }
+  // The readers read the file or it was pushed, and no drop is known (read-ahead, a guess, does not
+  // stage such a file: the kernel most likely holds it).
+  bool kernel_may_hold(EntryId id) const { return in_kernel_[id] != kNone && in_kernel_[id] != kDropping; }
 
   bool pushed(EntryId id) const { return in_kernel_[id] == kPushed; }
   uint64_t push_key() const { return push_key_; }
@@ -139,22 +137,27 @@ class PageWindow {
   };
   // A use left unpushed in no-open mode, so that its read tells where the reader is.
   bool beacon(uint64_t key) const;
+  // A use of `id` before `key` (from the cursor on) is a beacon not read yet.
+  bool before_a_beacon(EntryId id, uint64_t key) const;
   // Queues a drop now, or at the file's last release.
   void drop(EntryId id);
-  // A push no longer wanted: dropped without opens, the kernel's own with them.
+  // A push no longer wanted: out of the budget, its pages the kernel's own.
   void let_go(EntryId id);
+  // Passed at `key` (or evicted), next used at `next`: its pages kept as the kernel's, or (without opens,
+  // before a beacon) dropped once the readers are well past `key`.
+  void keep_or_drop(uint64_t key, EntryId id, uint64_t next);
 
   const Manifest& manifest_;
   Planner& planner_;
   const RamTier& ram_;
-  WindowConfig config_;  // no_open goes once opens are seen (opens_seen)
+  WindowConfig config_;        // no_open goes once opens are seen (opens_seen)
   uint64_t drop_delay_ = 0;    // no-open mode: keys behind the cursor before passed pages go
   uint64_t beacon_every_ = 1;  // steps of a rank between beacons
   std::vector<uint8_t> in_kernel_;
   uint64_t kernel_bytes_ = 0;
-  uint64_t push_key_ = 0;      // next key whose file may be pushed
-  std::optional<Clock::time_point> push_retry_at_;  // when refused pushes are tried again
-  std::vector<EntryId> drops_;                      // for the stager
+  uint64_t push_key_ = 0;                             // next key whose file may be pushed
+  std::optional<Clock::time_point> push_retry_at_;    // when refused pushes are tried again
+  std::vector<EntryId> drops_;                        // for the stager
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read
   std::unordered_set<EntryId> dropping_pushes_;       // pushes whose drop is queued: in kernel_bytes_ still

@@ -140,7 +140,7 @@ bool Planner::is_silent(const Rank& r, uint64_t key) const {
   if (r.silent.count(key)) return true;
   if (!config_.unseen) return false;
   const auto id = item(key);
-  return id && config_.unseen(*id);
+  return id && config_.unseen(key, *id);
 }
 
 uint64_t Planner::past_silent(const Rank& r, uint64_t rank, uint64_t key) const {

@@ -16,7 +16,8 @@
 // cursor passes are reported (take_passed) so the tiers can re-key them by their next use.
 //
 // Silent uses (FUSE no-open mode): the kernel reads files whose pages it holds without a word to us. The
-// engine presumes those uses (presume: it pushed the pages) and, for empty files, `unseen` says so; a
+// engine presumes those uses (presume: it pushed the pages), or `unseen` says so (empty files, pages the
+// kernel kept); a
 // silent use counts as read once its rank opens something past it, and the distance of an open from
 // its rank's place is measured from the first use there that is not silent. Reads of files the engine
 // deliberately did not push (beacons) are then the opens that carry progress.
@@ -117,8 +118,9 @@ struct PlannerConfig {
   // Epochs planned after the readers' one. A node serving R of W ranks sees a file again about every
   // W/R epochs, so next use must look that far for eviction by next use to know it.
   uint64_t horizon = 2;
-  // No-open mode: entries whose uses never reach the engine (empty files: the kernel reads nothing).
-  std::function<bool(EntryId)> unseen;
+  // No-open mode: uses (key, entry) that do not reach the engine (empty files: the kernel reads nothing;
+  // files whose pages the kernel holds). Also set later (set_unseen).
+  std::function<bool(uint64_t, EntryId)> unseen;
   // Every open is told, with its opener (opens through handles): readers are judged one by one.
   bool every_open = false;
 };
@@ -159,6 +161,10 @@ class Planner {
   // The kernel holds the pages of the use at `key` (the engine pushed them), so its reader reads it
   // without asking: a silent use. Ignored for a lost rank or a use already opened.
   void presume(uint64_t key);
+  // Which uses do not reach the engine (PlannerConfig::unseen), until opens are seen.
+  void set_unseen(std::function<bool(uint64_t, EntryId)> unseen) {
+    if (!every_open_) config_.unseen = std::move(unseen);
+  }
   // Every open is told from now on (no-open mode with a watch on the mount): no use is unseen, and the
   // uses presumed read so far (pushed before the watch began) are not; readers are judged one by one.
   void opens_seen() {

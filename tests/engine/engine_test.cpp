@@ -97,6 +97,25 @@ size_t read_epoch(ClairvoyantEngine& e, const MemoryTree& tree, const std::vecto
   return wrong;
 }
 
+// The same without opens (FUSE no-open mode: the first read is the open), each file read whole by `pid`
+// in pieces of 1024 bytes.
+size_t read_epoch_unopened(ClairvoyantEngine& e, const MemoryTree& tree, const std::vector<EntryId>& order,
+                           pid_t pid = 100) {
+  size_t wrong = 0;
+  char buf[1024];
+  for (EntryId id : order) {
+    std::string got;
+    for (off_t off = 0;;) {
+      const ssize_t n = e.read_unopened(id, pid, buf, sizeof buf, off);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+      off += n;
+    }
+    wrong += got != tree.bytes(id);
+  }
+  return wrong;
+}
+
 TEST(Engine, RightOrderIsStagedAheadAndSourceIsReadOnce) {
   MemoryTree tree(sizes(120, 1000, 5000));
   MemorySource source(tree);
@@ -391,6 +410,44 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
   EXPECT_EQ(read_epoch(e, tree, streams(1)[0]), 0u);
 }
 
+// The same without opens (progress=reads): the pages of a file the readers passed stay the kernel's
+// too, and the stager asks before staging it again — except a file whose next use is a beacon (one in
+// `beacon_every` steps, and each epoch's last), whose pages go so that its read reaches the daemon. In
+// epoch 1 the reader reads through the engine only what the kernel does not hold: SOURCE serves about
+// the beacons (and staging the next epoch's), where staging read it again for all RAM does not hold.
+TEST(Engine, AFileTheKernelHoldsIsNotStagedAgainWithoutOpens) {
+  MemoryTree tree(sizes(90, 1000, 1000));
+  MemorySource source(tree);
+  fakes::PageCacheDouble kernel;
+  kernel.hold_all(true);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(30 * 1000);
+  c.pagecache = 10 * 1000;
+  c.page_cache = &kernel;
+  c.no_open = true;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  EXPECT_EQ(read_epoch_unopened(e, tree, streams(0)[0]), 0u);
+  const uint64_t epoch0 = stats(e)["source_traffic"]["bytes"];
+  const uint64_t every = stats(e)["progress"]["beacon_every"];
+  ASSERT_GE(every, 4u);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["left_to_kernel"] > 0u; }))
+      << e.stats_json();
+  size_t wrong = 0, through = 0;
+  const std::vector<EntryId> order = streams(1)[0];
+  for (EntryId id : order) {
+    if (kernel.holds(id)) continue;
+    wrong += read_epoch_unopened(e, tree, {id});
+    kernel.read_through(id);
+    ++through;
+  }
+  EXPECT_EQ(wrong, 0u);
+  const uint64_t beacons = 90 / every + 1, epoch1 = stats(e)["source_traffic"]["bytes"].get<uint64_t>() - epoch0;
+  EXPECT_LE(through, beacons + 2) << e.stats_json();
+  EXPECT_LE(epoch1, 2 * beacons * 1000) << e.stats_json();  // its beacons, and some of epoch 2's staged ahead
+  kernel.hold_all(false);
+  EXPECT_EQ(read_epoch_unopened(e, tree, streams(2)[0]), 0u);
+}
+
 TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   // The kernel holds the first file's pages locked for a read request no request thread is free to serve
   // (each waits for a staging, as here), so the stager's push of it waits. An open of a file whose
@@ -437,21 +494,7 @@ TEST(Engine, NoOpenReadsCountOneUsePerFile) {
   c.no_open = true;
   ClairvoyantEngine e(tree.manifest, streams, source, c);
   ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] == tree.files(); }));
-  size_t wrong = 0;
-  char buf[1024];
-  const std::vector<EntryId> order = streams(0)[0];
-  for (EntryId id : order) {
-    std::string got;
-    for (off_t off = 0;;) {
-      const ssize_t n = e.read_unopened(id, 100, buf, sizeof buf, off);
-      ASSERT_GE(n, 0);
-      if (n == 0) break;
-      got.append(buf, static_cast<size_t>(n));
-      off += n;
-    }
-    wrong += got != tree.bytes(id);
-  }
-  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(read_epoch_unopened(e, tree, streams(0)[0]), 0u);
   const auto s = stats(e);
   EXPECT_EQ(s["tiers"]["ram"]["files"], tree.files());
   EXPECT_EQ(s["mispredicted_opens"], 0u);

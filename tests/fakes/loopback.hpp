@@ -141,6 +141,7 @@ class PageCacheDouble final : public PageCache {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_unlocked(lock, id);
     pushed_.erase(id);
+    if (hold_all_) dropped_.insert(id);
     drops_++;
     return 0;
   }
@@ -148,18 +149,29 @@ class PageCacheDouble final : public PageCache {
     bool held = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      held = hold_all_ || pushed_.count(id) != 0;
+      held = holds_locked(id);
       probes_++;
     }
     answer(held ? 1 : 0);
     return 0;
   }
-  // From now on every file's pages are held (true), or none but those pushed (false: the kernel took back
-  // what the readers read).
+  // From now on every file's pages are held but those dropped since (true), or none but those pushed
+  // (false: the kernel took back what the readers read).
   void hold_all(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
     hold_all_ = on;
+    dropped_.clear();
     if (!on) pushed_.clear();
+  }
+  // Whether a read of the file would be served from its pages (reaching no daemon).
+  bool holds(EntryId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return holds_locked(id);
+  }
+  // The file was read through the daemon: its pages are held again.
+  void read_through(EntryId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped_.erase(id);
   }
   uint64_t probes() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -208,6 +220,7 @@ class PageCacheDouble final : public PageCache {
   }
 
  private:
+  bool holds_locked(EntryId id) const { return (hold_all_ && !dropped_.count(id)) || pushed_.count(id); }
   void wait_unlocked(std::unique_lock<std::mutex>& lock, EntryId id) {
     waiting_++;
     unlocked_.wait(lock, [&] { return !locked_.count(id); });
@@ -220,7 +233,7 @@ class PageCacheDouble final : public PageCache {
   bool refuse_ = false;
   bool hold_all_ = false;
   std::chrono::milliseconds push_time_{0};
-  std::unordered_set<EntryId> pushed_, locked_;
+  std::unordered_set<EntryId> pushed_, locked_, dropped_;
   size_t peak_held_ = 0;
   uint64_t pushes_ = 0, drops_ = 0, probes_ = 0;
 };

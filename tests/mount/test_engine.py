@@ -71,14 +71,15 @@ with h.tempdir() as tmp:
                     "some files were pushed into the kernel and read with no read reaching the daemon: %s" % s["pagecache"])
             h.check(s["pagecache"]["used"] <= s["pagecache"]["budget"], "pushed pages within their budget: %s" % s["pagecache"])
             # RAM for a quarter of the data set, the kernel's page cache for all of it (security finding 13).
-            # Told of opens, the engine leaves the pages the reader read to the kernel, and asks it before
-            # staging a file again: SOURCE is read about once, as through a plain mount (1.000-1.008× in 8
-            # runs; a file the kernel kept only in part is read again). Following reads, passed pages are
-            # dropped: epoch 2 reads SOURCE again for most, not all, of the data set.
-            from_source = s["source_traffic"]["bytes"]
-            h.check(total <= from_source <= total * 1.15 if progress != "reads" else total <= from_source < 2 * total,
-                    "SOURCE read %.3f× the data set over 2 epochs (%d uses left to the kernel's pages)" % (
-                        from_source / total, s["pagecache"]["left_to_kernel"]))
+            # The engine leaves the pages the reader read to the kernel, and asks it before staging a file
+            # again: SOURCE is read about once, as through a plain mount (1.000-1.008× in 8 runs; a file the
+            # kernel kept only in part is read again). Following reads too (it was 1.85×), but the pages of a
+            # file next read as a beacon go, so that its read reaches the daemon: that file is read again,
+            # one use in beacon_every (here 6, a small page-cache budget; 1 in 256 at common sizes).
+            from_source, every = s["source_traffic"]["bytes"], s["progress"]["beacon_every"]
+            h.check(total <= from_source <= total * (1.15 + (1 / every if every else 0)),
+                    "SOURCE read %.3f× the data set over 2 epochs (%d uses left to the kernel's pages%s)" % (
+                        from_source / total, s["pagecache"]["left_to_kernel"], ", beacons every %d" % every if every else ""))
             h.check(s["mispredicted_opens"] == 0, "no misprediction on the predicted order")
             # stats keeps one length (read without opens, the kernel caches it like any file and trusts
             # the size it was told), and is made afresh for each reader.

@@ -333,7 +333,7 @@ TEST(Planner, UnseenEntriesAreSilentWithoutBeingPresumed) {
   auto c = config(50, 1, 8);
   const auto seq = src(0)[0];
   const EntryId empty = seq[3];
-  c.unseen = [empty](EntryId id) { return id == empty; };
+  c.unseen = [empty](uint64_t, EntryId id) { return id == empty; };
   Planner p(c, src);
   for (uint64_t k = 0; k < 3; ++k) p.on_open(seq[k], 1);
   EXPECT_EQ(p.cursor(), 3u);  // the reader may not have read the empty file yet
