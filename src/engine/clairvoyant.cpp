@@ -170,6 +170,11 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
     p.evidence.push_back({served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r)});
   }
   if (p.seen.again) return p;
+  if (!p.seen.open.expected && log_enabled(LogLevel::kDebug))
+    p.debug = "open of /" + manifest_.path(id) + " by process " + std::to_string(pid) +
+              (p.seen.open.blamed ? " not near rank " + std::to_string(served_ranks(config_)[p.seen.open.rank]) +
+                                        "'s place in the plan (counted against it)"
+                                  : " not near any rank's place in the plan");
   for (uint64_t rank : p.seen.lost) state_.window.rank_lost(rank);
   if (p.seen.returned) {  // a rank came back: stage and push for it again
     state_.policy.restart();
@@ -186,6 +191,7 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 }
 
 void ClairvoyantEngine::placed(Placed& p) {
+  if (!p.debug.empty()) log_debug(p.debug);
   if (p.wake) state_.progress.notify_all();
   if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world || p.seen.world_decided)
     tell(p.seen, std::move(p.evidence));

@@ -155,6 +155,7 @@ class ClairvoyantEngine final : public Engine {
     ReaderTracker::Seen seen;
     std::vector<Evidence> evidence;
     bool wake = false;  // the stager waits for the readers to move this far
+    std::string debug;  // a line for log_level=debug, said outside the lock
   };
   Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
   void placed(Placed& p) EXCLUDES(state_.mutex);

@@ -197,6 +197,7 @@ int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
 }
 
 void Stager::evict_ram(EntryId id) {
+  if (log_enabled(LogLevel::kDebug)) log_debug("RAM: /" + manifest_.path(id) + " let go for a file needed sooner");
   ram_.erase(id);
   counters_.ram_evictions++;
   state_.window.evicted(id);
@@ -291,7 +292,12 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     }
     if (kernel_ && !policy.owned(c->id)) {      // (a file kept for the other nodes is staged: they ask this one)
       if (state_.window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
-        if (c->key >= left_up_to_) counters_.left_to_kernel++;  // (once: the walk may come again)
+        if (c->key >= left_up_to_) {            // (once: the walk may come again)
+          counters_.left_to_kernel++;
+          if (log_enabled(LogLevel::kDebug))
+            log_debug("step " + std::to_string(c->key) + ": /" + manifest_.path(c->id) +
+                      " not staged, the kernel holds its pages");
+        }
         left_up_to_ = std::max(left_up_to_, c->key + 1);
         policy.take();
         continue;
@@ -303,7 +309,14 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       }
     }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-    if (!make_ram_room(c->size, c->key, policy.owned(c->id))) break;
+    if (!make_ram_room(c->size, c->key, policy.owned(c->id))) {
+      if (c->key != said_wait_at_ && log_enabled(LogLevel::kDebug))
+        log_debug("staging waits for the readers at step " + std::to_string(c->key) + " (/" + manifest_.path(c->id) +
+                  "): RAM holds files needed sooner" +
+                  (policy.within_window(c->key) ? "" : ", or it is beyond the lead window"));
+      said_wait_at_ = c->key;
+      break;
+    }
     Origin first = Origin::kSource;
     const bool soon = policy.needed_soon(c->key);
     if (nvme_ && nvme_->find(c->id))
@@ -432,6 +445,9 @@ void Stager::stage(const Pick& pick) {
 
 void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
   const uint64_t size = manifest_.entry(pick.id).size;
+  if (log_enabled(LogLevel::kDebug) && pick.first == Origin::kPeer && r.from != Origin::kPeer)
+    log_debug("staging /" + manifest_.path(pick.id) + ": its peer did not serve it (refused, timed out or gone)" +
+              (r.rc < 0 ? pick.peer_only ? "; asked again once needed soon" : "" : "; read from the next store"));
   if (r.rc < 0) {
     ram_.unreserve(size);
     if (pick.peer_only) {  // asked again once needed soon

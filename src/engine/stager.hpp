@@ -128,6 +128,7 @@ class Stager {
   uint64_t ask_key_ = 0;         // next key whose file the kernel may be asked about
   uint64_t again_key_ = 0;       // next key whose file the kernel said it held, to ask again as it comes near
   uint64_t left_up_to_ = 0;      // uses below it left to the kernel's pages are counted
+  uint64_t said_wait_at_ = UINT64_MAX;  // the step staging last waited at (log_level=debug says it once)
   std::vector<EntryId> to_ask_;  // read-ahead's questions, asked at the next turn
   absl::flat_hash_set<EntryId> readahead_asks_;  // read ahead once the kernel says it does not hold them
   absl::flat_hash_map<EntryId, std::chrono::steady_clock::time_point> asking_;  // questions unanswered, since

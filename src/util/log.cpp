@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "util/fs.hpp"
 #include "util/text.hpp"
@@ -51,6 +53,12 @@ std::string g_last;  // the last line written, its level and when
 LogLevel g_last_level = LogLevel::kInfo;
 Clock::time_point g_last_at;
 size_t g_repeats = 0;  // the same line since, not written
+// Warnings and errors said on stderr before the daemon detached: written to its log too once it does
+// (a warning at start-up, say of an nvme_size= beyond the disk, would otherwise reach only the terminal
+// that ran the mount). At most kEarlyLines.
+constexpr size_t kEarlyLines = 64;
+std::vector<std::pair<LogLevel, std::string>> g_early;
+bool g_detached = false;
 
 std::string utc_now() {
   const auto now = std::chrono::system_clock::now();
@@ -119,6 +127,10 @@ void set_log_origin(const std::string& origin) { g_name = "clairfs[" + origin + 
 
 void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
 
+bool log_enabled(LogLevel level) {
+  return level >= LogLevel::kNotice || static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
+}
+
 bool syslog_reachable() { return connects(SOCK_DGRAM) || connects(SOCK_STREAM); }
 
 std::string default_log_file(const std::string& mountpoint) {
@@ -170,6 +182,11 @@ void log_detached() {
   flush_repeats();
   if (g_target.kind == Kind::kSyslog) ::openlog("clairfs", LOG_PID, LOG_DAEMON);
   g_now = g_target;
+  g_detached = true;
+  if (g_now.kind != Kind::kStderr)
+    for (const auto& [level, message] : g_early) write_line(level, "said at start-up: " + message);
+  g_early.clear();
+  g_early.shrink_to_fit();
 }
 
 void log_serving() {
@@ -245,7 +262,7 @@ void LogReopener::run() {
 }
 
 void log_line(LogLevel level, const std::string& message) {
-  if (level < LogLevel::kNotice && static_cast<int>(level) < g_level.load(std::memory_order_relaxed)) return;
+  if (!log_enabled(level)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   const auto now = Clock::now();
   if (message == g_last && level == g_last_level && now - g_last_at < kFoldFor) {
@@ -253,7 +270,10 @@ void log_line(LogLevel level, const std::string& message) {
     return;
   }
   flush_repeats();
-  write_line(level, escape_controls(message));  // names from SOURCE may hold newlines and escapes
+  const std::string line = escape_controls(message);  // names from SOURCE may hold newlines and escapes
+  write_line(level, line);
+  if (!g_detached && level >= LogLevel::kWarning && level != LogLevel::kNotice && g_early.size() < kEarlyLines)
+    g_early.emplace_back(level, line);
   g_last = message;
   g_last_level = level;
   g_last_at = now;

@@ -36,6 +36,8 @@ inline void log_error(const std::string& m) { log_line(LogLevel::kError, m); }
 void set_log_origin(const std::string& origin);
 // Lines below `level` are dropped.
 void set_log_level(LogLevel level);
+// Whether lines at `level` are written: a debug line costly to make is made only then.
+bool log_enabled(LogLevel level);
 
 // Where lines go once the daemon detaches: "syslog", "stderr", or a file path; "" for the default.
 // Returns a one-line reason when it cannot be used (a file that cannot be opened for appending), "" if

@@ -136,6 +136,35 @@ with h.tempdir() as tmp:
             "log_level=error: no warning, the mount and its end still said: %s" % [l[25:] for l in got])
     os.truncate(changed, os.path.getsize(changed) - 4)
 
+    # log_level=debug: lines that say why (staging waiting, RAM letting files go, opens off the plan) —
+    # none at the default level. RAM for a tenth of the data; the planned order for an epoch and a half,
+    # then a few files in reverse.
+    small = sum(os.path.getsize(f) for f in files) // 10
+    for level in ("debug", "info"):
+        log = tmp + "/%s.log" % level
+        with h.mounted(data, mnt, "seed=1,batch_size=4,ram=%d,log_level=%s,log=%s" % (small, level, log)):
+            planned = []
+            for e in range(2):
+                with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, e)) as f:
+                    planned += f.read().splitlines()
+            for r in planned[:len(planned) * 3 // 4] + rel[::-1][:20]:
+                time.sleep(0.002)
+                with open(os.path.join(mnt, r), "rb") as f:
+                    f.read()
+        debug = [l for l in lines(log) if "clairfs: debug: " in l]
+        said = {what for what in ("not near", "let go", "staging waits") if any(what in l for l in debug)}
+        h.check(len(said) == 3 if level == "debug" else not debug,
+                "log_level=%s: %d debug lines (%s)%s" % (level, len(debug), sorted(said), [l[25:] for l in debug[:3]]))
+    # A warning said at start-up, on the terminal, goes to the log too (an nvme_size= beyond the disk).
+    log = tmp + "/early.log"
+    fs = os.statvfs(tmp)
+    os.mkdir(tmp + "/nvme")
+    with h.mounted(data, mnt, "seed=1,ram=16M,nvme=%s/nvme,nvme_size=%d,log=%s" % (tmp, fs.f_bavail * fs.f_frsize * 2, log)):
+        pass
+    got = [l for l in lines(log) if "said at start-up" in l and "nvme_size=" in l]
+    h.check(len(got) == 1 and "warning: said at start-up: nvme_size=" in got[0],
+            "a warning before the daemon detached is in its log too: %s" % [l[25:] for l in got])
+
     # Log rotation: docs/operating.md's logrotate entry, run by Debian's logrotate (forced) while the mount is
     # read. SIGHUP opens the log file again at its path and never unmounts: the old lines stay in the
     # rotated file, the new ones (and the reopening) go to the new one, every byte still right.
