@@ -553,6 +553,9 @@ std::string LearningEngine::stats_json() const {
     const nlohmann::json before = nlohmann::json::parse(engines_[p]->stats_json());
     for (const char* section : {"tiers", "staged", "source_traffic", "stalls"})
       add_numbers(j[section], before[section]);
+    // The watch's news went to the plan of the moment: heard opens and closes are the sum.
+    for (const char* count : {"opens_seen", "closes_seen", "losses"})
+      j["progress"][count] = j["progress"].value(count, uint64_t{0}) + before["progress"].value(count, uint64_t{0});
   }
   if (replanning_.on)
     j["plan"]["world"] = {{"world_size", plan_.world},

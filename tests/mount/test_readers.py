@@ -196,10 +196,11 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
     os.unlink(log)
     plan, ranks = s["plan"]["world"], rank_progress(s)
     h.check(ok and plan["replanned"] == 1 and plan["world_size"] == 2 and plan["ranks"].strip() == "0,1"
-            and said.count("planned again") == 1,
-            "world_size=auto, a job of 2 ranks: read right %s, planned again %d times, for world_size=%d, ranks %s %s"
-            % (ok, plan["replanned"], plan["world_size"], plan["ranks"].strip(),
-               [line[25:] for line in said.splitlines() if "planned again" in line]))
+            and said.count("planned again") == 1 and s["progress"]["opens_seen"] == samples,
+            "world_size=auto, a job of 2 ranks: read right %s, planned again %d times, for world_size=%d, ranks %s %s; "
+            "%d opens heard over both plans" % (ok, plan["replanned"], plan["world_size"], plan["ranks"].strip(),
+                                                [line[25:] for line in said.splitlines() if "planned again" in line],
+                                                s["progress"]["opens_seen"]))
     h.check(len(ranks) == 2 and all(e == 0 and done == tot == samples // 2 and v == "following"
                                     for _, e, done, tot, v in ranks),
             "world_size=auto: both ranks followed to the end of their epoch: %s" % ranks)
