@@ -74,6 +74,11 @@ def read_in_two(path):
         os.close(fd)
 
 
+def codename():
+    with open("/etc/os-release") as f:
+        return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line).get("VERSION_CODENAME", "").strip('"')
+
+
 def status(mnt):
     return subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
 
@@ -283,5 +288,21 @@ with h.tempdir() as tmp:
         fams = families(open(mnt + "/.clairfs/metrics").read())
         h.check("clairfs_rank_epoch" not in fams and value(fams, "clairfs_served_files", "clairfs_served_files_total",
                                                           tier="source") >= 1, "ram=0: SOURCE's numbers, no ranks")
+
+    # A site with its own Debian mirror: scripts/torch2-chroot takes it from apt's sources (deb822 or
+    # one-line, as apt reads them) for this machine's release, or from CLAIRFS_DEBIAN_MIRROR.
+    os.mkdir(tmp + "/apt")
+    with open(tmp + "/apt/sources.list", "w") as f:
+        f.write("deb http://mirror.site.example/debian-security %s-security main\n" % codename()
+                + "deb http://mirror.site.example/debian %s main\n" % codename())
+    with open(tmp + "/apt/apt.conf", "w") as f:
+        f.write('Dir::Etc::sourcelist "%s/apt/sources.list";\nDir::Etc::sourceparts "%s/apt";\n' % (tmp, tmp))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "torch2-chroot")
+    got = [subprocess.run([script, "--print-mirror"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **extra)).stdout.strip()
+           for extra in ({"APT_CONFIG": tmp + "/apt/apt.conf"},
+                         {"APT_CONFIG": tmp + "/apt/apt.conf", "CLAIRFS_DEBIAN_MIRROR": "http://other.example/debian"})]
+    h.check(got == ["http://mirror.site.example/debian", "http://other.example/debian"],
+            "scripts/torch2-chroot takes the mirror from apt's sources, or CLAIRFS_DEBIAN_MIRROR: %s" % got)
 
 h.finish()
