@@ -487,6 +487,19 @@ void warn_of_nvme_beyond_the_disk(const Options& o) {
                 human_bytes(static_cast<double>(free)) + "): the NVMe tier stops taking files when the disk fills");
 }
 
+// SOURCE mounted by clairfs elsewhere on this node too: each mount stages it for itself (RAM twice, SOURCE
+// read twice), where one mount serves every job that reads it. Not under a launcher of several daemons
+// (on one host they play several nodes).
+void warn_of_another_mount(const Options& o, const MpiWorld* world) {
+  if (world && world->size() > 1) return;
+  for (const std::string& other : clairfs_mounts_of(o.fsname)) {
+    if (other == o.mountpoint_abs) continue;
+    log_warning(o.fsname + " is mounted by clairfs at " + other + " too: each mount stages it for itself (its RAM " +
+                "and SOURCE's reads twice); one mount serves every job on the node that reads it");
+    return;
+  }
+}
+
 // Step 4: the peers (under a launcher with several nodes), the engine (staging on) and the trace.
 // Throws NvmeError for a bad nvme= (the mount stops); any other engine failure leaves staging off.
 void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
@@ -609,6 +622,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   log_serving();
   log_notice("mounted " + o.source_abs + " at " + o.mountpoint_abs + " (" + std::to_string(d.manifest->samples().size()) +
            " samples)");
+  warn_of_another_mount(o, world);
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   const LogReopener reopener;  // SIGHUP, for log rotation; never an end
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);

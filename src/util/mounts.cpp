@@ -109,6 +109,15 @@ bool fusermount_detach(const std::string& abs_path) {
 
 }  // namespace
 
+std::vector<std::string> clairfs_mounts_of(const std::string& fsname) {
+  std::vector<std::string> points;
+  each_mount([&](long, const MountEntry& e) {
+    if (e.fstype == "fuse.clairfs" && e.source == fsname) points.push_back(e.mountpoint);
+    return true;
+  });
+  return points;
+}
+
 std::optional<MountEntry> mount_at(const std::string& abs_path) {
   std::optional<MountEntry> found;
   each_mount([&](long, const MountEntry& e) {

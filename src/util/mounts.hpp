@@ -25,6 +25,9 @@ struct MountEntry {
 // The topmost mount whose mount point is exactly `abs_path`, if any.
 std::optional<MountEntry> mount_at(const std::string& abs_path);
 
+// The mount points of this node's clairfs mounts whose fsname is `fsname` (SOURCE, by default).
+std::vector<std::string> clairfs_mounts_of(const std::string& fsname);
+
 // The absolute form of `path` without resolving its last component: realpath() of the parent plus the
 // name, so that a dead mount point (whose stat fails with ENOTCONN) still has a name to look up.
 std::string absolute_parent_resolved(const std::string& path);

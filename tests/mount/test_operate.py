@@ -170,6 +170,18 @@ with h.tempdir() as tmp:
     h.check(len(got) == 1 and "warning: said at start-up: nvme_size=" in got[0],
             "a warning before the daemon detached is in its log too: %s" % [l[25:] for l in got])
 
+    # A second mount of the same SOURCE on the node is warned of (each stages it for itself); the first
+    # mount is not, nor one of another SOURCE.
+    os.mkdir(tmp + "/mnt2")
+    first_log, second_log = tmp + "/first.log", tmp + "/second.log"
+    with h.mounted(data, mnt, "seed=1,ram=16M,log=" + first_log):
+        with h.mounted(data, tmp + "/mnt2", "seed=1,ram=16M,log=" + second_log):
+            pass
+    said = [l[25:] for l in lines(second_log) if "too:" in l]
+    h.check(len(said) == 1 and ("is mounted by clairfs at %s too" % mnt) in said[0]
+            and not [l for l in lines(first_log) if "too:" in l],
+            "a second mount of one SOURCE is warned of, the first is not: %s" % said)
+
     # Log rotation: docs/operating.md's logrotate entry, run by Debian's logrotate (forced) while the mount is
     # read. SIGHUP opens the log file again at its path and never unmounts: the old lines stay in the
     # rotated file, the new ones (and the reopening) go to the new one, every byte still right.
