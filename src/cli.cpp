@@ -466,6 +466,7 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   c.pagecache = o.pagecache;
   c.page_cache = &page_cache;
   c.no_open = !o.progress_from_opens;
+  c.idle = std::chrono::milliseconds(static_cast<int64_t>(o.idle * 1000));
   return c;
 }
 

@@ -115,6 +115,11 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
       }
     }
     fill("RAM", get(j, {"ram", "used"}), get(j, {"ram", "budget"}));
+    if (j.contains("idle") && j["idle"].value("now", false))
+      std::printf(
+          "               idle: nothing read for %llu s, RAM and pushed pages given back; staging again at the "
+          "next read\n",
+          static_cast<unsigned long long>(get(j, {"idle", "after_seconds"})));
     if (get(j, {"pagecache", "budget"})) fill("pushed pages", get(j, {"pagecache", "used"}), get(j, {"pagecache", "budget"}));
     if (j.contains("nvme")) {
       fill("NVMe", get(j, {"nvme", "used"}), get(j, {"nvme", "capacity"}));

@@ -88,6 +88,7 @@ struct Options {
   uint64_t pagecache = 0;  // bytes of staged files pushed into the kernel ahead of readers
   bool pagecache_given = false;
   double peer_timeout = 5.0;  // seconds
+  double idle = 1800;         // seconds without a read before RAM is given back; 0: never
   uint64_t io_depth = 32;     // the stager's requests in flight
   // How the engine learns where the readers are: from every open the kernel sends to the daemon
   // (progress_from_opens), or, with the kernel opening files itself (FUSE no-open mode: pushed files cost

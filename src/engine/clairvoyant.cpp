@@ -124,10 +124,11 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
     while (auto want = state_.planner.wanted_epoch())
       state_.planner.add_epoch(Planner::build(streams_, *want, state_.tracker.ranks(), manifest_.size()));
   }
+  touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
-                                                 counters_, streams_, config_.page_cache, config_.depth});
+                                                 counters_, streams_, config_.page_cache, config_.depth, config_.idle});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {
@@ -163,6 +164,13 @@ void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
 
 ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool handle) {
   Placed p;
+  touch();
+  if (state_.idle) {  // idle= gave RAM back: this read starts staging again, from where the readers are
+    state_.idle = false;
+    state_.policy.restart();
+    state_.window.restart();
+    p.woke = true;
+  }
   if (handle) state_.window.opened(id);
   p.seen = state_.tracker.on_open(id, pid, handle);
   for (uint64_t r : p.seen.diagnose) {
@@ -192,7 +200,8 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (!p.debug.empty()) log_debug(p.debug);
-  if (p.wake) state_.progress.notify_all();
+  if (p.woke) log_info("a read after idle=: staging again");
+  if (p.wake || p.woke) state_.progress.notify_all();
   if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world || p.seen.world_decided)
     tell(p.seen, std::move(p.evidence));
 }
@@ -374,6 +383,7 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
 }
 
 ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+  touch();
   return reinterpret_cast<OpenFile*>(handle)->read(demand_, buf, size, offset);
 }
 
@@ -389,6 +399,7 @@ void ClairvoyantEngine::release(uint64_t handle) {
 
 ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
   const auto t0 = Clock::now();
+  touch(t0);
   bool first = offset == 0;  // the kernel reads a file from its start
   Origin from = Origin::kRam;
   FileBytes data;
@@ -519,6 +530,7 @@ PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {
   return [this](EntryId id) -> PeerBytes {
     // A peer's message carries a file id only: checked against the manifest before anything is read.
     if (id >= manifest_.size() || !S_ISREG(manifest_.entry(id).mode)) return nullptr;
+    touch();  // a node whose peers still read is not idle
     if (FileBytes b = ram_.get(id)) return b;
     return demand_.nvme_copy(id);
   };
@@ -628,6 +640,10 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"piecewise_files", counters_.piecewise_files.load()}};
   MutexLock lock(state_.mutex);
   ranks_json(j);
+  // idle=: after how long without a read RAM is given back (0: never), whether it is now, how often it was.
+  j["idle"] = {{"after_seconds", std::chrono::duration_cast<std::chrono::seconds>(config_.idle).count()},
+               {"now", state_.idle},
+               {"releases", counters_.idle_releases.load()}};
   // Where the daemon's memory goes, by part (bytes; the RAM tier's files are in "ram"): what grows with
   // the data set's size, for the bound of 100 bytes per file.
   j["memory"] = {{"entries", manifest_.size()},

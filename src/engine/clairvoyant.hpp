@@ -72,6 +72,9 @@ struct EngineConfig {
   PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
   std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
   std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
+  // After this long without a read (an open, a read, a peer's request) RAM and pushed pages are given back
+  // and staging waits for the next read (idle=); zero: never.
+  std::chrono::milliseconds idle{0};
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
@@ -156,8 +159,14 @@ class ClairvoyantEngine final : public Engine {
     std::vector<Evidence> evidence;
     bool wake = false;  // the stager waits for the readers to move this far
     std::string debug;  // a line for log_level=debug, said outside the lock
+    bool woke = false;  // the first open after idle= gave RAM back
   };
   Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
+  // A reader or a peer asked for something now (idle=).
+  void touch(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
+    state_.last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+                             std::memory_order_relaxed);
+  }
   void placed(Placed& p) EXCLUDES(state_.mutex);
   // The RAM copy of `id`, if any, and where it came from (kPeer or kRam).
   FileBytes ram_copy(EntryId id, Origin* from) const REQUIRES(state_.mutex);

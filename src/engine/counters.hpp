@@ -28,6 +28,7 @@ struct EngineCounters {
   std::atomic<uint64_t> readahead_files{0};
   // Tiers.
   std::atomic<uint64_t> ram_evictions{0}, nvme_evictions{0};
+  std::atomic<uint64_t> idle_releases{0};  // idle=: times RAM was given back
   std::atomic<uint64_t> pushes{0}, push_failures{0}, drops{0};
   // Files the kernel was asked about before staging them, uses left to the pages it said it held, and
   // files it had taken back when asked again as their use came near (staged then).

@@ -137,6 +137,11 @@ void PageWindow::settle(uint64_t evict_window) {
   if (push_key_ < cursor) push_key_ = cursor;
 }
 
+void PageWindow::drop_pushes() {
+  for (EntryId id = 0; id < in_kernel_.size(); ++id)
+    if (in_kernel_[id] == kPushed) drop(id);
+}
+
 void PageWindow::evicted(EntryId id) {
   // A push leaves the budget, and its pages stay the kernel's as a passed file's do.
   const uint64_t cursor = planner_.cursor();

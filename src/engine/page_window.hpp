@@ -68,6 +68,8 @@ class PageWindow {
   void passed(uint64_t key, EntryId id, uint64_t next);
   // After progress: pages waiting for the cursor go, unless needed again within `keep_within` keys.
   void settle(uint64_t evict_window);
+  // Every push not read yet goes (idle=: the memory given back).
+  void drop_pushes();
   // RAM let the file go: a push leaves the budget, and its pages are the kernel's to keep or reclaim (as
   // a passed file's: without opens dropped before a beacon).
   void evicted(EntryId id);

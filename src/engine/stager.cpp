@@ -47,8 +47,18 @@ constexpr auto kAskTimeout = std::chrono::seconds(1);
 }  // namespace
 
 Stager::Stager(StagerParts p)
-    : manifest_(p.manifest), state_(p.state), ram_(p.ram), chain_(p.chain), nvme_(p.nvme), peers_(p.peers),
-      demand_(p.demand), counters_(p.counters), streams_(p.streams), kernel_(p.kernel), io_(p.depth) {
+    : manifest_(p.manifest),
+      state_(p.state),
+      ram_(p.ram),
+      chain_(p.chain),
+      nvme_(p.nvme),
+      peers_(p.peers),
+      demand_(p.demand),
+      counters_(p.counters),
+      streams_(p.streams),
+      kernel_(p.kernel),
+      idle_after_(p.idle),
+      io_(p.depth) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -105,6 +115,8 @@ bool Stager::turn() {
     keep_adopted(std::move(adopted));
     if (finishing_.load() && io_.idle()) return false;
     if (finishing_.load()) room = 0;
+    give_back_if_idle();
+    if (state_.idle) room = 0;  // nothing staged until the next read
     writes = pick_writes(room);
     room -= static_cast<unsigned>(writes.size());
     pick_readahead(room, picks);
@@ -153,6 +165,28 @@ void Stager::plan_ahead() {
   }
   MutexLock lock(state_.mutex);
   if (state_.planner.wanted_epoch() == want) state_.planner.add_epoch(std::move(e));
+}
+
+void Stager::give_back_if_idle() {
+  if (idle_after_.count() == 0 || state_.idle) return;
+  const int64_t last = state_.last_use_ns.load(std::memory_order_relaxed);
+  if (Clock::now().time_since_epoch() - std::chrono::nanoseconds(last) < idle_after_) return;
+  state_.idle = true;
+  uint64_t files = 0, bytes = 0;
+  state_.window.drop_pushes();  // (first: a push let go as RAM goes would stay the kernel's)
+  for (EntryId id : ram_.ids()) {
+    bytes += manifest_.entry(id).size;
+    ++files;
+    state_.policy.ram().erase(id);
+    ram_.erase(id);
+    state_.window.evicted(id);
+  }
+  counters_.idle_releases++;
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(idle_after_).count();
+  log_info("nothing read for " + std::to_string(seconds) + " s (idle=): " + std::to_string(files) + " files (" +
+           human_bytes(static_cast<double>(bytes)) +
+           ") in RAM and the pushed pages given back; staging again at the "
+           "next read");
 }
 
 void Stager::run_drops() {
@@ -480,7 +514,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
   const bool keep_for_peers = !pick.readahead && policy.owned(pick.id) && !(nvme_ && nvme_->find(pick.id));
   const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
-  if (key == kNever) {  // the readers passed it (or left the plan) while it was read
+  if (key == kNever || state_.idle) {  // the readers passed it (or left the plan, or idle= came) while it was read
     ram_.unreserve(size);
     return false;
   }

@@ -45,6 +45,7 @@ struct StagerParts {
   const StreamSource& streams;
   PageCache* kernel;     // nullptr: no pushes or drops
   unsigned depth;        // reads and writes in flight
+  std::chrono::nanoseconds idle;  // RAM given back after this long without a read; zero: never
 };
 
 class Stager {
@@ -81,6 +82,9 @@ class Stager {
   // One turn; false once the engine stops.
   bool turn();
   void plan_ahead();
+  // idle=: nothing asked for in idle_after_: RAM and pushed pages given back, once (staging waits for
+  // the next read, which ends the idle state: ClairvoyantEngine::touch).
+  void give_back_if_idle() REQUIRES(state_.mutex);
   void run_drops();
   void push_ahead();
   // Asks the kernel whether it still holds the files the staging walk comes to next whose pages the
@@ -122,6 +126,7 @@ class Stager {
   EngineCounters& counters_;
   const StreamSource& streams_;
   PageCache* kernel_;
+  const std::chrono::nanoseconds idle_after_;
   // The stager thread's own.
   IoLoop io_;
   PeerModel model_;

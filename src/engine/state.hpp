@@ -66,6 +66,10 @@ struct EngineState {
   // after its close is late, not another open.
   std::unordered_map<EntryId, std::chrono::steady_clock::time_point> told GUARDED_BY(mutex);
   bool stop GUARDED_BY(mutex) = false;
+  // idle=: when a reader (or a peer) last asked for anything (steady clock, ns), and whether RAM was given
+  // back since (staging waits for the next read).
+  std::atomic<int64_t> last_use_ns{0};
+  bool idle GUARDED_BY(mutex) = false;
   bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
   uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;
   // When the stager's current push or drop into the kernel is overdue (steady clock, ns since its

@@ -75,11 +75,16 @@ bool parse_bool(const std::string& what, const std::string& text) {
   bad_value(what, text, "not a boolean (use 1/0, true/false, yes/no)");
 }
 
+constexpr double kMaxSeconds = 1e9;
+
 double parse_seconds(const std::string& what, const std::string& text) {
   double value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(value) || value < 0)
     bad_value(what, text, "not a non-negative number of seconds");
+  // (Made milliseconds in 64 bits; a few decades is more than any use.)
+  if (value > kMaxSeconds)
+    bad_value(what, text, "at most " + std::to_string(static_cast<uint64_t>(kMaxSeconds)) + " seconds");
   return value;
 }
 

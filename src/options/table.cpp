@@ -210,6 +210,17 @@ const std::vector<OptionSpec> kTable = {
        o.io_depth = parse_u64(g.key, g.value);
        if (o.io_depth < 1 || o.io_depth > 4096) bad_value(g.key, g.value, "use 1 to 4096");
      }},
+    {"idle", Takes::kValue, "SECS", S::kCaches, "1800", false,
+     "after this long without a read, give RAM and pushed pages back (0: never)",
+     "After this long without a read (an open, a read reaching the daemon, a peer's request), the files held "
+     "in RAM and the pages pushed into the kernel are given back, said in the log and in `clairfs status`; "
+     "the next read starts staging again, from where the readers are. For a forgotten mount, which would "
+     "otherwise hold its `ram=` for good. Half an hour by default: a job's validation pass or checkpoint "
+     "pauses its reads for minutes, and what is given back is read from SOURCE again. `0`: never.",
+     [](Options& o, const GivenOption& g) {
+       o.idle = parse_seconds(g.key, g.value);
+       if (o.idle > 0 && o.idle < 1) bad_value(g.key, g.value, "give 0 (never) or 1 second or more");
+     }},
     {"peer_timeout", Takes::kValue, "SECS", S::kCaches, "5", false,
      "under mpiexec/srun: a peer that has not answered in this long is not asked again",
      "Under `mpiexec` or `srun` (one daemon per node, see [peers.md](peers.md)): a peer that has not answered "

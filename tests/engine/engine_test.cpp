@@ -453,6 +453,28 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgainWithoutOpens) {
   EXPECT_EQ(read_epoch_unopened(e, tree, streams(2)[0]), 0u);
 }
 
+// idle=: nothing read for that long, RAM is given back and staging waits; the next open stages again.
+TEST(Engine, AnIdleMountGivesRamBackAndStagesAgainAtTheNextRead) {
+  MemoryTree tree(sizes(60, 1000, 1000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(1 << 20);
+  c.idle = std::chrono::milliseconds(300);
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  const std::vector<EntryId> order = streams(0)[0];
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["idle"]["now"] == true; })) << e.stats_json();
+  auto s = stats(e);
+  EXPECT_EQ(s["ram"]["used"], 0u);
+  EXPECT_EQ(s["idle"]["releases"], 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(stats(e)["ram"]["files"], 0u);  // nothing staged while idle
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.begin() + 20)), 0u);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] > 0u; })) << e.stats_json();
+  EXPECT_EQ(stats(e)["idle"]["now"], false);
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 20, order.end())), 0u);
+}
+
 TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   // The kernel holds the first file's pages locked for a read request no request thread is free to serve
   // (each waits for a staging, as here), so the stager's push of it waits. An open of a file whose

@@ -182,6 +182,33 @@ with h.tempdir() as tmp:
             and not [l for l in lines(first_log) if "too:" in l],
             "a second mount of one SOURCE is warned of, the first is not: %s" % said)
 
+    # idle=: a mount nobody reads gives RAM and its pushed pages back (said in the log and by status), and
+    # the next read stages again; every byte right throughout.
+    log = tmp + "/idle.log"
+    with h.mounted(data, mnt, "seed=1,batch_size=4,ram=16M,idle=1,log=" + log):
+        right = all(h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[:20])
+        held = h.stats(mnt)["ram"]["files"]
+        s = h.stats(mnt)
+        deadline = time.monotonic() + 15
+        while not s["idle"]["now"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            s = h.stats(mnt)
+        text = status(mnt)
+        given_back = s["idle"]["now"] and s["ram"]["used"] == 0 and s["pagecache"]["used"] == 0
+        right = right and all(h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[20:40])
+        deadline = time.monotonic() + 15
+        again = h.stats(mnt)
+        while again["ram"]["files"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = h.stats(mnt)
+    said = [l[25:] for l in lines(log) if "idle=" in l]
+    h.check(right and held > 0 and given_back and "idle: nothing read for 1 s" in text and s["idle"]["releases"] >= 1,
+            "idle=1: %d files held, then RAM and pushed pages given back (%s); status: %s" % (
+                held, s["idle"], [l.strip() for l in text.splitlines() if "idle" in l]))
+    h.check(again["ram"]["files"] > 0 and len(said) >= 2 and "given back" in said[0] and "staging again" in said[1],
+            "the next read stages again (%d files in RAM), every byte right %s; the log: %s" % (
+                again["ram"]["files"], right, said[:2]))
+
     # Log rotation: docs/operating.md's logrotate entry, run by Debian's logrotate (forced) while the mount is
     # read. SIGHUP opens the log file again at its path and never unmounts: the old lines stay in the
     # rotated file, the new ones (and the reopening) go to the new one, every byte still right.

@@ -186,6 +186,9 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"world_size=8,ranks=18446744073709551615", "rank"},  // found by fuzzing: looped forever
       {"io_depth=5000", "io_depth"},
       {"peer_timeout=0", "peer_timeout"},
+      {"peer_timeout=1e300", "peer_timeout"},  // made milliseconds in 64 bits: undefined beyond
+      {"idle=0.5", "idle"},
+      {"idle=1e12", "idle"},
       {"pagecache=1G,ram=0", "pagecache"},
       {"ram=1M,pagecache=2M", "pagecache"},
       {"ram=0,nvme=/tmp", "nvme"},
