@@ -67,8 +67,11 @@ with h.tempdir() as tmp:
                         ram, nvme, source, cached, opened, " - %d read last from pushed pages" % lag if lag else ""))
             h.check(ram + cached >= opened * staged,
                     "%d%% or more of the predicted opens were staged (RAM or pushed pages): %s" % (staged * 100, s["tiers"]))
-            h.check(cached > 0 and s["pagecache"]["pushes"] > 0,
-                    "some files were pushed into the kernel and read with no read reaching the daemon: %s" % s["pagecache"])
+            # (Pushed, or kept from a read before: following reads, epoch 1 may need no push at all, the
+            # kernel holding every file; epoch 0's pushes fail until the reader has looked the files up.)
+            h.check(cached > 0 and (s["pagecache"]["pushes"] > 0 or s["pagecache"]["left_to_kernel"] > 0),
+                    "some files were read from pages in the kernel (pushed, or kept) with no read reaching the daemon: %s"
+                    % s["pagecache"])
             h.check(s["pagecache"]["used"] <= s["pagecache"]["budget"], "pushed pages within their budget: %s" % s["pagecache"])
             # RAM for a quarter of the data set, the kernel's page cache for all of it (security finding 13).
             # The engine leaves the pages the reader read to the kernel, and asks it before staging a file
@@ -104,6 +107,9 @@ with h.tempdir() as tmp:
                 os.read(fd, 1 << 20)
                 os.posix_fadvise(fd, 4096, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
+                # (Heard before this process opens the file again: the kernel merges one process's events
+                # on one file while they wait to be read, and two opens would be heard as one.)
+                h.quiet_stats(mnt)
                 right = h.digest(os.path.join(mnt, big)) == want[big]
                 s2 = h.quiet_stats(mnt)  # (its events come a moment after: under ASan the count read late)
                 served = sum(v["files"] for v in s2["tiers"].values())
