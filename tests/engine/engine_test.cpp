@@ -466,7 +466,7 @@ TEST(Engine, AnIdleMountGivesRamBackAndStagesAgainAtTheNextRead) {
   ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["idle"]["now"] == true; })) << e.stats_json();
   auto s = stats(e);
   EXPECT_EQ(s["ram"]["used"], 0u);
-  EXPECT_EQ(s["idle"]["releases"], 1u);
+  EXPECT_GE(s["idle"]["releases"].get<uint64_t>(), 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(stats(e)["ram"]["files"], 0u);  // nothing staged while idle
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.begin() + 20)), 0u);
