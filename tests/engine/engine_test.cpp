@@ -388,16 +388,29 @@ TEST_F(TenPushed, PushesStayWithinThePageCacheBudgetAndReadPagesStayTheKernels) 
 // stager asks the kernel before staging a file the readers read, and leaves that use to the pages it
 // holds: SOURCE is not read again. Pages the kernel took back meanwhile (memory pressure) are read from
 // SOURCE when their use comes, right.
-TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
-  MemoryTree tree(sizes(90, 1000, 1000));
-  MemorySource source(tree);
+// 90 files of 1000 bytes, RAM for a third of them, pushes for ten; the kernel (a double) holds every
+// file's pages once read. With opens told or without.
+struct KernelHoldsAll {
+  explicit KernelHoldsAll(bool no_open)
+      : c([&] {
+          EngineConfig c = config(30 * 1000);
+          c.pagecache = 10 * 1000;
+          c.page_cache = &kernel;
+          c.no_open = no_open;
+          kernel.hold_all(true);
+          return c;
+        }()) {}
+  MemoryTree tree{sizes(90, 1000, 1000)};
+  MemorySource source{tree};
   fakes::PageCacheDouble kernel;
-  kernel.hold_all(true);
-  const auto streams = one_rank(tree);
-  EngineConfig c = config(30 * 1000);
-  c.pagecache = 10 * 1000;
-  c.page_cache = &kernel;
-  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  const StreamSource streams = one_rank(tree);
+  EngineConfig c;
+  ClairvoyantEngine e{tree.manifest, streams, source, c};
+};
+
+TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
+  KernelHoldsAll f(false);
+  auto& [tree, source, kernel, streams, c, e] = f;
   EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
   const uint64_t epoch0 = stats(e)["source_traffic"]["bytes"];
   EXPECT_LE(epoch0, tree.total() * 11 / 10) << e.stats_json();
@@ -416,16 +429,8 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
 // epoch 1 the reader reads through the engine only what the kernel does not hold: SOURCE serves about
 // the beacons (and staging the next epoch's), where staging read it again for all RAM does not hold.
 TEST(Engine, AFileTheKernelHoldsIsNotStagedAgainWithoutOpens) {
-  MemoryTree tree(sizes(90, 1000, 1000));
-  MemorySource source(tree);
-  fakes::PageCacheDouble kernel;
-  kernel.hold_all(true);
-  const auto streams = one_rank(tree);
-  EngineConfig c = config(30 * 1000);
-  c.pagecache = 10 * 1000;
-  c.page_cache = &kernel;
-  c.no_open = true;
-  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  KernelHoldsAll f(true);
+  auto& [tree, source, kernel, streams, c, e] = f;
   EXPECT_EQ(read_epoch_unopened(e, tree, streams(0)[0]), 0u);
   const uint64_t epoch0 = stats(e)["source_traffic"]["bytes"];
   const uint64_t every = stats(e)["progress"]["beacon_every"];
