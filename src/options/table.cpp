@@ -168,7 +168,8 @@ const std::vector<OptionSpec> kTable = {
      "How much of what is staged just ahead of the readers is also pushed into the kernel's page cache, so "
      "those reads never reach the daemon. Pushed pages not yet read are copies of RAM-tier files (memory use up "
      "to `ram` + `pagecache`); once read they are the kernel's, kept or reclaimed as any file's pages (with "
-     "`progress=reads`, dropped). `0`: no pushes. Cannot exceed `ram`.",
+     "`progress=reads`, dropped before a file's next read if that read is a beacon). `0`: no pushes. Cannot "
+     "exceed `ram`.",
      [](Options& o, const GivenOption& g) {
        o.pagecache = parse_size(g.key, g.value);
        o.pagecache_given = true;
