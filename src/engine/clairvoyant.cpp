@@ -64,10 +64,7 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
-  p.every_open = !c.no_open;
-  // Without opens, an empty file's use never reaches us: the kernel has nothing to read (the page
-  // window adds the files whose pages the kernel holds).
-  if (c.no_open) p.unseen = [&manifest](uint64_t, EntryId id) { return manifest.entry(id).size == 0; };
+  p.every_open = !c.no_open;  // (without opens, the page window says which uses are unseen)
   return p;
 }
 

@@ -29,13 +29,12 @@ PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier
     // Half the budget at most: the other half is for pushing ahead.
     drop_delay_ = std::min((config_.tolerance / 2 + 1) * config_.ranks, std::max<uint64_t>(1, config_.budget / mean / 2));
     beacon_every_ = std::clamp<uint64_t>(config_.budget / mean / config_.ranks / kBeaconsPerWindow, kBeaconMin, kBeaconMax);
-    // A use of a file whose pages the kernel keeps (a passed file's, kept for this use) is read from them
-    // without a word to us, as a pushed one is: its reader's next news counts it as read. Beacons never.
-    if (config_.kernel) {
-      planner_.set_unseen([this](uint64_t key, EntryId id) {
-        return manifest_.entry(id).size == 0 || (kernel_may_hold(id) && !beacon(key));
-      });
-    }
+    // Uses that never reach us: an empty file's (the kernel has nothing to read), and one of a file
+    // whose pages the kernel keeps (a passed file's, kept for this use), read from them without a word
+    // to us as a pushed one is: its reader's next news counts it as read. Beacons never.
+    planner_.set_unseen([this](uint64_t key, EntryId id) {
+      return manifest_.entry(id).size == 0 || (config_.kernel && kernel_may_hold(id) && !beacon(key));
+    });
   }
   push_key_ = planner_.cursor();
 }
