@@ -360,7 +360,9 @@ void LearningEngine::replan_loop() {
       if (stop_) return;
     }
     if (world_said_.exchange(false)) pending = true;
-    if (other_said_.exchange(false)) relearning = !told_;
+    // Also at each look: the news of a reader in another order comes once per plan (until a rank is
+    // followed again), and the relearning it starts may end while the job's processes change.
+    if (other_said_.exchange(false) || (!relearning && off_the_plan())) relearning = !told_;
     if (pending) pending = !replan();
     if (relearning && !pending) relearning = !relearn();
   }
@@ -442,6 +444,12 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
   return true;
 }
 
+bool LearningEngine::off_the_plan() const {
+  uint64_t n = 0;
+  const ClairvoyantEngine* e = current(&n);
+  return e && (e->other_readers() > 0 || e->ranks_off() > 0);
+}
+
 bool LearningEngine::relearn() {
   if (gave_up_) return true;
   uint64_t n = 0;
@@ -456,32 +464,41 @@ bool LearningEngine::relearn() {
     relearn_tried_ = 0;
     return false;
   }
-  uint64_t seen = 0;
+  uint64_t seen = 0;  // the tracker's opens so far: tries are spaced by them, the kept ones being capped
   std::vector<std::pair<EntryId, pid_t>> others = other ? old->opens_other(0, &seen) : old->latest_opens(0, &seen);
   LearnQuestion q = question_;
   {
     MutexLock lock(mutex_);
     keep_the_jobs(others);
-    if (others.size() < next_try(relearn_tried_)) return others.size() >= ReaderTracker::kKeptOpens;  // more to come
-    relearn_tried_ = others.size();
+    if (others.size() < kMinDiagnosisOpens || seen < next_try(relearn_tried_)) return false;  // more to come
+    relearn_tried_ = seen;
     q.world_size = plan_.world;
     q.ranks = plan_.ranks;
   }
-  std::vector<EntryId> ids;
-  for (const auto& o : others) ids.push_back(o.first);
+  // All the opens kept, then their latest half, quarter, ...: the kept opens can span an epoch's end (a
+  // job's workers ended and new ones began), and no one order explains both epochs; the latest part
+  // of them lies in one.
   std::optional<Learned> found;
+  size_t used = others.size();
   run_niced([&] {
     try {
-      found = learn_seed(manifest_, q, ids);
+      for (size_t from = 0;;) {
+        std::vector<EntryId> ids;
+        for (size_t i = from; i < others.size(); ++i) ids.push_back(others[i].first);
+        found = learn_seed(manifest_, q, ids);
+        used = ids.size();
+        if (found || used / 2 < 4 * kMinDiagnosisOpens) break;
+        from += used / 2;
+      }
     } catch (const std::exception& e) {
       log_warning(std::string("seed=auto: ") + e.what());
     }
   });
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
-  if (!found || found->seed == was->schedule().seed) return others.size() >= ReaderTracker::kKeptOpens;
+  if (!found || found->seed == was->schedule().seed) return false;  // tried again after more opens
   const std::string words = "seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
                             std::to_string(q.start_epoch) + ", not as " + std::string(seed_text(was->schedule().seed)) +
-                            " learned before (found from " + std::to_string(others.size()) +
+                            " learned before (found from " + std::to_string(used) +
                             " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
@@ -503,7 +520,7 @@ bool LearningEngine::relearn() {
     return true;
   MutexLock lock(mutex_);
   found_ = "seed=" + seed_text(found->seed);
-  found_after_ = others.size();
+  found_after_ = used;
   relearn_tried_ = 0;
   ++relearned_;
   log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +

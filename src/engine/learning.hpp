@@ -129,8 +129,10 @@ class LearningEngine final : public Engine {
   bool replan() EXCLUDES(mutex_);
   // A learned seed learned again, when no rank of its plan is followed and the job's processes read in
   // another order: learn_seed on their latest opens, and a plan for the seed found. False while it
-  // waits for more of their opens.
+  // waits for more of their opens (or for the learned order's readers to go).
   bool relearn() EXCLUDES(mutex_);
+  // A process reads in another order than the current plan's, or one of its ranks is off it.
+  bool off_the_plan() const;
   // The opens a new plan is placed by: those after the `after`-th of the old engine's count; *last: the count.
   using OpensSince = std::function<std::vector<std::pair<EntryId, pid_t>>(uint64_t after, uint64_t* last)>;
   // Builds plan number n + 1 for `schedule`, serving `ranks` from `epoch`, placed by `opens` (those kept
@@ -173,7 +175,7 @@ class LearningEngine final : public Engine {
   Replan plan_ GUARDED_BY(mutex_);                  // the current plan's world size and ranks
   uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first
   uint64_t relearned_ GUARDED_BY(mutex_) = 0;       // seeds learned again (relearn)
-  size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // opens in another order the last try saw
+  size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // the plan's opens when relearning last tried
 
   // Each plan's oracle and engine, written by the learning thread before the plan's number is published
   // (plans_, plan_now_); the engines stay to the end, for the handles opened through them.

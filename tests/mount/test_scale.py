@@ -41,7 +41,12 @@ with h.tempdir() as tmp:
         # by the million); what is judged there is that it stages, not how soon.
         h.check(s["ram_files"] > 0, "the stager stages (%s; not held to all of them under a sanitizer)" % staged)
     else:
-        h.check(s["ram_files"] == FILES, "the stager staged every file (%s)" % staged)
+        # The files read through the mount before (100) stay the kernel's once the engine saw them read:
+        # those are not staged again (security finding 13), each counted as left to the kernel. (CI's red
+        # run: 199,999 in RAM, the engine up before the last read.)
+        held = s["stats"]["pagecache"]["left_to_kernel"]
+        h.check(FILES - 100 <= s["ram_files"] and FILES - s["ram_files"] <= held,
+                "the stager staged every file but those the kernel holds (%s)" % staged)
     if SANITIZED:
         h.check(s["peak"] > 0, "daemon peak %.1f MiB (not held to its bound under a sanitizer)" % (s["peak"] / 2**20))
     else:
