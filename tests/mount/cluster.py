@@ -61,8 +61,10 @@ def _stop(pid, timeout=10):
 
 
 class SlurmCluster:
-    def __init__(self, where):
+    def __init__(self, where, extra=()):
+        """`extra`: more slurm.conf lines (Prolog=..., say)."""
         self.dir = where
+        self.extra = list(extra)
         self.host = socket.gethostname().split(".")[0]
         self.conf = os.path.join(where, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf)
@@ -109,8 +111,7 @@ class SlurmCluster:
                 "ReturnToService=2",
                 "MinJobAge=600",
                 "NodeName=%s NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN" % self.host,
-                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-                ""]))
+                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"] + self.extra + [""]))
         subprocess.run(["slurmctld", "-c", "-f", self.conf], check=True, env=self.env, timeout=30)
         subprocess.run(["slurmd", "-f", self.conf], check=True, env=self.env, timeout=30)
         deadline = time.monotonic() + 60

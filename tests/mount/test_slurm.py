@@ -5,8 +5,10 @@ examples/slurm_job.sh is submitted with sbatch --nodes=1 --ntasks-per-node=2, ch
 paths and its training line, which runs tests/mount/job_reader.py: unmodified torchvision ImageFolder
 + DistributedSampler + DataLoader on each task, checking every file's bytes. Then: scancel mid-job, the
 time limit, a bad option, the launch line users used to write (srun without --mpi, several tasks on one
-node), and two daemons that form one MPI world through srun --mpi=pmi2 and serve each other. After each
-job no clairfs mount, daemon or cache folder may stay."""
+node), two daemons that form one MPI world through srun --mpi=pmi2 and serve each other, and the
+shipped prolog/epilog pair (examples/slurm_prolog.sh, slurm_epilog.sh: the mount made before the job,
+examples/train.py reading it, a wrong option told to the job). After each job no clairfs mount, daemon
+or cache folder may stay."""
 import json
 import os
 import re
@@ -63,6 +65,33 @@ def output(tmp, job):
         return ""
 
 
+def make_images(root, classes, per_class):
+    """An ImageFolder tree of real PNGs (train.py decodes them)."""
+    from PIL import Image
+    for c in range(classes):
+        os.makedirs("%s/class%d" % (root, c))
+        for i in range(per_class):
+            Image.new("RGB", (24, 24), (40 * c, 5 * i, 100)).save("%s/class%d/%03d.png" % (root, c, i))
+
+
+def prolog_job(tmp, name):
+    """examples/slurm_prolog_job.sh for this one node: its training line runs examples/train.py, and it
+    says what it found first (the mount, its planned ranks)."""
+    with open(os.path.join(ROOT, "examples", "slurm_prolog_job.sh")) as f:
+        text = f.read()
+    text, n = re.subn(r"(?m)^srun python3 train\.py.*$",
+                      'echo "mounted before the job: $(grep -o " $MNT fuse" /proc/mounts | cut -d" " -f2)"\n'
+                      'echo "ranks $(/usr/bin/python3 -c \'import json,sys; print("-".join(str(r["rank"]) for r in '
+                      'json.load(open(sys.argv[1]))["ranks"]))\' "$MNT/.clairfs/stats" 2>&1) served"\n'
+                      "srun /usr/bin/python3 %s/examples/train.py --data \"$MNT\" --seed 42 --batch-size 4 "
+                      "--workers 2 --epochs 2" % ROOT, text)
+    assert n == 1, "examples/slurm_prolog_job.sh changed shape"
+    path = "%s/%s.sh" % (tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def wait_for(cond, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -83,7 +112,14 @@ with h.tempdir() as tmp:
     for src in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
         os.symlink(os.path.abspath(src), os.path.join(bin_dir, os.path.basename(src)))
 
-    with SlurmCluster(tmp + "/slurm") as slurm:
+    # The site's prolog and epilog, as installed: the shipped scripts, told where clairfs is (Slurm gives
+    # them no PATH of the test's). Every job below runs them; those without the comment are left alone.
+    for name in ("prolog", "epilog"):
+        with open("%s/%s.sh" % (tmp, name), "w") as f:
+            f.write("#!/bin/sh\nCLAIRFS=%s exec %s/examples/slurm_%s.sh\n" % (os.path.abspath(h.CLAIRFS), ROOT, name))
+        os.chmod("%s/%s.sh" % (tmp, name), 0o755)
+    with SlurmCluster(tmp + "/slurm", ["Prolog=%s/prolog.sh" % tmp, "Epilog=%s/epilog.sh" % tmp,
+                                       "PrologFlags=Alloc"]) as slurm:
         slurm.env["PATH"] = bin_dir + ":" + slurm.env["PATH"]
 
         # 1. The job as shipped: it completes, every task reads every file of its share right, SOURCE is
@@ -184,5 +220,34 @@ with h.tempdir() as tmp:
                 "the job ended, clairfs-job-umount stopped both daemons cleanly: %s, nothing left %s %s" % (
                     state, left, out.strip()[-300:]))
         slow.close()
+
+        # 7. The prolog/epilog pair: a job whose comment asks for clairfs finds its mount made before it
+        # started (ranks_per_node=2 made ranks=0-1 on this node), runs the shipped train.py (real PNGs
+        # decoded) through it, and after it nothing is left; a wrong option in the comment reaches the job
+        # as one line in .../error and leaves the node up.
+        images = tmp + "/images"
+        make_images(images, 3, 20)
+        for comment, name in (("clairfs:%s:seed=42,batch_size=4,workers=2,world_size=2,ranks_per_node=2,epochs=2"
+                               % images, "prolog-job"), ("clairfs:%s:seed=42,bogus_option=1" % images, "prolog-bad")):
+            script = prolog_job(tmp, name)
+            job, r = submit(slurm, tmp, script, "--comment=" + comment, wait=True)
+            out = output(tmp, job)
+            where = "/run/clairfs-jobs/" + job
+            gone = wait_for(lambda: not os.path.exists(where), 20)
+            left = leftovers(tmp)
+            node = slurm.run(["sinfo", "-h", "-o", "%t"]).stdout.strip()
+            if name == "prolog-job":
+                epochs = re.findall(r"rank (\d)/2 epoch (\d): (\d+) samples", out)
+                h.check(r.returncode == 0 and "mounted before the job: " + where + "/mnt" in out
+                        and sorted(epochs) == [(str(k), str(e), "30") for k in range(2) for e in range(2)]
+                        and "ranks 0-1 served" in out and gone and not left,
+                        "the prolog mounted before the job, train.py read 2 ranks × 2 epochs through it, the epilog "
+                        "removed it: exit %d, epochs %s, %s gone %s, nothing left %s%s" % (
+                            r.returncode, epochs, where, gone, left, "" if r.returncode == 0 else ": " + out[-800:]))
+            else:
+                h.check(r.returncode != 0 and "clairfs prolog on" in out and "bogus_option" in out and gone
+                        and not left and node == "idle",
+                        "a wrong option in the comment: the job is told (%s), the node stays up (%s), nothing left %s"
+                        % ([l for l in out.splitlines() if "bogus" in l][:1], node, left))
 
 h.finish()
