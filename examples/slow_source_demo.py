@@ -40,11 +40,17 @@ def main():
     for name in ("direct", "clairfs"):
         runs[name] = run_system(name, build, p, args.data, work, torch=True)
         print("   %s: done" % name, flush=True)
-    for name in os.listdir(work):  # the runs' emptied mount points (never a recursive delete: one may be a mount)
+    # The runs' emptied mount points and slowfs's stats files (never a recursive delete: one may still be
+    # a mount). What cannot go is named.
+    for name in os.listdir(work):
+        path = os.path.join(work, name)
         try:
-            os.rmdir(os.path.join(work, name))
-        except OSError:
-            pass
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+            else:
+                os.rmdir(path)
+        except OSError as e:
+            print("   left behind: %s (%s)" % (path, e.strerror), file=sys.stderr)
     try:
         os.rmdir(work)
     except OSError:
