@@ -591,8 +591,19 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   std::optional<MetricsFile> metrics_file;
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));
-  const FrontendConfig frontend_config{o.entry_timeout, o.attr_timeout,
-                                       (d.staged || d.learning) && !o.progress_from_opens, o.default_permissions};
+  // Pushes go only to files the kernel has inodes for (others would be refused, and tried again); with
+  // staging, a listing makes them all, up to kListWithInodes entries (about 1 KiB of the kernel's memory
+  // each, which the first epoch's lookups would take anyway; a larger tree is listed by names, as the
+  // kernel chooses, and a file's inode comes with its reader's lookup).
+  constexpr size_t kListWithInodes = size_t{1} << 20;
+  d.page_cache.track(d.manifest->size());
+  const bool staging = d.staged || d.learning;
+  const FrontendConfig frontend_config{o.entry_timeout,
+                                       o.attr_timeout,
+                                       staging && !o.progress_from_opens,
+                                       o.default_permissions,
+                                       staging && o.pagecache > 0 && d.manifest->size() <= kListWithInodes,
+                                       [&pc = d.page_cache](EntryId id) { pc.introduce(id); }};
   Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(), frontend_config);
   // Declared before the session, which goes first: the watch's mark may wait for the session to answer.
   std::optional<OpenWatch> watch;

@@ -159,10 +159,12 @@ bool PageWindow::beacon(uint64_t key) const {
   return (key / config_.ranks) % beacon_every_ == beacon_every_ - 1 || planner_.last_in_epoch(key);
 }
 
-std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
+std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now,
+                                                      const std::function<bool(EntryId)>& knows) {
   if (push_retry_at_ && now >= *push_retry_at_) {
     push_retry_at_.reset();
     push_key_ = planner_.cursor();
+    unknown_stepped_over_ = false;
   }
   const uint64_t end = planner_.planned_end();
   for (; push_key_ < end; ++push_key_) {
@@ -187,6 +189,10 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now) {
     // Without opens, not pushed ahead of a beacon of it not read yet (the walk steps over kept pages, so
     // it may be far ahead of the readers): the beacon would be read from these pages, unheard.
     if (config_.no_open && before_a_beacon(*item, push_key_)) continue;
+    if (!knows(*item)) {  // no inode in the kernel yet: its reads reach us, served from RAM
+      unknown_stepped_over_ = true;
+      continue;
+    }
     break;
   }
   if (push_key_ >= end) return std::nullopt;
@@ -220,6 +226,11 @@ void PageWindow::push_done(const Push& push, int rc, Clock::time_point now) {
     in_kernel_[push.id] = kNone;
   }
   if (!push_retry_at_) push_retry_at_ = now + kPushRetry;
+}
+
+void PageWindow::introduced(Clock::time_point now) {
+  // Walked again from the cursor, at most every kPushRetry: a reader's lookups come one per file.
+  if (unknown_stepped_over_ && !push_retry_at_) push_retry_at_ = now + kPushRetry;
 }
 
 std::vector<EntryId> PageWindow::take_drops(const std::function<bool(EntryId)>& busy) {

@@ -113,9 +113,13 @@ class PageWindow {
     uint64_t key;
     FileBytes data;
   };
-  std::optional<Push> next_push(Clock::time_point now);
+  // `knows`: whether the kernel has the file's inode; files it has not are stepped over (a push would be
+  // refused) until introduced() says new ones came.
+  std::optional<Push> next_push(Clock::time_point now, const std::function<bool(EntryId)>& knows);
   // The push was done with result `rc` (0 or -errno).
   void push_done(const Push& push, int rc, Clock::time_point now);
+  // The kernel was given inodes (a lookup, a listing): files stepped over may take their pushes now.
+  void introduced(Clock::time_point now);
   // Pages to drop now; then dropped() once they are. A file for which `busy` holds (being staged) stays
   // queued: a reader of it may hold its pages locked while it waits for that staging, and the drop
   // would wait for the reader — a cycle only the reader's time limit would end.
@@ -159,6 +163,7 @@ class PageWindow {
   uint64_t kernel_bytes_ = 0;
   uint64_t push_key_ = 0;                             // next key whose file may be pushed
   std::optional<Clock::time_point> push_retry_at_;    // when refused pushes are tried again
+  bool unknown_stepped_over_ = false;                 // files the kernel had no inode for, since the walk began
   std::vector<EntryId> drops_;                        // for the stager
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read

@@ -205,12 +205,18 @@ void Stager::run_drops() {
 }
 
 void Stager::push_ahead() {
+  const auto knows = [this](EntryId id) { return kernel_->knows(id); };
+  if (const uint64_t n = kernel_ ? kernel_->introductions() : 0; n != introductions_seen_) {
+    introductions_seen_ = n;
+    MutexLock lock(state_.mutex);
+    state_.window.introduced(Clock::now());
+  }
   for (int i = 0; i < kPushesPerTurn; ++i) {
     std::optional<PageWindow::Push> push;
     {
       MutexLock lock(state_.mutex);
       if (!state_.window.active()) return;
-      push = state_.window.next_push(Clock::now());
+      push = state_.window.next_push(Clock::now(), knows);
     }
     if (!push) return;
     const int rc =

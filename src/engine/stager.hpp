@@ -126,6 +126,7 @@ class Stager {
   EngineCounters& counters_;
   const StreamSource& streams_;
   PageCache* kernel_;
+  uint64_t introductions_seen_ = 0;  // kernel_->introductions() at the last look
   const std::chrono::nanoseconds idle_after_;
   // The stager thread's own.
   IoLoop io_;

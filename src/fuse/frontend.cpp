@@ -138,6 +138,9 @@ struct Handlers {
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    // Every listing with attributes (not only a directory's first): the kernel makes the listed files'
+    // inodes, so pages can be pushed to them before their readers look them up.
+    if (fe.config_.list_with_inodes) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
     // A new mtime in fresh attributes drops a file's cached pages: only stats' ever changes (and its
     // attributes are never cached), which is how readers without opens see it anew.
     if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
@@ -181,7 +184,7 @@ struct Handlers {
       return;
     }
     fill_entry(fe, child, &ep);
-    fuse_reply_entry(req, &ep);
+    if (fuse_reply_entry(req, &ep) == 0 && fe.config_.introduced) fe.config_.introduced(child);
   }
 
   static void forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
@@ -266,6 +269,7 @@ struct Handlers {
     const Entry& d = fe.manifest_.entry(dir);
     std::vector<char> buf(size);
     size_t used = 0;
+    std::vector<EntryId> given;  // full entries: the kernel makes their inodes
     // Position p: 0 ".", 1 "..", 2+k child k. The offset we hand out for an entry is its position + 1.
     for (uint64_t p = static_cast<uint64_t>(offset); p < 2ull + d.child_count; ++p) {
       EntryId id;
@@ -297,8 +301,11 @@ struct Handlers {
       }
       if (need > size - used) break;
       used += need;
+      if (plus && p >= 2 && fe.manifest_.known(id) && fe.config_.introduced) given.push_back(id);
     }
-    fuse_reply_buf(req, buf.data(), used);
+    // Told once the kernel has the entries: a push before would be refused.
+    if (fuse_reply_buf(req, buf.data(), used) == 0)
+      for (EntryId id : given) fe.config_.introduced(id);
   }
 
   static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "clairfs/engine.hpp"
 #include "clairfs/manifest.hpp"
@@ -24,6 +25,12 @@ struct FrontendConfig {
   // default_permissions: the kernel also checks SOURCE's POSIX ACLs (FUSE_CAP_POSIX_ACL), which it asks
   // for with getxattr once per inode it holds.
   bool acls = false;
+  // Listings always give full entries (READDIRPLUS for every part of a directory, not only its start
+  // as the kernel chooses by itself): a job's listing (ImageFolder's) gives the kernel every file's inode.
+  bool list_with_inodes = false;
+  // Called with each file the kernel is given an inode for (a lookup's reply, a listing's full entry):
+  // the page cache can take its pages from then on. May be empty.
+  std::function<void(EntryId)> introduced;
 };
 
 class Frontend {

@@ -42,8 +42,10 @@ int FusePageCache::push(EntryId id, const char* data, size_t size) {
     bv.buf[0].mem = const_cast<char*>(data + off);
     if (int rc = fuse_lowlevel_notify_store(session_, Frontend::ino_of(id), static_cast<off_t>(off), &bv,
                                             static_cast<fuse_buf_copy_flags>(0));
-        rc < 0)
+        rc < 0) {
+      if (rc == -ENOENT) forgot(id);
       return rc;
+    }
     if (size == 0) break;
   }
   return 0;
@@ -70,6 +72,27 @@ int FusePageCache::probe(EntryId id, uint64_t size, std::function<void(int64_t)>
     return rc;
   }
   return 0;
+}
+
+void FusePageCache::track(size_t entries) {
+  known_words_ = (entries + 63) / 64;
+  known_ = std::make_unique<std::atomic<uint64_t>[]>(known_words_);
+}
+
+void FusePageCache::introduce(EntryId id) {
+  if (id / 64 >= known_words_) return;
+  const uint64_t bit = uint64_t{1} << (id % 64);
+  if ((known_[id / 64].fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
+    introductions_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void FusePageCache::forgot(EntryId id) {
+  if (id / 64 < known_words_) known_[id / 64].fetch_and(~(uint64_t{1} << (id % 64)), std::memory_order_relaxed);
+}
+
+bool FusePageCache::knows(EntryId id) const {
+  if (id / 64 >= known_words_) return true;
+  return (known_[id / 64].load(std::memory_order_relaxed) >> (id % 64)) & 1;
 }
 
 void FusePageCache::retrieved(void* cookie, fuse_ino_t ino, size_t bytes) {

@@ -5,7 +5,9 @@
 
 #include <fuse_lowlevel.h>
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -26,6 +28,15 @@ class FusePageCache final : public PageCache {
   // The kernel's reply to a probe of `ino`: the `bytes` it holds from the file's start.
   static void retrieved(void* cookie, fuse_ino_t ino, size_t bytes);
 
+  // Which files the kernel knows the inodes of: sized for the manifest's `entries` before the session
+  // starts (until then, every file is taken as known). introduce(): the front-end gave the kernel an
+  // entry with a lookup count (a lookup's reply, a listing's full entry). A push refused with ENOENT
+  // says the kernel forgot it.
+  void track(size_t entries);
+  void introduce(EntryId id);
+  bool knows(EntryId id) const override;
+  uint64_t introductions() const override { return introductions_.load(std::memory_order_relaxed); }
+
  private:
   // 32 pages, what the kernel retrieves at most by default (max_pages): larger files are judged by them.
   static constexpr uint64_t kProbeBytes = 128 << 10;
@@ -35,6 +46,11 @@ class FusePageCache final : public PageCache {
   };
   void answer(fuse_ino_t ino, size_t bytes);
 
+  void forgot(EntryId id);
+
+  std::unique_ptr<std::atomic<uint64_t>[]> known_;  // a bit per entry; set once before the session starts
+  size_t known_words_ = 0;
+  std::atomic<uint64_t> introductions_{0};
   std::shared_mutex mutex_;  // shared by pushes and drops, exclusive to attach/detach; guards session_
   fuse_session* session_ = nullptr;
   Mutex probes_mutex_;

@@ -27,6 +27,12 @@ class PageCache {
   // kernel has forgotten the inode, so it holds none of its pages); `answer` is not called then. One
   // question per file at a time. Same threading rule.
   virtual int probe(EntryId id, uint64_t size, std::function<void(int64_t)> answer) = 0;
+  // Whether the kernel has been given the file's inode (by a lookup or a listing): a push before that
+  // is refused (-ENOENT). True when not known either way.
+  virtual bool knows(EntryId /*id*/) const { return true; }
+  // How many files the kernel has been given the inodes of so far: a change says that files skipped as
+  // unknown may take their pushes now.
+  virtual uint64_t introductions() const { return 0; }
 };
 
 }  // namespace clairfs

@@ -391,6 +391,30 @@ TEST_F(TenPushed, PushesStayWithinThePageCacheBudgetAndReadPagesStayTheKernels) 
 // SOURCE when their use comes, right.
 // 90 files of 1000 bytes, RAM for a third of them, pushes for ten; the kernel (a double) holds every
 // file's pages once read. With opens told or without.
+TEST(Engine, AFileIsPushedOnceTheKernelHasItsInodeAndNoPushIsRefused) {
+  // The kernel makes a file's inode when a lookup or a listing gives it. Before (issue 34), every push of
+  // a file not looked up yet was tried and refused, again every 50 ms: tens of thousands per run.
+  MemoryTree tree(sizes(100, 1000, 1000));
+  MemorySource source(tree);
+  fakes::PageCacheDouble kernel;
+  kernel.only_known(true);
+  const StreamSource streams = one_rank(tree);
+  EngineConfig c = config(1 << 20);
+  c.pagecache = 10 * 1000;
+  c.page_cache = &kernel;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["ram"]["files"] == 100u; })) << e.stats_json();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // turns of the stager, its retries among them
+  EXPECT_EQ(kernel.pushes(), 0u);
+  EXPECT_EQ(kernel.refused(), 0u);
+  // A listing gives the first five files of the order their inodes: they are pushed, nothing refused.
+  const std::vector<EntryId> order = streams(0)[0];
+  for (size_t k = 0; k < 5; ++k) kernel.introduce(order[k]);
+  EXPECT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 5u; })) << e.stats_json();
+  EXPECT_EQ(kernel.refused(), 0u);
+  EXPECT_EQ(stats(e)["pagecache"]["push_failures"], 0u);
+}
+
 struct KernelHoldsAll {
   explicit KernelHoldsAll(bool no_open)
       : c([&] {

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -127,7 +128,10 @@ class PageCacheDouble final : public PageCache {
   int push(EntryId id, const char*, size_t) override {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_unlocked(lock, id);
-    if (refuse_) return -ENOENT;
+    if (refuse_ || (only_known_ && !known_.count(id))) {
+      refused_++;
+      return -ENOENT;
+    }
     pushed_.insert(id);
     pushes_++;
     peak_held_ = std::max(peak_held_, pushed_.size());
@@ -154,6 +158,27 @@ class PageCacheDouble final : public PageCache {
     }
     answer(held ? 1 : 0);
     return 0;
+  }
+  // Like the kernel: only files given an inode (introduce(), as a lookup or a listing does) take pushes.
+  void only_known(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    only_known_ = on;
+  }
+  void introduce(EntryId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (known_.insert(id).second) introductions_++;
+  }
+  bool knows(EntryId id) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !only_known_ || known_.count(id);
+  }
+  uint64_t introductions() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return introductions_;
+  }
+  uint64_t refused() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return refused_;
   }
   // From now on every file's pages are held but those dropped since (true), or none but those pushed
   // (false: the kernel took back what the readers read).
@@ -227,7 +252,11 @@ class PageCacheDouble final : public PageCache {
     waiting_--;
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  bool only_known_ = false;
+  std::set<EntryId> known_;
+  uint64_t introductions_ = 0;
+  uint64_t refused_ = 0;
   std::condition_variable unlocked_;
   unsigned waiting_ = 0;
   bool refuse_ = false;
