@@ -206,7 +206,8 @@ with h.tempdir() as tmp:
     # for every part of a directory): each staged file is pushed before its first read, no push refused,
     # and epoch 0 is read from pushed pages. (Before: the kernel listed with inodes only the start of each
     # directory; the other pushes were refused every 50 ms, and those files read through the daemon: 184
-    # of 600 from pushed pages. One run here counted 595, the other 5 from RAM, not explained yet.)
+    # of 600 from pushed pages. One run here counted 595, the other 5 from RAM: likely this machine's
+    # proactive reclaim, which drops page-cache pages it sees as cold — docs/benchmarks.md.)
     # One folder of 600 files, as ImageNet's classes hold 1,300.
     big = tmp + "/big"
     h.make_dataset(big, 600, 1, 8, 5)
