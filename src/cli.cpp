@@ -504,6 +504,8 @@ void warn_of_another_mount(const Options& o, const MpiWorld* world) {
 // Step 4: the peers (under a launcher with several nodes), the engine (staging on) and the trace.
 // Throws NvmeError for a bad nvme= (the mount stops); any other engine failure leaves staging off.
 void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
+  // Which files the kernel has inodes for, sized before any stager can ask (it is not resized after).
+  d.page_cache.track(d.manifest->size());
   std::vector<uint16_t> owner;
   if (world && world->size() > 1) {
     owner = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size());
@@ -596,7 +598,6 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   // each, which the first epoch's lookups would take anyway; a larger tree is listed by names, as the
   // kernel chooses, and a file's inode comes with its reader's lookup).
   constexpr size_t kListWithInodes = size_t{1} << 20;
-  d.page_cache.track(d.manifest->size());
   const bool staging = d.staged || d.learning;
   const FrontendConfig frontend_config{o.entry_timeout,
                                        o.attr_timeout,

@@ -28,8 +28,8 @@ class FusePageCache final : public PageCache {
   // The kernel's reply to a probe of `ino`: the `bytes` it holds from the file's start.
   static void retrieved(void* cookie, fuse_ino_t ino, size_t bytes);
 
-  // Which files the kernel knows the inodes of: sized for the manifest's `entries` before the session
-  // starts (until then, every file is taken as known). introduce(): the front-end gave the kernel an
+  // Which files the kernel knows the inodes of: sized for the manifest's `entries` once, before any
+  // thread calls knows() (until then, every file is taken as known). introduce(): the front-end gave the kernel an
   // entry with a lookup count (a lookup's reply, a listing's full entry). A push refused with ENOENT
   // says the kernel forgot it.
   void track(size_t entries);

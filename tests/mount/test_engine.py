@@ -63,8 +63,9 @@ with h.tempdir() as tmp:
             # opens: on a loaded machine (the sanitizer pass) a tenth of the opens came before their file.
             lag, staged = opened - (ram + nvme + source + cached), 0.8 if progress == "reads" else 0.9
             h.check(lag == 0 or (progress == "reads" and 0 < lag <= 8),
-                    "stats add up: RAM %d + NVMe %d + SOURCE %d + page cache %d opens = %d%s" % (
-                        ram, nvme, source, cached, opened, " - %d read last from pushed pages" % lag if lag else ""))
+                    "stats add up: RAM %d + NVMe %d + SOURCE %d + page cache %d opens = %d%s (%s; progress %s)" % (
+                        ram, nvme, source, cached, opened, " - %d read last from pushed pages" % lag if lag else "",
+                        progress, s["progress"]))
             h.check(ram + cached >= opened * staged,
                     "%d%% or more of the predicted opens were staged (RAM or pushed pages): %s" % (staged * 100, s["tiers"]))
             # (Pushed, or kept from a read before: following reads, epoch 1 may need no push at all, the
