@@ -110,13 +110,19 @@ with h.tempdir() as tmp:
                 os.close(fd)
                 # (Heard before this process opens the file again: the kernel merges one process's events
                 # on one file while they wait to be read, and two opens would be heard as one.)
-                h.quiet_stats(mnt)
+                # Judged by what this one open adds: the counts before it need not agree to the file (an
+                # open of the epochs above heard as merged with another leaves opens_seen one short of the
+                # files served, in about one run in three here, with the build before this session too).
+                s1 = h.quiet_stats(mnt)
                 right = h.digest(os.path.join(mnt, big)) == want[big]
                 s2 = h.quiet_stats(mnt)  # (its events come a moment after: under ASan the count read late)
-                served = sum(v["files"] for v in s2["tiers"].values())
-                h.check(right and served == s2["progress"]["opens_seen"],
-                        "a file held in part: read right (%s), its use counted once: %d served of %d opens seen" % (
-                            right, served, s2["progress"]["opens_seen"]))
+                served = sum(v["files"] for v in s2["tiers"].values()) - sum(v["files"] for v in s1["tiers"].values())
+                heard = s2["progress"]["opens_seen"] - s1["progress"]["opens_seen"]
+                h.check(right and served == heard == 1,
+                        "a file held in part: read right (%s), its use counted once: %d served for %d open heard "
+                        "(before it: %d served, %d opens heard)" % (
+                            right, served, heard, sum(v["files"] for v in s1["tiers"].values()),
+                            s1["progress"]["opens_seen"]))
             h.within_memory_bound(h.daemon_pids(mnt), budget, len(want))
             r = h.run_clairfs(["status", mnt])
             h.check(r.returncode == 0 and "epoch 2" in r.stdout and "RAM" in r.stdout and "opens served" in r.stdout
