@@ -205,7 +205,7 @@ void Stager::run_drops() {
 }
 
 void Stager::push_ahead() {
-  const auto knows = [this](EntryId id) { return kernel_->knows(id); };
+  const std::function<bool(EntryId)> knows = [this](EntryId id) { return kernel_->knows(id); };
   if (const uint64_t n = kernel_ ? kernel_->introductions() : 0; n != introductions_seen_) {
     introductions_seen_ = n;
     MutexLock lock(state_.mutex);
