@@ -62,8 +62,6 @@ constexpr int kExitUsage = 2;
 // Files compared with SOURCE when mounting from a manifest: enough to catch a stale manifest of another
 // data set version, few enough to cost well under a second on a loaded parallel file system.
 constexpr size_t kManifestSpotChecks = 64;
-// The log's destination as the stats show it (cut beyond: a path).
-constexpr size_t kLogWidth = 160;
 // How often metrics_file= is rewritten (node_exporter reads it on each scrape, commonly every 15-60 s).
 constexpr auto kMetricsEvery = std::chrono::seconds(5);
 
@@ -567,21 +565,22 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
 // unmounted or signalled. Returns the exit code.
 int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport& report, const sigset_t& ending) {
   const Entry& root = d.manifest->entry(0);
-  auto counters = [&d]() {
+  const ControlTree* control_files = nullptr;  // the tree below, once made
+  auto counters = [&d, &control_files]() {
     nlohmann::json j = nlohmann::json::parse(d.staged     ? d.staged->stats_json()
                                              : d.learning ? d.learning->stats_json()
                                                           : d.reader->stats_json());
-    j["log"] = fixed_width(log_destination(), kLogWidth);  // a string of one width: stats keeps one length
+    j["log"] = log_destination();
     j["attributes_pending"] = d.manifest->attributes_pending();  // files whose sizes are still to be read
+    if (control_files)  // the live control files' renderings held (each reader's, until the kernel lets go)
+      j["memory"]["control_renderings"] = {{"files", control_files->renderings()},
+                                           {"bytes", control_files->rendering_bytes()}};
     return j;
   };
   auto stats = [counters]() { return counters().dump(2) + "\n"; };
   auto metrics = [counters, mountpoint = o.mountpoint_abs]() { return metrics_text(counters(), mountpoint); };
   ControlConfig cc{o.start_epoch, o.epochs, o.ranks, root.uid, root.gid, stats, metrics, {}, {}};
   if (d.learning && o.seed_auto) cc.learned = [&d]() { return d.learning->oracle(); };
-  // A plan to come (seed=auto, or planned again for other ranks): stats with an engine's sections and
-  // each rank's (about 6 KiB and 0.5 KiB a rank, the metrics less), from the first rendering on.
-  if (d.learning) cc.live_reserve = 16384 + 1024 * std::max<size_t>(o.ranks.size(), 8);
   if (o.default_permissions) {
     // An access ACL longer than its three base entries (user, group, other: 4 + 3 × 8 bytes) names users
     // or groups. One getxattr a directory, once, at mount (a data set has a directory in hundreds of files).
@@ -590,9 +589,11 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
       return xattr_beneath(d.reader->root_fd(), d.manifest->components(id), "system.posix_acl_access", &acl) > 28;
     };
   }
+  ControlTree control(*d.manifest, *d.oracle, std::move(cc));
+  control_files = &control;
+  // Made after the tree, whose renderings its counters tell, and ended before it.
   std::optional<MetricsFile> metrics_file;
   if (!o.metrics_file.empty()) metrics_file.emplace(o.metrics_file, metrics, kMetricsEvery);
-  ControlTree control(*d.manifest, *d.oracle, std::move(cc));
   // Pushes go only to files the kernel has inodes for (others would be refused, and tried again); with
   // staging, a listing makes them all, up to kListWithInodes entries (about 1 KiB of the kernel's memory
   // each, which the first epoch's lookups would take anyway; a larger tree is listed by names, as the

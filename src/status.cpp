@@ -62,8 +62,8 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   std::printf("clairfs at %s\n", escape_controls(mountpoint).c_str());
   if (j.contains("learned")) {
     const auto& l = j["learned"];
-    const std::string state = trimmed(l.value("state", std::string()));
-    const std::string seed = trimmed(l.value("seed", std::string()));
+    const std::string state = l.value("state", std::string());
+    const std::string seed = l.value("seed", std::string());
     const auto opens = static_cast<unsigned long long>(l.value("opens_seen", uint64_t{0}));
     if (state == "learning")
       std::printf("  seed=auto: learning the job's seed (%llu opens seen); reads go to SOURCE until then\n", opens);
@@ -83,7 +83,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
                   static_cast<unsigned long long>(others));
   }
   if (j.contains("waited")) {
-    const std::string state = trimmed(j["waited"].value("state", std::string()));
+    const std::string state = j["waited"].value("state", std::string());
     if (state == "waiting")
       std::printf("  reading the files' sizes after the mount (%llu to go); staging starts then, reads go to SOURCE until then\n",
                   static_cast<unsigned long long>(get(j, {"attributes_pending"})));
@@ -93,14 +93,14 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   if (j.contains("ranks")) {
     for (const auto& r : j["ranks"]) {
       const uint64_t done = r.value("done", uint64_t{0}), total = r.value("total", uint64_t{0});
-      const std::string verdict = trimmed(r.value("verdict", std::string("following")));
+      const std::string verdict = r.value("verdict", std::string("following"));
       std::printf("  rank %-4llu epoch %-3llu %s %llu / %llu   ", static_cast<unsigned long long>(r.value("rank", uint64_t{0})),
                   static_cast<unsigned long long>(r.value("epoch", uint64_t{0})),
                   bar(total ? static_cast<double>(done) / static_cast<double>(total) : 0, 24).c_str(),
                   static_cast<unsigned long long>(done), static_cast<unsigned long long>(total));
       if (verdict == "off") {
         std::printf("OFF THE PLAN: staging for it stopped\n");
-        const std::string why = trimmed(r.value("reads_as", std::string()));
+        const std::string why = r.value("reads_as", std::string());
         std::printf("             %s\n", why.empty() ? "(finding out what order it reads in)" : why.c_str());
       } else if (verdict == "idle") {
         std::printf("not reading: staging for it stopped\n");
@@ -109,7 +109,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
                     r.value("lead_seconds", 0.0), verdict == "checking" ? "   (checking its order)" : "");
         // Following, but another epoch's order than the plan had it in: why. Checking after it was off:
         // what it read as then.
-        if (const std::string why = trimmed(r.value("reads_as", std::string())); !why.empty())
+        if (const std::string why = r.value("reads_as", std::string()); !why.empty())
           std::printf("             %s the job %s\n",
                       verdict == "checking" ? "checking whether it is back; before," : "the plan's epoch, not the job's:", why.c_str());
       }
@@ -158,7 +158,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
         "  planned again %llu time%s: the job reads as world_size=%llu, ranks %s here (%llu files in RAM kept)\n",
         static_cast<unsigned long long>(times), times == 1 ? "" : "s",
         static_cast<unsigned long long>(get(j, {"plan", "world", "world_size"})),
-        trimmed(j["plan"]["world"].value("ranks", std::string())).c_str(),
+        j["plan"]["world"].value("ranks", std::string()).c_str(),
         static_cast<unsigned long long>(get(j, {"plan", "world", "kept_files"})));
   if (const uint64_t others = get(j, {"progress", "other_opens"}))
     std::printf(
@@ -174,7 +174,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     std::printf("  staging failures   %llu reads (served on demand instead)\n", static_cast<unsigned long long>(failed));
   if (const uint64_t nvme_failed = get(j, {"nvme", "read_failures"}))
     std::printf("  NVMe read failures %llu (read from SOURCE instead)\n", static_cast<unsigned long long>(nvme_failed));
-  if (const std::string log = trimmed(j.value("log", std::string())); !log.empty())
+  if (const std::string log = j.value("log", std::string()); !log.empty())
     std::printf("  log           %s\n", log.c_str());
 }
 

@@ -1,6 +1,7 @@
 #include "control/control.hpp"
 
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <charconv>
@@ -14,12 +15,14 @@ namespace {
 // Inode layout under bit 62: kind in bits 56-59, then the kind's fields.
 constexpr uint64_t kBase = uint64_t{1} << 62;
 constexpr uint64_t kKindShift = 56;
-enum Kind : uint64_t { kFixed = 0, kEpochDir = 1, kRankFile = 2 };
+enum Kind : uint64_t { kFixed = 0, kEpochDir = 1, kRankFile = 2, kRendering = 3 };
 constexpr uint64_t kRootIno = kBase | 1;   // .clairfs
 constexpr uint64_t kOrderIno = kBase | 2;  // .clairfs/order
 constexpr uint64_t kReadmeIno = kBase | 3;
+// The live files' names in listings only: their inodes are their renderings' (rendering_ino).
 constexpr uint64_t kStatsIno = kBase | 4;
 constexpr uint64_t kMetricsIno = kBase | 5;
+constexpr const char* kLiveNames[2] = {"stats", "metrics"};
 constexpr uint64_t kMaxEpoch = (uint64_t{1} << 32) - 1;
 constexpr uint64_t kMaxRank = (uint64_t{1} << 24) - 1;
 // Listings stop here; any epoch or rank still opens by name.
@@ -31,25 +34,35 @@ constexpr size_t kCachedBytes = size_t{32} << 20;
 // A rank file marks the byte offset of every this many lines: a read renders at most this many lines
 // beyond what it returns.
 constexpr uint64_t kMarkEvery = 256;
-// Every scalar in stats takes this many characters: the longest a double prints as (-1.2345678901234567e-308).
-constexpr size_t kStatsWidth = 24;
-// stats are made afresh at most this often: the attribute requests of one reader's read calls (each
-// read asks for them) mostly share one rendering, and a reader polling in a loop costs the engine's lock
-// little; fresh enough for anyone watching.
+// stats are made afresh at most this often: a reader polling in a loop costs the engine's lock little;
+// fresh enough for anyone watching.
 constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
 // Other users than the mount's owner get a rendering at most this old: 20 processes of another user
 // reading stats and metrics in a loop took 0.53 of a core (made afresh every 1 ms), 0.29 now, the rest
 // their FUSE requests (bench/control_load.sh).
 constexpr auto kOthersRefresh = std::chrono::seconds(1);
-// A rendering quicker than this is not kept longer than kLiveRefresh (see ControlTree::live).
+// A rendering that costs less than this is not kept longer than kLiveRefresh (see look_up_live).
 constexpr auto kCheapRender = std::chrono::milliseconds(20);
-// Live files are padded to a multiple of this (see control.hpp).
-constexpr size_t kLivePage = 4096;
+// Renderings held at most (see control.hpp): another user's processes holding thousands of stats open
+// cost the daemon no more than this.
+constexpr size_t kHeldRenderings = 4096;
+constexpr size_t kHeldRenderingBytes = size_t{64} << 20;
 
 uint64_t kind_of(uint64_t ino) { return (ino >> kKindShift) & 0xf; }
 uint64_t epoch_dir_ino(uint64_t epoch) { return kBase | (kEpochDir << kKindShift) | epoch; }
 uint64_t rank_file_ino(uint64_t epoch, uint64_t rank) {
   return kBase | (kRankFile << kKindShift) | (epoch << 24) | rank;
+}
+// Rendering n (from 1, below 2^48) of live file `which`.
+uint64_t rendering_ino(uint64_t which, uint64_t n) { return kBase | (kRendering << kKindShift) | (which << 48) | n; }
+uint64_t live_file_of(uint64_t ino) { return (ino >> 48) & 1; }
+
+// The processor time the calling thread has used: what a rendering costs, not counting the time it
+// waited for the engine's locks (a plan being switched holds them for a while).
+std::chrono::nanoseconds thread_cpu() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
 // Parses "<prefix><decimal>" strictly (no sign, no leading zeros but "0").
@@ -88,7 +101,7 @@ mode_t who_lists_everything(const Manifest& m, const std::function<bool(EntryId)
 
 class TextFile final : public ControlFile {
  public:
-  explicit TextFile(std::string text) : text_(std::move(text)) {}
+  explicit TextFile(std::string text) : text_(std::move(text)) { text_.shrink_to_fit(); }
   uint64_t size() const override { return text_.size(); }
   std::string_view read(uint64_t off, size_t len, std::string&) const override {
     return std::string_view(text_).substr(std::min<uint64_t>(off, text_.size()), len);
@@ -96,7 +109,7 @@ class TextFile final : public ControlFile {
   size_t memory_bytes() const override { return text_.capacity(); }
 
  private:
-  const std::string text_;
+  std::string text_;
 };
 
 // A rank's order: one escaped path a line (append_escaped_line), rendered as it is read.
@@ -136,13 +149,6 @@ class RankOrderFile final : public ControlFile {
   uint64_t size_ = 0;
 };
 
-// `text` with spaces inserted at `at`, to `size` bytes at least: the next multiple of kLivePage.
-std::string padded(std::string text, size_t at, size_t size) {
-  const size_t want = std::max(size, (text.size() + kLivePage - 1) / kLivePage * kLivePage);
-  text.insert(at, want - text.size(), ' ');
-  return text;
-}
-
 }  // namespace
 
 ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, ControlConfig config)
@@ -167,10 +173,10 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
 
 uint64_t ControlTree::root_ino() { return kRootIno; }
 
-bool ControlTree::is_live(uint64_t ino) { return ino == kStatsIno || ino == kMetricsIno; }
+bool ControlTree::is_live(uint64_t ino) { return owns(ino) && kind_of(ino) == kRendering; }
 
-std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino, Reader who) const {
-  auto c = content(ino, who);
+std::optional<ControlAttr> ControlTree::file_attr(uint64_t ino) const {
+  auto c = content(ino);
   if (!c) return std::nullopt;
   return ControlAttr{ino, static_cast<mode_t>(S_IFREG | (0444 & (kind_of(ino) == kRankFile ? order_who_ : 0777))), c->size()};
 }
@@ -179,8 +185,8 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
   if (dir == kRootIno) {
     if (name == "order") return dir_attr(kOrderIno, order_who_);
     if (name == "README") return file_attr(kReadmeIno);
-    if (name == "stats") return getattr(kStatsIno, who);
-    if (name == "metrics") return getattr(kMetricsIno, who);
+    for (uint64_t which : {0, 1})
+      if (name == kLiveNames[which]) return look_up_live(which, who);
     return std::nullopt;
   }
   if (dir == kOrderIno) {
@@ -195,12 +201,14 @@ std::optional<ControlAttr> ControlTree::lookup(uint64_t dir, std::string_view na
   return std::nullopt;
 }
 
-std::optional<ControlAttr> ControlTree::getattr(uint64_t ino, Reader who) const {
+std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
   if (ino == kRootIno) return dir_attr(ino);
   if (ino == kOrderIno) return dir_attr(ino, order_who_);
   if (is_live(ino)) {
-    const Live l = live(ino, true, who);
-    return ControlAttr{ino, S_IFREG | 0444, l.text->size(), l.made_ns};
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    const auto it = renderings_.find(ino);
+    if (it == renderings_.end()) return std::nullopt;
+    return rendering_attr(ino, it->second);
   }
   if (!owns(ino)) return std::nullopt;
   if (kind_of(ino) == kEpochDir) return dir_attr(ino, order_who_);
@@ -212,8 +220,8 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   if (dir == kRootIno) {
     out.push_back({"README", {kReadmeIno, S_IFREG | 0444, readme_->size()}});
     out.push_back({"order", dir_attr(kOrderIno, order_who_)});
-    out.push_back({"stats", {kStatsIno, S_IFREG | 0444, 0}});
-    out.push_back({"metrics", {kMetricsIno, S_IFREG | 0444, 0}});
+    out.push_back({kLiveNames[0], {kStatsIno, S_IFREG | 0444, 0}});
+    out.push_back({kLiveNames[1], {kMetricsIno, S_IFREG | 0444, 0}});
   } else if (dir == kOrderIno) {
     const uint64_t end = config_.epochs ? *config_.epochs : config_.start_epoch + kListedEpochs;
     for (uint64_t e = config_.start_epoch; e < end && e < config_.start_epoch + kListedEpochs; ++e)
@@ -229,9 +237,13 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
   return out;
 }
 
-std::shared_ptr<const ControlFile> ControlTree::content(uint64_t ino, Reader who) const {
+std::shared_ptr<const ControlFile> ControlTree::content(uint64_t ino) const {
   if (ino == kReadmeIno) return readme_;
-  if (is_live(ino)) return live(ino, true, who).text;
+  if (is_live(ino)) {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    const auto it = renderings_.find(ino);
+    return it == renderings_.end() ? nullptr : it->second.text;
+  }
   if (!owns(ino) || kind_of(ino) != kRankFile) return nullptr;
   const uint64_t rank = ino & kMaxRank;
   const uint64_t epoch = (ino >> 24) & kMaxEpoch;
@@ -239,39 +251,62 @@ std::shared_ptr<const ControlFile> ControlTree::content(uint64_t ino, Reader who
   return rank_file(epoch, rank);
 }
 
-std::shared_ptr<const ControlFile> ControlTree::current(uint64_t ino) const {
-  return is_live(ino) ? live(ino, false, Reader::kOwner).text : content(ino);
+ControlAttr ControlTree::rendering_attr(uint64_t ino, const Rendering& r) const {
+  return ControlAttr{ino, S_IFREG | 0444, r.text->size(), r.made_ns};
 }
 
-ControlTree::Live ControlTree::live(uint64_t ino, bool refresh, Reader who) const {
+ControlAttr ControlTree::look_up_live(uint64_t which, Reader who) const {
   std::lock_guard<std::mutex> lock(live_mutex_);
-  Live& l = ino == kMetricsIno ? live_metrics_ : live_stats_;
+  Live& l = live_[which];
   const auto now = std::chrono::steady_clock::now();
   const auto every =
       who == Reader::kOwner ? l.every : std::max<std::chrono::steady_clock::duration>(l.every, kOthersRefresh);
-  if (l.text && (!refresh || now - l.at < every)) return l;
-  const size_t before = l.text ? l.text->size() : config_.live_reserve;
-  if (ino == kMetricsIno) {  // its numbers from the same counters as stats'
-    std::string text = config_.metrics ? config_.metrics() : std::string();
-    const size_t help = text.find("# HELP ");
-    const size_t at = help == std::string::npos ? std::string::npos : text.find('\n', help);
-    // No HELP line (a config without metrics): the text is empty, and left so.
-    l.text = std::make_shared<const TextFile>(at == std::string::npos ? std::move(text) : padded(std::move(text), at, before));
-  } else {
-    std::string text = fixed_width_scalars(config_.stats ? config_.stats() : "{}\n", kStatsWidth);
-    const size_t at = text.empty() || text.back() != '\n' ? text.size() : text.size() - 1;
-    l.text = std::make_shared<const TextFile>(padded(std::move(text), at, before));
+  const bool full = renderings_.size() >= kHeldRenderings || rendering_bytes_ >= kHeldRenderingBytes;
+  if (l.latest == 0 || (now - l.at >= every && !full)) {
+    const auto cpu = thread_cpu();
+    std::string text = which == 1 ? (config_.metrics ? config_.metrics() : std::string())
+                                  : (config_.stats ? config_.stats() : std::string("{}\n"));
+    Rendering fresh{std::make_shared<const TextFile>(std::move(text))};
+    const int64_t wall =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    fresh.made_ns = wall;  // strictly after the last one's
+    if (l.latest != 0) {
+      auto old = renderings_.find(l.latest);
+      fresh.made_ns = std::max(wall, old->second.made_ns + 1);
+      if (old->second.lookups == 0) drop(old);
+    }
+    l.latest = rendering_ino(which, ++renderings_made_);
+    rendering_bytes_ += fresh.text->memory_bytes();
+    renderings_.emplace(l.latest, std::move(fresh));
+    renderings_held_ = renderings_.size();
+    l.at = std::chrono::steady_clock::now();
+    // A rendering that cost much (thousands of ranks) is kept for four times as long, up to
+    // kOthersRefresh: readers polling cost the engine at most a fifth of a core. A cheap one is made
+    // afresh for the next reader, who sees its own reads counted. (Timed by the clock, a rendering that
+    // waited for a plan being switched would keep numbers from before the switch four times that long.)
+    const auto cost = thread_cpu() - cpu;
+    l.every = cost < kCheapRender ? std::chrono::steady_clock::duration(kLiveRefresh)
+                                  : std::min<std::chrono::steady_clock::duration>(4 * cost, kOthersRefresh);
   }
-  const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
-  l.made_ns = std::max(wall, l.made_ns + 1);
-  l.at = std::chrono::steady_clock::now();
-  // A rendering that took long (thousands of ranks) is kept for four times as long: readers polling, or
-  // one reading in small pieces (each asks for the attributes), cost the engine at most a fifth of its
-  // time. A quick one is made afresh for the next reader, who sees its own reads counted.
-  const auto cost = l.at - now;
-  l.every = cost < kCheapRender ? std::chrono::steady_clock::duration(kLiveRefresh) : 4 * cost;
-  return l;
+  Rendering& r = renderings_.at(l.latest);
+  ++r.lookups;
+  return rendering_attr(l.latest, r);
+}
+
+void ControlTree::forget(uint64_t ino, uint64_t n) const {
+  if (!is_live(ino)) return;  // every other control inode is for good
+  std::lock_guard<std::mutex> lock(live_mutex_);
+  const auto it = renderings_.find(ino);
+  if (it == renderings_.end()) return;
+  it->second.lookups -= std::min(n, it->second.lookups);
+  if (it->second.lookups == 0 && live_[live_file_of(ino)].latest != ino) drop(it);
+}
+
+void ControlTree::drop(std::unordered_map<uint64_t, Rendering>::iterator it) const {
+  rendering_bytes_ -= it->second.text->memory_bytes();
+  renderings_.erase(it);
+  renderings_held_ = renderings_.size();
 }
 
 std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
@@ -299,7 +334,7 @@ std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64
 
 size_t ControlTree::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  size_t bytes = 0;
+  size_t bytes = rendering_bytes();
   for (const auto& [key, file] : cache_) bytes += file->memory_bytes();
   return bytes;
 }

@@ -13,21 +13,22 @@
 // first needed; rank files are kept, newest first, within kCachedBytes, since the kernel asks for the
 // size (getattr) before it reads. (Kept whole as text, eight ranks' files of 14.2 M samples held 0.5 GB.)
 //
-// The live files (stats, metrics) keep one length from one rendering to the next, because they are read
-// without opens by default (FUSE no-open mode), where the kernel caches their pages like any file's: their
-// attributes are never cached, each read asks for them, a new modification time makes the kernel drop
-// its pages — and a reader whose next read comes after a size change would get another rendering's
-// bytes, or zeros, after the first one's (a JSON reader saw "Extra data"). So every rendering is padded
-// (spaces: after the JSON, at the end of the first HELP line of the metrics) to a multiple of
-// kLivePage, never shorter than the last one (nor than ControlConfig::live_reserve, which a mount whose
-// ranks appear later — seed=auto learning — starts at); it grows only when the content outgrows it, once
-// in a mount's life or a few times. stats prints every
-// number right-aligned in a field of kStatsWidth, so its size rarely has a reason to grow. Made afresh
-// at most every kLiveRefresh (1 ms), or four times the last rendering's time if that is longer.
+// The live files (stats, metrics) change while they are read, and are read without opens by default
+// (FUSE no-open mode), where nothing is kept per open: the kernel holds one size and one set of pages
+// per inode for all its readers, and a reader whose read came after another reader's newer size got
+// that rendering's bytes after its own. So each rendering is an inode of its own that never changes:
+// the names' entries are never cached (every path walk asks, and is given the latest rendering), while
+// a rendering's attributes and pages are cached like any file's. A reader reads the rendering it opened
+// to its end, whatever anyone reads meanwhile — as an open of a /proc file does — and no read mixes two.
+// A rendering is kept while the kernel holds its inode (lookups counted, forgets subtracted) or while it
+// is the latest; past kHeldRenderings or kHeldRenderingBytes held, the latest is given again rather than
+// a new one. Made afresh at most every kLiveRefresh (1 ms), or four times the last rendering's time if
+// that is longer.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -37,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -76,10 +78,6 @@ struct ControlConfig {
   // True when SOURCE's directory `id` has an ACL beyond its mode bits (named users or groups). Unset: no
   // ACLs are enforced (the mount does not check permissions, or the kernel cannot check ACLs).
   std::function<bool(EntryId)> extended_acl;
-  // The length the live files keep from their first rendering on, at least: a mount whose stats gain
-  // their ranks later (seed=auto learning, a plan made again for more ranks) starts at the length they
-  // will have, so that no reader ever meets the one change of length.
-  size_t live_reserve = 0;
 };
 
 class ControlTree {
@@ -97,19 +95,24 @@ class ControlTree {
   static uint64_t root_ino();
 
   // The child `name` of control directory `dir`; nullopt if there is none.
+  // A live file's name gives its latest rendering, and that rendering counts one lookup more: the caller
+  // forgets it again (forget) if the kernel did not get the reply.
   std::optional<ControlAttr> lookup(uint64_t dir, std::string_view name, Reader who = Reader::kOwner) const;
-  std::optional<ControlAttr> getattr(uint64_t ino, Reader who = Reader::kOwner) const;
+  std::optional<ControlAttr> getattr(uint64_t ino) const;
   // A directory's entries (without "." and ".."), or nullopt if `ino` is no control directory.
   std::optional<std::vector<std::pair<std::string, ControlAttr>>> list(uint64_t dir) const;
-  // True for files whose contents change (stats): served uncached when opened, attributes never cached.
+  // True for a rendering of a live file (stats, metrics): its name's entry is never cached.
   static bool is_live(uint64_t ino);
-  // A file's contents; nullptr if `ino` is no control file. A live file's are made afresh (if older than
-  // kLiveRefresh, or kOthersRefresh for another user).
-  std::shared_ptr<const ControlFile> content(uint64_t ino, Reader who = Reader::kOwner) const;
-  // The contents the last getattr or content() described, for reads without a handle.
-  std::shared_ptr<const ControlFile> current(uint64_t ino) const;
-  // Bytes held by the rank files kept (open ones may hold more).
+  // The kernel let go of `n` lookups of `ino`: a rendering no longer held, and not the latest, is gone.
+  void forget(uint64_t ino, uint64_t n) const;
+  // A file's contents; nullptr if `ino` is no control file (or a rendering gone).
+  std::shared_ptr<const ControlFile> content(uint64_t ino) const;
+  // Bytes held by the rank files kept (open ones may hold more) and by the renderings held.
   size_t cached_bytes() const;
+  // Renderings of the live files held (the latest ones included), and their bytes. Never waits: the
+  // stats (rendered under the live files' lock) tell them.
+  size_t renderings() const { return renderings_held_.load(std::memory_order_relaxed); }
+  size_t rendering_bytes() const { return rendering_bytes_.load(std::memory_order_relaxed); }
 
   const ControlConfig& config() const { return config_; }
 
@@ -117,7 +120,7 @@ class ControlTree {
   std::shared_ptr<const ControlFile> rank_file(uint64_t epoch, uint64_t rank) const;
   // The oracle the order files follow: the learned one (nullptr until then) or the tree's own.
   const Oracle* order() const { return config_.learned ? config_.learned() : &oracle_; }
-  std::optional<ControlAttr> file_attr(uint64_t ino, Reader who = Reader::kOwner) const;
+  std::optional<ControlAttr> file_attr(uint64_t ino) const;
 
   const Manifest& manifest_;
   const Oracle& oracle_;
@@ -129,17 +132,30 @@ class ControlTree {
   mutable std::mutex mutex_;
   mutable std::list<std::pair<uint64_t, std::shared_ptr<const ControlFile>>> cache_;  // most recent first
 
-  // The latest rendering of a live file. live_mutex_ guards both, and is held while they render.
-  struct Live {
+  // A live file's renderings. live_mutex_ guards all below, and is held while they render.
+  struct Rendering {
     std::shared_ptr<const ControlFile> text;
-    int64_t made_ns = 0;  // wall clock, strictly increasing: the file's mtime
+    int64_t made_ns = 0;   // wall clock, strictly increasing: the rendering's mtime
+    uint64_t lookups = 0;  // the kernel's references to its inode
+  };
+  struct Live {
+    uint64_t latest = 0;  // the latest rendering's inode; 0 before the first
     std::chrono::steady_clock::time_point at{};
     std::chrono::steady_clock::duration every{};  // made afresh no sooner than this after `at`
   };
-  Live live(uint64_t ino, bool refresh, Reader who) const;
+  // The latest rendering of live file `which` (0 stats, 1 metrics), made afresh if it is old enough for
+  // `who`, with one lookup more.
+  ControlAttr look_up_live(uint64_t which, Reader who) const;
+  ControlAttr rendering_attr(uint64_t ino, const Rendering& r) const;
+  // REQUIRES: live_mutex_ held.
+  void drop(std::unordered_map<uint64_t, Rendering>::iterator it) const;
   mutable std::mutex live_mutex_;
-  mutable Live live_stats_;
-  mutable Live live_metrics_;
+  mutable Live live_[2];
+  mutable std::unordered_map<uint64_t, Rendering> renderings_;  // by inode
+  mutable uint64_t renderings_made_ = 0;
+  // renderings_'s size and bytes, written under live_mutex_.
+  mutable std::atomic<size_t> renderings_held_{0};
+  mutable std::atomic<size_t> rendering_bytes_{0};
 };
 
 }  // namespace clairfs

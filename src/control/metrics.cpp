@@ -120,7 +120,7 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
     w.family("clairfs_rank_verdict", "gauge",
              "1 for the rank's verdict (following, checking, off, idle): whether it reads in the planned order.");
     for (const auto& r : j["ranks"]) {
-      const std::string verdict = trimmed(r.value("verdict", std::string()));
+      const std::string verdict = r.value("verdict", std::string());
       for (const char* state : {"following", "checking", "off", "idle"})
         w.sample("clairfs_rank_verdict",
                  "rank=\"" + std::to_string(r.value("rank", uint64_t{0})) + "\",verdict=\"" + state + "\"",

@@ -30,8 +30,6 @@ constexpr size_t kMaxReadsBeforeOpen = 4096;
 constexpr auto kReadBeforeOpenAge = std::chrono::seconds(2);
 // How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
 constexpr uint64_t kLeadScanSteps = 100000;
-// The diagnosis of a rank off the plan, as the stats carry it (cut beyond).
-constexpr size_t kReadsAsWidth = 240;
 
 std::vector<uint64_t> served_ranks(const EngineConfig& c) {
   return c.ranks.empty() ? std::vector<uint64_t>{0} : c.ranks;
@@ -560,9 +558,8 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                      {"done", p.done},
                      {"total", p.total},
                      {"live", p.live},
-                     // Strings of one width: the stats file keeps one length (control.hpp).
-                     {"verdict", fixed_width(ReaderTracker::verdict_name(state_.tracker.verdict(r)), 9)},
-                     {"reads_as", fixed_width(diagnoser_ ? diagnoser_->answer(r) : "", kReadsAsWidth)},
+                     {"verdict", ReaderTracker::verdict_name(state_.tracker.verdict(r))},
+                     {"reads_as", diagnoser_ ? diagnoser_->answer(r) : ""},
                      {"lead_files", lead},
                      {"lead_seconds", rate > 0 ? static_cast<double>(lead) / rate : 0.0},
                      {"files_per_second", rate},

@@ -576,18 +576,15 @@ std::string LearningEngine::stats_json() const {
   }
   if (replanning_.on)
     j["plan"]["world"] = {{"world_size", plan_.world},
-                          {"ranks", fixed_width(rank_list_text(plan_.ranks), 48)},
+                          {"ranks", rank_list_text(plan_.ranks)},
                           {"replanned", replanned_},
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
-    j["waited"] = {{"state", fixed_width(state_, 9)},
-                   {"source_bytes", source_bytes_.load()},
-                   {"source_files", source_files_.load()}};
+    j["waited"] = {{"state", state_}, {"source_bytes", source_bytes_.load()}, {"source_files", source_files_.load()}};
     return j.dump(2) + "\n";
   }
-  // Strings of one width: the stats file keeps one length (control.hpp).
-  j["learned"] = {{"state", fixed_width(state_, 9)},
-                  {"seed", fixed_width(found_, 48)},
+  j["learned"] = {{"state", state_},
+                  {"seed", found_},
                   {"after_opens", found_after_},
                   {"opens_seen", e ? found_after_ : opens_.size()},
                   {"other_users_opens", not_the_job_},  // not learned from (learn_from=)

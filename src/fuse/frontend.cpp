@@ -2,7 +2,8 @@
 // model). Errors go through reply_error(), the one place that counts them and replies.
 //
 // Inode numbers are manifest ids + 1 (the root, id 0, is FUSE_ROOT_ID). They never change while mounted
-// and need no reference counting, so forget is a no-op. Directory offsets: 1 is ".", 2 is "..", and
+// and need no reference counting, so forget is a no-op for them; it counts only the renderings of the
+// live control files (control/control.hpp). Directory offsets: 1 is ".", 2 is "..", and
 // child k of a directory is offset k + 3.
 #include "fuse/frontend.hpp"
 
@@ -104,18 +105,13 @@ struct Handlers {
     }
   }
 
-  // A live file's attributes are asked for on every read: that is how its new contents reach readers
-  // who never open it through us.
-  static double control_attr_timeout(const Frontend& fe, uint64_t ino) {
-    return ControlTree::is_live(ino) ? 0.0 : fe.config_.attr_timeout;
-  }
-
   static void fill_control_entry(const Frontend& fe, const ControlAttr& a, fuse_entry_param* ep) {
     std::memset(ep, 0, sizeof(*ep));
     ep->ino = a.ino;
     ep->generation = 1;
-    ep->attr_timeout = control_attr_timeout(fe, a.ino);
-    ep->entry_timeout = fe.config_.entry_timeout;
+    ep->attr_timeout = fe.config_.attr_timeout;
+    // A live file's name is asked for at every path walk: that is how its readers meet new renderings.
+    ep->entry_timeout = ControlTree::is_live(a.ino) ? 0.0 : fe.config_.entry_timeout;
     fill_control_stat(fe, a, &ep->attr);
   }
 
@@ -128,7 +124,9 @@ struct Handlers {
     } else {
       fill_control_entry(fe, *a, &ep);
     }
-    fuse_reply_entry(req, &ep);
+    // The lookup the tree counted is not the kernel's when the reply did not reach it (an interrupted
+    // lookup): no forget would come for it.
+    if (fuse_reply_entry(req, &ep) != 0 && a) fe.control_.forget(a->ino, 1);
   }
 
   static void init(void* userdata, fuse_conn_info* conn) {
@@ -141,9 +139,6 @@ struct Handlers {
     // Every listing with attributes (not only a directory's first): the kernel makes the listed files'
     // inodes, so pages can be pushed to them before their readers look them up.
     if (fe.config_.list_with_inodes) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
-    // A new mtime in fresh attributes drops a file's cached pages: only stats' ever changes (and its
-    // attributes are never cached), which is how readers without opens see it anew.
-    if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
     if (fe.config_.acls) {
       if (conn->capable & FUSE_CAP_POSIX_ACL) {
         conn->want |= FUSE_CAP_POSIX_ACL;
@@ -187,8 +182,15 @@ struct Handlers {
     if (fuse_reply_entry(req, &ep) == 0 && fe.config_.introduced) fe.config_.introduced(child);
   }
 
-  static void forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
-  static void forget_multi(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+  static void forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+    if (ControlTree::owns(ino)) self(req).control_.forget(ino, n);
+    fuse_reply_none(req);
+  }
+  static void forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+    for (size_t i = 0; i < count; ++i)
+      if (ControlTree::owns(forgets[i].ino)) self(req).control_.forget(forgets[i].ino, forgets[i].nlookup);
+    fuse_reply_none(req);
+  }
   // The kernel's answer to a probe of its page cache (FusePageCache::probe, the only retrieve sent).
   static void retrieve_reply(fuse_req_t req, void* cookie, fuse_ino_t ino, off_t, fuse_bufvec* bufv) {
     FusePageCache::retrieved(cookie, ino, fuse_buf_size(bufv));
@@ -199,10 +201,10 @@ struct Handlers {
     Frontend& fe = self(req);
     struct stat st;
     if (ControlTree::owns(ino)) {
-      auto a = fe.control_.getattr(ino, reader_of(req));
+      auto a = fe.control_.getattr(ino);
       if (!a) return reply_error(req, ESTALE);
       fill_control_stat(fe, *a, &st);
-      return (void)fuse_reply_attr(req, &st, control_attr_timeout(fe, ino));
+      return (void)fuse_reply_attr(req, &st, fe.config_.attr_timeout);
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if (!fe.manifest_.ensure(id_of(ino))) return reply_error(req, ESTALE);
@@ -317,12 +319,11 @@ struct Handlers {
 
   static void open_control(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Frontend& fe = self(req);
-    auto content = fe.control_.content(ino, reader_of(req));
+    auto content = fe.control_.content(ino);
     if (!content) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
     auto* held = new std::shared_ptr<const ControlFile>(std::move(content));
     fi->fh = reinterpret_cast<uint64_t>(held);
-    if (ControlTree::is_live(ino)) fi->direct_io = 1;  // fresh on every read, whatever its size says
-    else fi->keep_cache = 1;  // a rank file's contents are a pure function of its name
+    fi->keep_cache = 1;  // a rank file's contents are a pure function of its name, a rendering's fixed
     fi->noflush = 1;
     if (fuse_reply_open(req, fi) == -ENOENT) delete held;
   }
@@ -372,7 +373,7 @@ struct Handlers {
   static void read_unopened(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
     Frontend& fe = self(req);
     if (ControlTree::owns(ino)) {
-      const std::shared_ptr<const ControlFile> file = fe.control_.current(ino);
+      const std::shared_ptr<const ControlFile> file = fe.control_.content(ino);
       if (!file) return reply_error(req, fe.control_.list(ino) ? EISDIR : ESTALE);
       return reply_control_read(req, *file, size, off);
     }

@@ -52,14 +52,6 @@ inline std::string unescape_line(std::string_view line) {
   return out;
 }
 
-// `text` cut or padded with spaces to exactly `width` characters: a string in .clairfs/stats, which
-// keeps one length (see control.hpp). Readers strip the spaces.
-// A fixed_width() string as it was: the padding spaces at its end removed.
-inline std::string trimmed(std::string s) {
-  while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
-}
-
 // Bytes for people: "23.4 GiB" (powers of 1024, one decimal).
 inline std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -71,50 +63,6 @@ inline std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f %s", bytes, units[u]);
   return buf;
-}
-
-inline std::string fixed_width(std::string text, size_t width) {
-  text.resize(width, ' ');
-  return text;
-}
-
-// Rewrites JSON text so that every scalar outside a string (number, true, false, null) fills `width`
-// characters, right-aligned with spaces before it — still JSON, and as long as before whatever the values,
-// as long as each fits. A scalar longer than `width` is left as it is.
-inline std::string fixed_width_scalars(std::string_view json, size_t width) {
-  std::string out;
-  out.reserve(json.size() * 2);
-  bool in_string = false;
-  for (size_t i = 0; i < json.size();) {
-    const char c = json[i];
-    if (in_string) {
-      out += c;
-      if (c == '\\' && i + 1 < json.size()) out += json[++i];
-      else if (c == '"') in_string = false;
-      ++i;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      out += c;
-      ++i;
-      continue;
-    }
-    const bool scalar = c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n';
-    if (!scalar) {
-      out += c;
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < json.size() && json[end] != ',' && json[end] != '}' && json[end] != ']' && json[end] != ' ' &&
-           json[end] != '\n' && json[end] != '\t' && json[end] != '\r')
-      ++end;
-    if (end - i < width) out.append(width - (end - i), ' ');
-    out.append(json.substr(i, end - i));
-    i = end;
-  }
-  return out;
 }
 
 // Ranks as a list a user would write: "0-3", "0,2,5", "0-3,8" (sorted, no repeats; "none" if empty).

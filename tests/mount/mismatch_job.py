@@ -83,7 +83,7 @@ def main():
             if batches <= args.watch_batches:
                 ranks = stats(args.data).get("ranks")  # none with ram=0
                 if ranks:
-                    print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"].strip()), flush=True)
+                    print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"]), flush=True)
             if args.stats_after and read - len(rels) < args.stats_after <= read:
                 print("STATS " + json.dumps({"after": read, "stats": stats(args.data)}), flush=True)
         print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": stats(args.data)}), flush=True)

@@ -66,8 +66,8 @@ with h.tempdir() as tmp:
             return None
         at = next((f for b, f, v in verdicts if v == verdict), None)
         r = s["ranks"][0]
-        h.check(r["verdict"].strip() == verdict and reads_as in r["reads_as"],
-                "%s: rank 0 is '%s': %s" % (name, r["verdict"].strip(), r["reads_as"].strip()))
+        h.check(r["verdict"] == verdict and reads_as in r["reads_as"],
+                "%s: rank 0 is '%s': %s" % (name, r["verdict"], r["reads_as"]))
         if args[:2] != ["--epochs", "2"]:  # a mistake from the first batch: said within a few
             h.check(at is not None and at <= 16 * BATCHES,
                     "%s: said after %s files (bound: %d batches of 16)" % (name, at, BATCHES))
@@ -127,7 +127,7 @@ with h.tempdir() as tmp:
                compare=True)
     if got:
         first = got[1][0]["stats"]["ranks"][0]
-        h.check(first["verdict"].strip() == "following" and first["done"] == first["total"],
+        h.check(first["verdict"] == "following" and first["done"] == first["total"],
                 "no sampler.set_epoch: epoch 0 was right and followed to %d / %d" % (first["done"], first["total"]))
     case("shuffle=False", "", ["--no-shuffle"], "off", "reads in sample order", compare=True)
 
@@ -137,9 +137,9 @@ with h.tempdir() as tmp:
         s = h.stats(mnt)
     theirs = plain([], tar=True)
     window = s["ram"]["budget"] + s["pagecache"]["budget"]
-    h.check(s["ranks"][0]["verdict"].strip() == "off" and h.source_bytes(s) <= theirs + window,
+    h.check(s["ranks"][0]["verdict"] == "off" and h.source_bytes(s) <= theirs + window,
             "tar over the mount: rank 0 '%s' (%s); SOURCE %.2fx, plain mount %.2fx, direct 1.00x" % (
-                s["ranks"][0]["verdict"].strip(), s["ranks"][0]["reads_as"].strip(), h.source_bytes(s) / total, theirs / total))
+                s["ranks"][0]["verdict"], s["ranks"][0]["reads_as"], h.source_bytes(s) / total, theirs / total))
     report.append(("tar cf - .", h.source_bytes(s) / total, theirs / total, 1.0))
     print("SOURCE bytes / data set (clairfs, plain mount, direct): " +
           "; ".join("%s %.2f %.2f %.2f" % r for r in report))

@@ -62,16 +62,35 @@ def node_exporter(textfile_dir):
         p.wait()
 
 
-def read_in_two(path):
-    """A reader that takes the file in two reads with a pause between: the second finds its end (no
-    handle holds one rendering: the kernel opens files itself, and asks for the size again)."""
+def read_in_two(path, meanwhile):
+    """A reader that takes the file in two reads, calling meanwhile() between them (another reader of
+    it, who may be given a newer rendering): (text, the size the open file has, its inode)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        first = os.read(fd, 1 << 20)
-        time.sleep(0.003)
-        return (first + os.read(fd, 1 << 20)).decode()
+        first = os.read(fd, 100)
+        meanwhile()
+        text = first
+        while True:
+            more = os.read(fd, 1 << 20)
+            if not more:
+                break
+            text += more
+        st = os.fstat(fd)
+        return text.decode(), st.st_size, st.st_ino
     finally:
         os.close(fd)
+
+
+def padded(text, parsed):
+    """What in a control file's text is padding: lines ending in spaces, strings that begin or end with
+    one, runs of spaces inside a line (stats' indentation aside)."""
+    found = [line for line in text.splitlines() if line.endswith(" ") or "  " in line.lstrip(" ")]
+
+    def strings(v):
+        if isinstance(v, dict):
+            return [x for k, w in v.items() for x in [k] + strings(w)]
+        return [x for w in v for x in strings(w)] if isinstance(v, list) else [v] if isinstance(v, str) else []
+    return found + [v for v in strings(parsed) if v != v.strip(" ")]
 
 
 def codename():
@@ -271,10 +290,12 @@ with h.tempdir() as tmp:
             in_stats = sum(stats["tiers"][t]["files"] for t in ("pagecache", "ram", "nvme", "peer", "source"))
             h.check(served > 0 and abs(served - in_stats) <= 2, "files served: metrics %d, stats %d" % (served, in_stats))
             h.check(value(fams, "clairfs_rank_verdict", "clairfs_rank_verdict", rank="0",
-                          verdict=stats["ranks"][0]["verdict"].strip()) == 1,
-                    "the rank's verdict is set: %s" % stats["ranks"][0]["verdict"].strip())
+                          verdict=stats["ranks"][0]["verdict"]) == 1,
+                    "the rank's verdict is set: %s" % stats["ranks"][0]["verdict"])
             h.check(value(fams, "clairfs_resident_memory_bytes", "clairfs_resident_memory_bytes") > 1e6, "resident memory given")
-        # Read while they change (a reader in another thread): each read is one rendering, whole.
+        # Read while they change (a reader of the data set in another thread), each in two reads with
+        # another reader of the file between them: each open reads one rendering whole, of the size the
+        # open file says, without padding (issue 35), and renderings the kernel let go are not kept.
         stop = threading.Event()
 
         def busy():
@@ -286,19 +307,32 @@ with h.tempdir() as tmp:
         t = threading.Thread(target=busy)
         t.start()
         torn = {"stats": 0, "metrics": 0}
+        sized = {"stats": 0, "metrics": 0}
+        inodes = {"stats": set(), "metrics": set()}
+        pads = []
         for _ in range(300):
-            try:
-                json.loads(read_in_two(mnt + "/.clairfs/stats"))
-            except ValueError:
-                torn["stats"] += 1
-            try:
-                families(read_in_two(mnt + "/.clairfs/metrics"))
-            except ValueError:
-                torn["metrics"] += 1
+            for name, parse in (("stats", json.loads), ("metrics", lambda t: [
+                    (n, [(x.name, x.labels, x.value) for x in f.samples]) for n, f in families(t).items()])):
+                path = mnt + "/.clairfs/" + name
+                text, size, ino = read_in_two(path, lambda: open(path).read())
+                sized[name] += len(text.encode()) == size
+                inodes[name].add(ino)
+                try:
+                    pads += padded(text, parse(text))[:3]
+                except ValueError:
+                    torn[name] += 1
         stop.set()
         t.join()
         h.check(torn == {"stats": 0, "metrics": 0}, "300 reads each of stats and metrics in two parts while a reader "
-                "reads: none torn %s" % torn)
+                "reads and another reads them between the parts: none torn %s" % torn)
+        h.check(sized == {"stats": 300, "metrics": 300} and min(len(v) for v in inodes.values()) > 10,
+                "each read is as long as its open file says (%s), over %s renderings" % (
+                    sized, {k: len(v) for k, v in inodes.items()}))
+        h.check(not pads, "nothing in them is padding: %s" % pads[:5])
+        time.sleep(0.2)
+        held = h.stats(mnt)["memory"]["control_renderings"]
+        h.check(held["files"] <= 4, "renderings held once their readers are gone: %s (of %d made)" % (
+            held, sum(len(v) for v in inodes.values())))
         time.sleep(0.5)
         first = os.stat(prom).st_mtime if os.path.exists(prom) else 0
         deadline = time.monotonic() + 12

@@ -123,7 +123,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         h.check(not off, "%s: no rank called off the plan %s" % (label, off[:2]))
         # Every open near its place: the stray rate docs/engine.md's false-verdict chance rests on.
         h.check(s["mispredicted_opens"] == 0, "%s: %d opens strayed from the plan" % (label, s["mispredicted_opens"]))
-        ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+        ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"]) for r in s["ranks"]]
         h.check(all(e == first + EPOCHS - 1 and done == tot and v == "following" for _, e, done, tot, v in ranks),
                 "%s: every rank's last epoch complete: %s" % (label, ranks))
         opens = EPOCHS * samples  # DistributedSampler pads 1500 to an even split: none here
@@ -143,7 +143,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
             os.mkdir(tmp + "/two-mine")
             mine = [start_rank(tmp, mnt, digests, r, False, tmp + "/two-mine", 0, False) for r in range(WORLD)]
             for _ in range(1200):
-                if all(r["verdict"].strip() == "following" for r in h.stats(mnt)["ranks"]):
+                if all(r["verdict"] == "following" for r in h.stats(mnt)["ranks"]):
                     break
                 time.sleep(0.05)
             os.mkdir(tmp + "/two-theirs")
@@ -158,7 +158,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
             said = f.read()
         os.unlink(log)
         off = [line for line in said.splitlines() if "does not read in the planned order" in line]
-        ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+        ranks = [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"]) for r in s["ranks"]]
         # (Its last epoch complete, or a few of the next epoch's items counted: the uses of files whose
         # last-epoch use a process of the other job took while it was being judged — docs/engine.md.)
         h.check(not off and all(v == "following" and ((e == EPOCHS - 1 and done == tot) or (e == EPOCHS and done <= 16))
@@ -184,7 +184,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         return all(j.returncode == 0 for j in ranks) and all("DONE" in o and " 0 wrong" in o for o, _ in outs)
 
     def rank_progress(s):
-        return [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"].strip()) for r in s["ranks"]]
+        return [(r["rank"], r["epoch"], r["done"], r["total"], r["verdict"]) for r in s["ranks"]]
 
     # world_size=auto: planned as 1 until the job's first batch shows its 2 ranks, then for 2 — the
     # re-plan below as it is first met (also under the sanitizers: the switch of engines is threads' work).
@@ -195,10 +195,10 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         said = f.read()
     os.unlink(log)
     plan, ranks = s["plan"]["world"], rank_progress(s)
-    h.check(ok and plan["replanned"] == 1 and plan["world_size"] == 2 and plan["ranks"].strip() == "0,1"
+    h.check(ok and plan["replanned"] == 1 and plan["world_size"] == 2 and plan["ranks"] == "0,1"
             and said.count("planned again") == 1 and s["progress"]["opens_seen"] == samples,
             "world_size=auto, a job of 2 ranks: read right %s, planned again %d times, for world_size=%d, ranks %s %s; "
-            "%d opens heard over both plans" % (ok, plan["replanned"], plan["world_size"], plan["ranks"].strip(),
+            "%d opens heard over both plans" % (ok, plan["replanned"], plan["world_size"], plan["ranks"],
                                                 [line[25:] for line in said.splitlines() if "planned again" in line],
                                                 s["progress"]["opens_seen"]))
     h.check(len(ranks) == 2 and all(e == 0 and done == tot == samples // 2 and v == "following"
@@ -226,12 +226,12 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
         told = [line[25:] for line in said.splitlines() if "planned again" in line]
         plan = after3["plan"]["world"]
         h.check(ok2 and ok3 and after2["plan"]["world"]["replanned"] == 0 and plan["replanned"] == 1
-                and plan["world_size"] == 3 and plan["ranks"].strip() == "0-2" and len(told) == 1
+                and plan["world_size"] == 3 and plan["ranks"] == "0-2" and len(told) == 1
                 and "planned again 1 time: the job reads as world_size=3, ranks 0-2" in text,
                 "2 ranks, then 3 on a world_size=2 mount: read right %s; planned again %d times after 2 ranks, %d after 3 "
                 "(world_size=%d, ranks %s); the log says %s; status %s" % (
                     ok2 and ok3, after2["plan"]["world"]["replanned"], plan["replanned"], plan["world_size"],
-                    plan["ranks"].strip(), told, [line.strip() for line in text.splitlines() if "planned" in line]))
+                    plan["ranks"], told, [line.strip() for line in text.splitlines() if "planned" in line]))
         ranks = rank_progress(after3)
         h.check(len(ranks) == 3 and all(e == 1 and done == tot == samples // 3 and v == "following"
                                         for _, e, done, tot, v in ranks),

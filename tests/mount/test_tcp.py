@@ -85,7 +85,7 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS)
         join(threads)
         s = [h.settled_stats(m, opened[n]) for n, m in enumerate(mnts)]
-        ends = [[(x["rank"], x["epoch"], x["done"], x["total"], x["verdict"].strip()) for x in y["ranks"]] for y in s]
+        ends = [[(x["rank"], x["epoch"], x["done"], x["total"], x["verdict"]) for x in y["ranks"]] for y in s]
         h.check(all(len(e) == 1 and e[0][1] == EPOCHS - 1 and e[0][2] == e[0][3] and e[0][4] == "following" for e in ends),
                 "each node's rank ends with its last epoch complete: %s" % ends)
         by_tier = [sum(t["files"] for t in x["tiers"].values()) for x in s]
