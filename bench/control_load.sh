@@ -14,7 +14,7 @@ sleep 2
 cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 before=$(cpu)
 for _ in $(seq 20); do
-  setpriv --reuid="$user" --regid="$user" --clear-groups bash -c \
+  setpriv --reuid="$user" --regid="$(id -g "$user")" --clear-groups bash -c \
     "end=\$((SECONDS + 10)); while ((SECONDS < end)); do cat $mnt/.clairfs/stats $mnt/.clairfs/metrics $mnt/.clairfs/README >/dev/null; done" &
 done
 wait

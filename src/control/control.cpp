@@ -38,7 +38,7 @@ constexpr uint64_t kMarkEvery = 256;
 // fresh enough for anyone watching.
 constexpr auto kLiveRefresh = std::chrono::milliseconds(1);
 // Other users than the mount's owner get a rendering at most this old: 20 processes of another user
-// reading stats and metrics in a loop took 0.53 of a core (made afresh every 1 ms), 0.29 now, the rest
+// reading stats and metrics in a loop took 0.53 of a core (made afresh every 1 ms), 0.21 now, the rest
 // their FUSE requests (bench/control_load.sh).
 constexpr auto kOthersRefresh = std::chrono::seconds(1);
 // A rendering that costs less than this is not kept longer than kLiveRefresh (see look_up_live).
