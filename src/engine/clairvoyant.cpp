@@ -334,6 +334,23 @@ uint64_t ClairvoyantEngine::ranks_off() const {
   return off;
 }
 
+std::optional<uint64_t> ClairvoyantEngine::epoch_read_as() const {
+  if (!diagnoser_) return std::nullopt;
+  std::vector<uint64_t> off;
+  {
+    MutexLock lock(state_.mutex);
+    for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
+      if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder) off.push_back(r);
+  }
+  std::optional<uint64_t> epoch;
+  for (uint64_t r : off) {
+    const std::optional<uint64_t> e = diagnoser_->epoch(r);
+    if (!e || (epoch && *epoch != *e)) return std::nullopt;
+    epoch = e;
+  }
+  return epoch;
+}
+
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::latest_opens(uint64_t after, uint64_t* last) const {
   MutexLock lock(state_.mutex);
   return state_.tracker.opens_all(after, last);
@@ -402,8 +419,10 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     MutexLock lock(state_.mutex);
     // A read past the start of a use the watch told and no read reached yet: the kernel held the file's
     // first pages and not the rest. This use's first read is here, counted by where it is served from
-    // (not also as the page cache's at the close).
+    // (not also as the page cache's at the close). The same when the watch has not told the open yet
+    // (counted twice once: as SOURCE's here, then as the page cache's at the close).
     first = take_unread(id, &data, &from);
+    if (!first && !state_.window.is_open(id) && !told_lately(id)) first = read_before_told(id);
     if (!data) data = ram_copy(id, &from);
   } else if (first && watched_.load(std::memory_order_acquire)) {
     {
@@ -419,14 +438,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
       } else {
         // The watch's thread is behind the reader: the open is placed when it tells it (the watch is
         // the one account of opens), the file counted as served here and not again at its close.
-        if (state_.read_before_open.size() > kMaxReadsBeforeOpen) state_.read_before_open.clear();
-        EngineState::ReadFirst& r = state_.read_before_open[id];
-        if (r.opens > 0 && Clock::now() - r.at < kReadBeforeOpenAge) {
-          first = false;  // read from its start again before the watch told its open: counted once
-        } else {
-          r.opens = 1;
-          r.at = Clock::now();
-        }
+        first = read_before_told(id);
         auto& ahead = state_.tracker.readahead();  // being read: not to be staged beside it
         if (!ahead.empty()) ahead.erase(std::remove(ahead.begin(), ahead.end(), id), ahead.end());
         wait_for_staging(lock, id);
@@ -499,6 +511,15 @@ void ClairvoyantEngine::opens_lost() {
   state_.read_before_open.clear();
   state_.told.clear();
   state_.window.forget_opens();
+}
+
+bool ClairvoyantEngine::read_before_told(EntryId id) {
+  if (state_.read_before_open.size() > kMaxReadsBeforeOpen) state_.read_before_open.clear();
+  EngineState::ReadFirst& r = state_.read_before_open[id];
+  if (r.opens > 0 && Clock::now() - r.at < kReadBeforeOpenAge) return false;  // read again before told: once
+  r.opens = 1;
+  r.at = Clock::now();
+  return true;
 }
 
 bool ClairvoyantEngine::told_lately(EntryId id) const {

@@ -129,6 +129,9 @@ class ClairvoyantEngine final : public Engine {
   // Ranks off the plan for reading another order (not idle), and the latest opens of every process.
   uint64_t ranks_off() const EXCLUDES(state_.mutex);
   std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
+  // The epoch of the planned order that every rank off the plan reads, as the diagnosis found it (a job
+  // started at another epoch than the plan's); nullopt while none is off, or one has no such answer.
+  std::optional<uint64_t> epoch_read_as() const EXCLUDES(state_.mutex);
   // What each process was found to read as (ReaderTracker::readers_as).
   std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
   // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
@@ -175,6 +178,10 @@ class ClairvoyantEngine final : public Engine {
   bool take_unread(EntryId id, FileBytes* data, Origin* from) REQUIRES(state_.mutex);
   // The watch told an open of `id` within kReadBeforeOpenAge.
   bool told_lately(EntryId id) const REQUIRES(state_.mutex);
+  // A read of `id` before the watch told its open (the watch's thread behind the reader): true when this
+  // use is to be counted here — and then not again when the open is told, nor at its close — false when
+  // a read before it counted it already.
+  bool read_before_told(EntryId id) REQUIRES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
   void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
   // The readers moved: residents and pages of passed uses are re-keyed or dropped.

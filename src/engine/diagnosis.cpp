@@ -136,7 +136,8 @@ std::string world_words(uint64_t w, uint64_t r) {
 
 }  // namespace
 
-std::optional<std::string> explain(const Manifest& manifest, const MountedOrder& m, const Evidence& ev) {
+std::optional<std::string> explain(const Manifest& manifest, const MountedOrder& m, const Evidence& ev,
+                                   std::optional<uint64_t>* epoch) {
   if (ev.opens.size() < kMinDiagnosisOpens) return std::nullopt;
   const uint64_t n = manifest.samples().size();
   Placement place(manifest, ev.opens);
@@ -242,6 +243,16 @@ std::optional<std::string> explain(const Manifest& manifest, const MountedOrder&
   std::stable_sort(ls.begin(), ls.end(), [&](const Label& a, const Label& b) { return rank_of(a) < rank_of(b); });
   std::string words = phrase(ls[0], true);
   if (words.empty()) return "reads the mounted order, but out of step with it";
+  // The order of the mounted seed at another epoch, by whatever pair it was named: torch shuffles epoch e
+  // of seed s by s + e, so seed 47 at epoch 0 is seed 42 at epoch 5, in every epoch after too, and a plan
+  // of the mounted seed from that epoch serves the job. Not the start epoch again, later (set_epoch not
+  // called: the next epoch repeats it again), nor an epoch beyond kFollowedEpochs.
+  if (epoch && m.order == Order::kTorch && !other_world) {
+    const Label& l = ls[0];
+    const SeedInt at = l.seed + static_cast<SeedInt>(l.epoch) - m.seed;
+    const bool repeats = at < static_cast<SeedInt>(e_plan) && at == static_cast<SeedInt>(m.start_epoch);
+    if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs) && !repeats) *epoch = static_cast<uint64_t>(at);
+  }
   if (ls.size() > 1 && rank_of(ls[0]) != 0) words += ", or " + phrase(ls[1], false);
   return words;
 }
@@ -336,6 +347,7 @@ Diagnoser::Diagnoser(const Manifest& manifest, MountedOrder mounted, std::vector
     MutexLock lock(mutex_);
     asked_.resize(ranks_.size());
     answers_.resize(ranks_.size());
+    epochs_.resize(ranks_.size());
     generation_.resize(ranks_.size());
   }
   thread_ = std::thread([this] { run(); });
@@ -362,12 +374,18 @@ void Diagnoser::forget(size_t index) {
   MutexLock lock(mutex_);
   asked_[index].reset();
   answers_[index].clear();
+  epochs_[index].reset();
   ++generation_[index];
 }
 
 std::string Diagnoser::answer(size_t index) const {
   MutexLock lock(mutex_);
   return answers_[index];
+}
+
+std::optional<uint64_t> Diagnoser::epoch(size_t index) const {
+  MutexLock lock(mutex_);
+  return epochs_[index];
 }
 
 uint64_t Diagnoser::answered() const {
@@ -398,8 +416,9 @@ void Diagnoser::run() {
     }
     if (ev.opens.size() < kMinDiagnosisOpens) continue;  // asked again with more
     std::optional<std::string> words;
+    std::optional<uint64_t> epoch;
     try {
-      words = explain(manifest_, mounted_, ev);
+      words = explain(manifest_, mounted_, ev, &epoch);
     } catch (const std::exception& e) {  // no memory for a shuffle: no answer, not a dead daemon
       log_warning("diagnosing rank " + std::to_string(ev.rank) + ": " + e.what());
     }
@@ -407,6 +426,7 @@ void Diagnoser::run() {
     ++answered_;
     if (generation != generation_[index]) continue;  // it came back meanwhile
     const std::string text = words ? *words : "reads in an order clairfs cannot explain (not a nearby seed, epoch or world size)";
+    epochs_[index] = epoch;
     if (text != answers_[index]) {
       answers_[index] = text;
       log_warning("rank " + std::to_string(ranks_[index]) + " " + text);

@@ -54,8 +54,13 @@ struct Evidence {
 };
 
 // The order that fits, as the words after "rank R " ("reads as seed=43 (mounted seed=42)"), or nullopt.
-// Needs at least kMinOpens opens.
-std::optional<std::string> explain(const Manifest& manifest, const MountedOrder& mounted, const Evidence& evidence);
+// Needs at least kMinOpens opens. When the order is the mounted one at another epoch, up to
+// kFollowedEpochs — a job started at another epoch than the plan's, or of a higher seed (torch's order of
+// seed s at epoch e is seed s - k's at epoch e + k), not one repeating its first epoch for want of
+// set_epoch — that epoch is put in `*epoch` (if given; left as it was otherwise).
+constexpr uint64_t kFollowedEpochs = 100000;
+std::optional<std::string> explain(const Manifest& manifest, const MountedOrder& mounted, const Evidence& evidence,
+                                   std::optional<uint64_t>* epoch = nullptr);
 constexpr size_t kMinDiagnosisOpens = 16;
 
 // seed=auto: the torch shuffle (DistributedSampler, shuffle=True) the served ranks read in, learned
@@ -97,6 +102,8 @@ class Diagnoser {
   void forget(size_t index) EXCLUDES(mutex_);
   // The latest answer for a rank off the plan ("" while none fits or none is known yet).
   std::string answer(size_t index) const EXCLUDES(mutex_);
+  // The epoch of the mounted order the rank reads, when that is the answer (explain's `epoch`).
+  std::optional<uint64_t> epoch(size_t index) const EXCLUDES(mutex_);
   // Questions answered (tests wait on it).
   uint64_t answered() const EXCLUDES(mutex_);
 
@@ -110,6 +117,7 @@ class Diagnoser {
   std::condition_variable wake_;
   std::vector<std::optional<Evidence>> asked_ GUARDED_BY(mutex_);
   std::vector<std::string> answers_ GUARDED_BY(mutex_);
+  std::vector<std::optional<uint64_t>> epochs_ GUARDED_BY(mutex_);
   std::vector<uint64_t> generation_ GUARDED_BY(mutex_);  // bumped by forget: a late answer is dropped
   uint64_t answered_ GUARDED_BY(mutex_) = 0;
   bool stop_ GUARDED_BY(mutex_) = false;

@@ -110,7 +110,7 @@ LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, S
   {
     MutexLock lock(mutex_);
     state_ = told_ ? "waiting" : "learning";
-    plan_ = {schedule_.world_size, config_.ranks};
+    plan_ = {schedule_.world_size, config_.ranks, config_.start_epoch};
   }
   // The seed told and every file's size known: nothing to wait for, and the engine's errors are the
   // mount's.
@@ -350,21 +350,28 @@ void LearningEngine::replan_loop() {
   if (!replanning_.on) return;
   bool pending = false;     // a reader of another world size was found: look again until planned or gone
   bool relearning = false;  // a reader in another order was found: look again until learned or followed
+  bool shifting = false;    // told: a rank off the plan, maybe at another epoch: look again until followed
   for (;;) {
     {
       MutexLock lock(mutex_);
       // (world_said_ and other_said_ are set without the lock: a wake-up between the look and the wait
       // is caught a few seconds later.)
       if (!stop_ && !world_said_.load() && !other_said_.load())
-        lock.wait_for(wake_, pending || relearning ? kLookAgain : std::chrono::seconds(5));
+        lock.wait_for(wake_, pending || relearning || shifting ? kLookAgain : std::chrono::seconds(5));
       if (stop_) return;
     }
     if (world_said_.exchange(false)) pending = true;
     // Also at each look: the news of a reader in another order comes once per plan (until a rank is
     // followed again), and the relearning it starts may end while the job's processes change.
-    if (other_said_.exchange(false) || (!relearning && off_the_plan())) relearning = !told_;
+    if (other_said_.exchange(false) || (!relearning && !shifting && off_the_plan())) {
+      relearning = !told_;
+      shifting = told_ != nullptr;
+    }
     if (pending) pending = !replan();
     if (relearning && !pending) relearning = !relearn();
+    // (Not held up by a plan for another world size that waits: a process or two of the job, judged to
+    // read as another world size in an order the plan does not hold, would keep it waiting.)
+    if (shifting) shifting = !follow_epoch();
   }
 }
 
@@ -404,6 +411,41 @@ bool LearningEngine::replan() {
     log_info("world_size=auto: " + done);
   else
     log_warning(done);
+  return true;
+}
+
+bool LearningEngine::follow_epoch() {
+  if (gave_up_) return true;
+  uint64_t n = 0;
+  ClairvoyantEngine* old = current(&n);
+  if (!old || (old->ranks_off() == 0 && old->other_readers() == 0)) return true;  // followed again, or idle
+  const std::optional<uint64_t> epoch = old->epoch_read_as();
+  if (!epoch) return false;  // the diagnosis is to come, or named another mistake (looked at again)
+  if (config_.epochs && *epoch >= *config_.epochs) return true;  // beyond the epochs the mount was told
+  const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
+  const std::string words = "the job reads epoch " + std::to_string(*epoch) +
+                            " of seed=" + seed_text(was->schedule().seed) +
+                            ", not the plan's (started or restarted at another " +
+                            "epoch than start_epoch=" + std::to_string(config_.start_epoch) + "?)";
+  if (n + 1 >= kPlans) {
+    log_warning(words + "; this mount planned " + std::to_string(kPlans) +
+                " times already: remount with start_epoch=" + std::to_string(*epoch) + " to follow it");
+    return true;
+  }
+  std::vector<uint64_t> ranks;
+  {
+    MutexLock lock(mutex_);
+    if (n > 0 && plan_.epoch == *epoch) return false;  // planned from there already: another plan would not help
+    ranks = plan_.ranks;
+  }
+  if (!switch_plan(n, was->schedule(), ranks, *epoch, words,
+                   [old](uint64_t after, uint64_t* last) { return old->latest_opens(after, last); }))
+    return true;
+  MutexLock lock(mutex_);
+  plan_.epoch = *epoch;
+  ++replanned_;
+  log_warning(words + ": planned again from epoch " + std::to_string(*epoch) + " (" +
+              std::to_string(engines_[n + 1]->adopted()) + " files in RAM kept); staging follows it");
   return true;
 }
 
@@ -577,6 +619,7 @@ std::string LearningEngine::stats_json() const {
   if (replanning_.on)
     j["plan"]["world"] = {{"world_size", plan_.world},
                           {"ranks", rank_list_text(plan_.ranks)},
+                          {"epoch", plan_.epoch},
                           {"replanned", replanned_},
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes

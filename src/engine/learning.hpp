@@ -131,6 +131,10 @@ class LearningEngine final : public Engine {
   // another order: learn_seed on their latest opens, and a plan for the seed found. False while it
   // waits for more of their opens (or for the learned order's readers to go).
   bool relearn() EXCLUDES(mutex_);
+  // A told seed: when every rank off the plan reads the planned order of one other epoch (a job started
+  // at another epoch than the mount was told, or restarted), a plan from that epoch. False while the
+  // ranks are off and the diagnosis has not found such an epoch (looked at again).
+  bool follow_epoch() EXCLUDES(mutex_);
   // A process reads in another order than the current plan's, or one of its ranks is off it.
   bool off_the_plan() const;
   // The opens a new plan is placed by: those after the `after`-th of the old engine's count; *last: the count.

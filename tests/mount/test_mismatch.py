@@ -1,7 +1,8 @@
 """When the job and the mount disagree: real PyTorch jobs (Debian's torch 1.13: ImageFolder,
 DistributedSampler, DataLoader with 2 workers, batch 16) make the mistakes users make against a mount told
 seed=42, world_size=1. For each, within a few batches the first rank's verdict in .clairfs/stats is right,
-the diagnosis names the mistake, `clairfs status` says it, and SOURCE is read no more than by a plain mount
+the diagnosis names the mistake, `clairfs status` says it — and a job at another epoch of the seed is
+planned for from there and followed —, and SOURCE is read no more than by a plain mount
 (ram=0) for the same job plus one staging window (the RAM budget and the pages pushed ahead; over two
 epochs, than direct reads plus the window: a plain mount's pages all stay in the kernel's cache). Bytes are
 checked by the job against SOURCE's digests. Also: a right job ends its epoch at 100%, an idle mount
@@ -118,11 +119,35 @@ with h.tempdir() as tmp:
     case("seed 43, which is seed 42's next epoch", "", ["--seed", "43"], "following", "reads as seed=43 (mounted seed=42)")
     case("another world size", "world_size=2,ranks=0", [], "off", "reads as world_size=1 (mounted world_size=2, rank 0)",
          compare=True)
-    got = case("another start epoch", "start_epoch=2,epochs=4", ["--epochs", "2"], "off",
-               "reads epoch 0's order where the plan is at epoch 2")
-    if got:
-        epochs_shown = [e["stats"]["ranks"][0]["epoch"] for e in got[1]]
-        h.check(max(epochs_shown) <= 2, "another start epoch: the epoch shown stays at the plan's 2 (was %s)" % epochs_shown)
+    # A job at another epoch of the seed told (issue 32): started at epoch 0 on a mount told start_epoch=2,
+    # or resumed at its epoch 5 on one told start_epoch=0. Named off the plan within a few batches, then
+    # followed: planned again from the job's epoch (log, stats, status), the rank following to the end of
+    # the job's last epoch, SOURCE no more than direct reads plus one window.
+    for name, options, args, first in (("another start epoch", ",start_epoch=2,epochs=4", ["--epochs", "2"], 0),
+                                       ("resumed at epoch 5", "", ["--epochs", "2", "--first-epoch", "5"], 5)):
+        log = tmp + "/epoch.log"
+        with h.mounted(data, mnt, (BASE % ram) + options + ",log=" + log):
+            ok, verdicts, epochs, err = run_job(mnt, digests, args)
+            s = h.settled_stats(mnt, len(epochs) * 3000)
+            text = status(mnt).stdout
+        with open(log) as f:
+            lines = [line[25:] for line in f.read().splitlines()]
+        said = [line for line in lines if "planned again" in line]
+        os.unlink(log)
+        off_at = next((f for b, f, v in verdicts if v == "off"), None)
+        r, plan = s["ranks"][0], s["plan"]["world"]
+        h.check(ok and off_at is not None and off_at <= 16 * BATCHES, "%s: named off the plan after %s files %s" % (
+            name, off_at, err))
+        h.check(plan["epoch"] == first and plan["replanned"] == 1 and len(said) == 1
+                and ("planned again from epoch %d" % first) in said[0] and ("from epoch %d" % first) in text,
+                "%s: planned again from epoch %d: %s; %s; status %s%s" % (name, first, plan, said, [
+                    line.strip() for line in text.splitlines() if "planned" in line],
+                    "" if said else "; the log: %s; progress %s" % (lines[2:], s["progress"])))
+        h.check((r["epoch"], r["done"], r["total"], r["verdict"]) == (first + len(epochs) - 1, 3000, 3000, "following"),
+                "%s: followed to the end of the job's last epoch: %s" % (name, (r["epoch"], r["done"], r["total"], r["verdict"])))
+        window = s["ram"]["budget"] + s["pagecache"]["budget"]
+        h.check(h.source_bytes(s) <= len(epochs) * total + window, "%s: SOURCE %.2fx the data set over %d epoch(s) "
+                "(ceiling: direct reads + one window of %.2fx)" % (name, h.source_bytes(s) / total, len(epochs), window / total))
     got = case("no sampler.set_epoch", "", ["--epochs", "2", "--no-set-epoch"], "off", "repeats epoch 0's order in epoch 1",
                compare=True)
     if got:

@@ -43,9 +43,10 @@ class Diagnosis : public ::testing::Test {
     for (size_t k = from; k < from + count; ++k) out.push_back(tree.manifest.samples()[seq[k]]);
     return out;
   }
-  std::optional<std::string> explain_job(const Job& job, MountedOrder mounted, uint64_t plan_epoch, uint64_t rank) {
+  std::optional<std::string> explain_job(const Job& job, MountedOrder mounted, uint64_t plan_epoch, uint64_t rank,
+                                         std::optional<uint64_t>* epoch = nullptr) {
     mounted.gap = kTolerance;
-    return explain(tree.manifest, mounted, Evidence{rank, plan_epoch, opens(job)});
+    return explain(tree.manifest, mounted, Evidence{rank, plan_epoch, opens(job)}, epoch);
   }
 };
 
@@ -72,14 +73,37 @@ TEST_F(Diagnosis, AnotherWorldSizeOrRank) {
 
 TEST_F(Diagnosis, AnEpochThatRepeatsTheFirstOrStartsElsewhere) {
   Job job;  // epoch 0's order again while the plan is at epoch 2: no set_epoch
-  const auto words = explain_job(job, MountedOrder{Order::kTorch, 42, 1, 0}, 2, 0);
+  std::optional<uint64_t> epoch;
+  const auto words = explain_job(job, MountedOrder{Order::kTorch, 42, 1, 0}, 2, 0, &epoch);
   ASSERT_TRUE(words);
   EXPECT_NE(words->find("repeats epoch 0's order in epoch 2"), std::string::npos) << *words;
   EXPECT_NE(words->find("set_epoch"), std::string::npos) << *words;
-  // Mounted start_epoch=2, the job starts at 0.
-  const auto start = explain_job(job, MountedOrder{Order::kTorch, 42, 1, 2}, 2, 0);
+  EXPECT_FALSE(epoch) << "a job repeating its first epoch is not one to plan from that epoch again";
+  // Mounted start_epoch=2, the job starts at 0: the epoch to plan from.
+  const auto start = explain_job(job, MountedOrder{Order::kTorch, 42, 1, 2}, 2, 0, &epoch);
   ASSERT_TRUE(start);
   EXPECT_NE(start->find("reads epoch 0's order where the plan is at epoch 2 (mounted start_epoch=2"), std::string::npos) << *start;
+  EXPECT_EQ(epoch, 0u);
+  // A job restarted at epoch 5 on a mount at epoch 2 (start_epoch=0).
+  job.epoch = 5;
+  epoch.reset();
+  const auto later = explain_job(job, MountedOrder{Order::kTorch, 42, 1, 0}, 2, 0, &epoch);
+  ASSERT_TRUE(later);
+  EXPECT_EQ(epoch, 5u) << *later;
+  // A higher seed is the mounted one at a later epoch (seed 1234 at epoch 0 is seed 42 at 1192), in every
+  // epoch after too; a lower seed, or another world size, is no epoch of the mounted order.
+  job.epoch = 0;
+  job.seed = 1234;
+  epoch.reset();
+  EXPECT_TRUE(explain_job(job, MountedOrder{Order::kTorch, 42, 1, 0}, 0, 0, &epoch));
+  EXPECT_EQ(epoch, 1192u);
+  job.seed = 7;
+  epoch.reset();
+  EXPECT_TRUE(explain_job(job, MountedOrder{Order::kTorch, 42, 1, 0}, 0, 0, &epoch));
+  EXPECT_FALSE(epoch);
+  job.seed = 42;
+  EXPECT_TRUE(explain_job(job, MountedOrder{Order::kTorch, 42, 2, 0}, 1, 0, &epoch));
+  EXPECT_FALSE(epoch);
 }
 
 TEST_F(Diagnosis, SampleOrder) {
