@@ -266,14 +266,13 @@ ControlAttr ControlTree::look_up_live(uint64_t which, Reader who) const {
     const auto cpu = thread_cpu();
     std::string text = which == 1 ? (config_.metrics ? config_.metrics() : std::string())
                                   : (config_.stats ? config_.stats() : std::string("{}\n"));
-    Rendering fresh{std::make_shared<const TextFile>(std::move(text))};
-    const int64_t wall =
+    Rendering fresh{
+        std::make_shared<const TextFile>(std::move(text)),
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count();
-    fresh.made_ns = wall;  // strictly after the last one's
+            .count()};
     if (l.latest != 0) {
       auto old = renderings_.find(l.latest);
-      fresh.made_ns = std::max(wall, old->second.made_ns + 1);
+      fresh.made_ns = std::max(fresh.made_ns, old->second.made_ns + 1);  // strictly after the last one's
       if (old->second.lookups == 0) drop(old);
     }
     l.latest = rendering_ino(which, ++renderings_made_);
@@ -282,7 +281,8 @@ ControlAttr ControlTree::look_up_live(uint64_t which, Reader who) const {
     renderings_held_ = renderings_.size();
     l.at = std::chrono::steady_clock::now();
     // A rendering that cost much (thousands of ranks) is kept for four times as long, up to
-    // kOthersRefresh: readers polling cost the engine at most a fifth of a core. A cheap one is made
+    // kOthersRefresh: readers polling cost the engine at most a fifth of a core (for renderings of up to
+    // a quarter of a second). A cheap one is made
     // afresh for the next reader, who sees its own reads counted. (Timed by the clock, a rendering that
     // waited for a plan being switched would keep numbers from before the switch four times that long.)
     const auto cost = thread_cpu() - cpu;
