@@ -52,7 +52,6 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   const int rc = chain_.fetch(id, buf, from);
   if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += nanoseconds_since(t0);  // a peer or SOURCE: a stall
   if (rc < 0) return rc;
-  counters_.served_file(*from);
   if (*from == Origin::kPeer) counters_.demand_peer_files++;
   if (*from == Origin::kSource) counters_.served_bytes(Origin::kSource, size);  // counted whole here
   if (*from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
@@ -97,6 +96,10 @@ ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf
     if (rc < 0 && rc != -EFBIG) return rc;
   }
   if (data) {
+    // The use counted here, by its first read: a later piece that loads the file again (the kernel held
+    // its first pages, or RAM let it go) is no other use — it was counted twice, as SOURCE's and again
+    // as the page cache's once its reader passed it.
+    if (first) counters_.served_file(from);
     const ssize_t n = copy(id, *data, buf, size, offset);
     if (from != Origin::kSource) counters_.served_bytes(from, static_cast<uint64_t>(n));  // SOURCE's: counted whole
     return n;
@@ -119,6 +122,7 @@ void OpenFile::load(DemandReader& demand, Clock::time_point t0) {
   tried_ = true;
   read_any_ = true;
   error_ = demand.load_whole(id_, &data_, &from_);
+  if (error_ == 0) demand.counters().served_file(from_);
   if (error_ == -EFBIG) {
     error_ = demand.source().open(id_, pid_, &source_handle_);
     source_open_ = error_ == 0;

@@ -38,8 +38,8 @@ class DemandReader {
   DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
                EngineCounters& counters);
 
-  // Reads `id` whole through the chain (counted, and offered to the stager to keep). -EFBIG: no room
-  // in the allowance (read it piecewise).
+  // Reads `id` whole through the chain (its bytes and stall counted, and offered to the stager to keep;
+  // the use is its reader's to count, once). -EFBIG: no room in the allowance (read it piecewise).
   int load_whole(EntryId id, FileBytes* bytes, Origin* from);
   // A whole checked NVMe copy for a peer that asks, within the allowance; nullptr if none.
   FileBytes nvme_copy(EntryId id);

@@ -589,6 +589,30 @@ TEST(Engine, AReadPastTheStartBeforeTheWatchTellsTheOpenIsOneUse) {
   }
 }
 
+// Without opens or a watch (progress=reads), a read past a file's start is a piece of a use its reader
+// began from the kernel's pages: no use of its own, even when it loads the file (RAM let it go). It was
+// counted as SOURCE's, and the use again as the page cache's once its reader passed it (test_engine's
+// stats, 4 over in CI).
+TEST(Engine, WithoutOpensAReadPastTheStartIsNoUseOfItsOwn) {
+  MemoryTree tree(sizes(40, 20000, 30000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(0);
+  c.no_open = true;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  const auto served = [&] {
+    uint64_t n = 0;
+    const auto s = stats(e);  // (held: a range over a temporary's member ends with the temporary)
+    for (const auto& [tier, v] : s["tiers"].items()) n += v["files"].get<uint64_t>();
+    return n;
+  };
+  char buf[4096];
+  ASSERT_EQ(e.read_unopened(streams(0)[0][0], 100, buf, sizeof buf, 4096), 4096);
+  EXPECT_EQ(served(), 0u) << stats(e)["tiers"];
+  ASSERT_EQ(e.read_unopened(streams(0)[0][1], 100, buf, sizeof buf, 0), 4096);
+  EXPECT_EQ(served(), 1u) << stats(e)["tiers"];
+}
+
 // ---- another world size ----------------------------------------------------------------------------
 
 Schedule torch_schedule(uint64_t world, uint64_t batch, uint64_t workers) {
@@ -799,7 +823,10 @@ TEST(Learning, ASeedIsLearnedAgainFromTheLatestEpochWhenTheKeptOpensSpanTwo) {
     }
   }
   EXPECT_TRUE(wait([&] { return learned()["relearned"] == 1; })) << learned();
-  EXPECT_EQ(learned()["seed"].get<std::string>(), "seed=43") << learned();
+  // Learned in the job's second epoch as seed 43 from epoch 0 (seed 42's epoch 1: the same orders on),
+  // or, when the relearning looked during its first (a loaded machine), as seed 42.
+  const std::string seed = learned()["seed"].get<std::string>();
+  EXPECT_TRUE(seed == "seed=43" || seed == "seed=42") << learned();
 }
 
 TEST(Learning, AJobAtAnotherEpochOfTheToldSeedIsPlannedForFromThatEpoch) {
