@@ -7,9 +7,11 @@ prints the mount's stats for that moment as one JSON line: "STATS {...}".
 
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
-                    [--stats-after N] [--watch-batches N] [--start-barrier DIR]
+                    [--stats-after N] [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
 
 --watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
+--compute SECONDS: the time a training step takes, after each batch (a sleep: the CPU is left to the
+mount's background work, as a GPU's step leaves it).
 --start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
 world's), as torch.distributed's rendezvous makes DDP ranks do.
 """
@@ -52,6 +54,7 @@ def main():
     ap.add_argument("--stats-after", type=int, default=0)
     ap.add_argument("--watch-batches", type=int, default=0)
     ap.add_argument("--start-barrier")
+    ap.add_argument("--compute", type=float, default=0)
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--prefetch-factor", type=int, default=2)
     args = ap.parse_args()
@@ -80,6 +83,8 @@ def main():
                 wrong += digest != want[rel]
                 size += os.path.getsize(os.path.join(args.data, rel))
             batches += 1
+            if args.compute:
+                time.sleep(args.compute)
             if batches <= args.watch_batches:
                 ranks = stats(args.data).get("ranks")  # none with ram=0
                 if ranks:

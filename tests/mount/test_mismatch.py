@@ -122,9 +122,12 @@ with h.tempdir() as tmp:
     # A job at another epoch of the seed told (issue 32): started at epoch 0 on a mount told start_epoch=2,
     # or resumed at its epoch 5 on one told start_epoch=0. Named off the plan within a few batches, then
     # followed: planned again from the job's epoch (log, stats, status), the rank following to the end of
-    # the job's last epoch, SOURCE no more than direct reads plus one window.
-    for name, options, args, first in (("another start epoch", ",start_epoch=2,epochs=4", ["--epochs", "2"], 0),
-                                       ("resumed at epoch 5", "", ["--epochs", "2", "--first-epoch", "5"], 5)):
+    # the job's last epoch, SOURCE no more than direct reads plus one window. (Each step takes 5 ms, as a
+    # training step leaves the CPU to the mount: the diagnosis runs at nice 10, and beside a job using
+    # both cores in full it came after the job's end in CI.)
+    step = ["--compute", "0.005"]
+    for name, options, args, first in (("another start epoch", ",start_epoch=2,epochs=4", ["--epochs", "2"] + step, 0),
+                                       ("resumed at epoch 5", "", ["--epochs", "2", "--first-epoch", "5"] + step, 5)):
         log = tmp + "/epoch.log"
         with h.mounted(data, mnt, (BASE % ram) + options + ",log=" + log):
             ok, verdicts, epochs, err = run_job(mnt, digests, args)
