@@ -420,7 +420,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     // A read past the start of a use the watch told and no read reached yet: the kernel held the file's
     // first pages and not the rest. This use's first read is here, counted by where it is served from
     // (not also as the page cache's at the close). The same when the watch has not told the open yet
-    // (counted twice once: as SOURCE's here, then as the page cache's at the close).
+    // (such a use was counted twice: as SOURCE's here, then as the page cache's at the close).
     first = take_unread(id, &data, &from);
     if (!first && !state_.window.is_open(id) && !told_lately(id)) first = read_before_told(id);
     if (!data) data = ram_copy(id, &from);
