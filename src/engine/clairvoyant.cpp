@@ -326,12 +326,16 @@ void ClairvoyantEngine::other_order_said() {
   if (config_.on_other_order && !other_order_said_.exchange(true)) config_.on_other_order();
 }
 
+std::vector<uint64_t> ClairvoyantEngine::off_ranks() const {
+  std::vector<uint64_t> off;
+  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
+    if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder) off.push_back(r);
+  return off;
+}
+
 uint64_t ClairvoyantEngine::ranks_off() const {
   MutexLock lock(state_.mutex);
-  uint64_t off = 0;
-  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
-    off += !state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder;
-  return off;
+  return off_ranks().size();
 }
 
 std::optional<uint64_t> ClairvoyantEngine::epoch_read_as() const {
@@ -339,8 +343,7 @@ std::optional<uint64_t> ClairvoyantEngine::epoch_read_as() const {
   std::vector<uint64_t> off;
   {
     MutexLock lock(state_.mutex);
-    for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
-      if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder) off.push_back(r);
+    off = off_ranks();
   }
   std::optional<uint64_t> epoch;
   for (uint64_t r : off) {

@@ -176,6 +176,8 @@ class ClairvoyantEngine final : public Engine {
   // A watched open of `id` that no read reached yet: taken (true) by its first read or its close, with
   // the RAM copy held since the open (if there was one) and where it came from.
   bool take_unread(EntryId id, FileBytes* data, Origin* from) REQUIRES(state_.mutex);
+  // The served ranks off the plan for reading another order (not idle), by index.
+  std::vector<uint64_t> off_ranks() const REQUIRES(state_.mutex);
   // The watch told an open of `id` within kReadBeforeOpenAge.
   bool told_lately(EntryId id) const REQUIRES(state_.mutex);
   // A read of `id` before the watch told its open (the watch's thread behind the reader): true when this
