@@ -882,6 +882,7 @@ int run_cli(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "index") == 0) return run_index(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "status") == 0) return run_status(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "cleanup") == 0) return run_cleanup(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], kUnmountKeeperCommand) == 0) return run_unmount_keeper(argc, argv);
   return run_mount(argc, argv);
 }
 

@@ -1,9 +1,18 @@
 #include "fuse/mount.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -38,7 +47,98 @@ void end_connection_quietly(int fd) {
   ::close(ends[1]);
 }
 
+// The descriptors this process has open, in ascending order.
+std::vector<int> open_descriptors() {
+  std::vector<int> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return fds;
+  while (const dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') fds.push_back(std::atoi(e->d_name));
+  ::closedir(d);
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
+// True if `fd` is one end of a Unix stream socket pair this process made.
+bool own_socket_pair_end(int fd) {
+  struct stat st {};
+  int domain = 0, type = 0;
+  ucred peer{};
+  socklen_t len = sizeof domain;
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0)
+    return false;
+  len = sizeof type;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return false;
+  len = sizeof peer;
+  return domain == AF_UNIX && type == SOCK_STREAM && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 &&
+         peer.pid == ::getpid();
+}
+
+// With auto_unmount, fusermount3 stays behind, waits for the daemon's end of a socket pair to close,
+// and then unmounts if the mount answers ENOTCONN. A process that dies closes its descriptors one at a
+// time, though, and the kernel releases the socket before the FUSE connection when the socket's number
+// is the higher (as libfuse leaves them): fusermount3 may then look while the connection still stands,
+// its open fails with ECONNABORTED, not ENOTCONN, and the dead mount stays (1 daemon death in 12 under
+// mpiexec on a busy 2-core machine). So a keeper process holds a copy of the socket until the daemon
+// has wholly exited — every descriptor released, the connection with them — and fusermount3 looks only
+// then. Finds the socket among the descriptors the mount made (`before` were open before it) and starts
+// the keeper; says so and goes on without one when it cannot.
+void start_unmount_keeper(const std::vector<int>& before, int connection, const std::string& mountpoint) {
+  int socket = -1;
+  int found = 0;
+  for (int fd : open_descriptors())
+    if (fd != connection && !std::binary_search(before.begin(), before.end(), fd) && own_socket_pair_end(fd)) {
+      socket = fd;
+      ++found;
+    }
+  if (found != 1) {
+    log_warning("auto_unmount: cannot tell fusermount3's socket among " + std::to_string(found) +
+                " candidates; a daemon killed may leave its mount dead (clairfs cleanup removes it)");
+    return;
+  }
+  ::fcntl(socket, F_SETFD, FD_CLOEXEC);  // no other child holds it
+  posix_spawn_file_actions_t files;
+  posix_spawnattr_t attributes;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_adddup2(&files, socket, STDIN_FILENO);
+  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&files, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addclosefrom_np(&files, 3);
+  posix_spawnattr_init(&attributes);
+  // A session of its own (a launcher that kills its job's process groups leaves it), every signal held.
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &all);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+  std::string name = "clairfs-keeper";
+  std::string command = kUnmountKeeperCommand;
+  std::string self = std::to_string(::getpid());
+  std::string path = mountpoint;
+  char* argv[] = {name.data(), command.data(), self.data(), path.data(), nullptr};
+  pid_t keeper = -1;
+  const int rc = posix_spawn(&keeper, "/proc/self/exe", &files, &attributes, argv, environ);
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&files);
+  if (rc != 0)
+    log_warning(std::string("auto_unmount: cannot start the keeper of fusermount3's socket: ") + std::strerror(rc) +
+                "; a daemon killed may leave its mount dead (clairfs cleanup removes it)");
+}
+
 }  // namespace
+
+int run_unmount_keeper(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const pid_t daemon = static_cast<pid_t>(std::atol(argv[2]));
+  ::prctl(PR_SET_NAME, "clairfs-keeper");
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, daemon, 0));
+  // Once the daemon is no longer this process's parent it has exited already (and its PID may be
+  // another process's by now): the socket goes at once.
+  if (pidfd < 0 || ::getppid() != daemon) return 0;
+  pollfd gone{pidfd, POLLIN, 0};
+  while (::poll(&gone, 1, -1) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
 
 MountedSession::MountedSession(const Options& o, Frontend& frontend, FusePageCache* page_cache)
     : page_cache_(page_cache) {
@@ -68,9 +168,11 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   if (!session_) throw std::runtime_error("cannot create the FUSE session (see the message above)");
   if (fuse_set_signal_handlers(session_) != 0) throw std::runtime_error("cannot install signal handlers");
   signals_set_ = true;
+  const std::vector<int> before = o.auto_unmount ? open_descriptors() : std::vector<int>{};
   if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
     throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
   mounted_ = true;
+  if (o.auto_unmount) start_unmount_keeper(before, fuse_session_fd(session_), o.mountpoint_abs);
   mountpoint_ = o.mountpoint_abs;
   if (const auto m = mount_at(mountpoint_); m && m->fstype == "fuse.clairfs") mount_id_ = m->id;
   if (page_cache_) page_cache_->attach(session_);

@@ -301,7 +301,8 @@ const std::vector<OptionSpec> kTable = {
      [](Options& o, const GivenOption&) { o.default_permissions = true; }},
     {"auto_unmount", Takes::kNothing, "", S::kKernel, "off (on under a launcher)", false,
      "unmount when the daemon exits",
-     "Unmount when the daemon exits, even if killed (fusermount3 stays, in a session of its own, to do it). "
+     "Unmount when the daemon exits, even if killed (fusermount3 stays, in a session of its own, to do it, "
+     "and a process named clairfs-keeper holds it back until the daemon has wholly exited). "
      "Always on for daemons started by a launcher (mpiexec, srun), whose death would otherwise leave dead mounts.",
      [](Options& o, const GivenOption&) { o.auto_unmount = true; }},
     {"nonempty", Takes::kNothing, "", S::kKernel, "off", false, "mount on a directory that is not empty",

@@ -1,7 +1,8 @@
 """A daemon's start and end on one node, as a job script meets them: a stop by signal exits 0 and
 leaves nothing, a second signal does not cut the cleanup short, a mount point that already holds a
 clairfs mount (live or dead) is refused with one line, a SIGKILLed daemon's cache folder is removed by
-the next mount (with a line saying so) or by `clairfs cleanup`, and a daemon that a launcher started as
+the next mount (with a line saying so) or by `clairfs cleanup`, a SIGKILLed daemon mounted with
+auto_unmount leaves no mount, and a daemon that a launcher started as
 one of several tasks but whose MPI world is one refuses to mount, naming the fix."""
 import os
 import signal
@@ -109,6 +110,51 @@ with h.tempdir() as tmp:
         h.check(r.returncode == 0 and not r.stdout.strip() and h.is_mounted(mnt2)
                 and len([d for d in os.listdir(nvme) if d.startswith("clairfs-cache.")]) == 1,
                 "a live daemon's mount elsewhere and its cache folder are left alone")
+
+    # 5b. auto_unmount (what every daemon under a launcher uses): a SIGKILLed daemon's mount goes with it,
+    # every time of 20 — fusermount3 looks only once the connection is gone, which the keeper process
+    # (one per mount, holding fusermount3's socket) waits for; no keeper outlives its daemon.
+    def keepers():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    args = f.read().split(b"\0")
+                with open("/proc/%s/stat" % pid) as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                continue
+            if args[0] == b"clairfs-keeper" and mnt.encode() in args and not zombie:
+                found.append(int(pid))
+        return found
+
+    dead, kept = 0, []
+    for i in range(20):
+        p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
+        kept.append(len(keepers()))
+        h.digest(os.path.join(mnt, some[i]))
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while h.is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if h.is_mounted(mnt):
+            dead += 1
+            subprocess.run(["fusermount3", "-u", "-z", mnt])
+    deadline = time.monotonic() + 10
+    while keepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    h.check(dead == 0 and kept == [1] * 20 and not keepers(),
+            "auto_unmount: 20 SIGKILLed daemons, %d dead mounts left; keepers while mounted %s, after: %s" % (
+                dead, sorted(set(kept)), keepers()))
+    p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
+    subprocess.run(["fusermount3", "-u", mnt], check=True)
+    p.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while keepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    h.check(p.returncode == 0 and not h.is_mounted(mnt) and not keepers(),
+            "auto_unmount, unmounted by fusermount3 -u: exit %d, no keeper left" % p.returncode)
 
     # 6. Started by srun as one of two tasks, but MPI sees a world of one (srun without --mpi): refused,
     # naming --mpi=pmi2; nothing mounted. (The real srun case is in test_slurm.)
