@@ -527,8 +527,13 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   const Replanning replanning{!d.peers && o.ram > 0 && s.order == Order::kTorch && (s.batch_size > 1 || s.workers <= 1),
                               o.world_size_auto || o.ranks.size() == o.world_size, o.world_size_auto};
   if (o.seed_auto || later || replanning.on) {
-    LearnQuestion q{o.world_size, o.ranks, o.start_epoch, engine_config(o, d.page_cache).tolerance,
-                    d.oracle->schedule().torch_shuffle};
+    LearnQuestion q{o.world_size,
+                    o.ranks,
+                    o.start_epoch,
+                    engine_config(o, d.page_cache).tolerance,
+                    d.oracle->schedule().torch_shuffle,
+                    o.order == Order::kTorch,
+                    true};
     try {
       d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q), engine_config(o, d.page_cache),
                          o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{},

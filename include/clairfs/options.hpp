@@ -40,7 +40,7 @@ class HelpRequested : public std::runtime_error {
 __extension__ typedef __int128 SeedInt;
 __extension__ typedef unsigned __int128 SeedUint;
 
-enum class Order { kTorch, kTorchRandom, kSequential, kList, kClairfs };
+enum class Order { kTorch, kTorchRandom, kTorchGlobal, kSequential, kList, kClairfs };
 
 const char* order_name(Order order);
 // A seed as Python prints it.
@@ -79,7 +79,8 @@ struct Options {
   std::vector<std::string> extensions;  // lower case, with leading '.'
   uint64_t torch_version = 2;           // which torch.randperm: 1 (torch 1.x) or 2 (torch 2.x)
   bool shared_generator = true;         // torch-random: DataLoader(generator=g) with the sampler's g
-  bool persistent_workers = false;      // torch-random: DataLoader(persistent_workers=True)
+  bool persistent_workers = false;      // torch-random, torch-global: DataLoader(persistent_workers=True)
+  uint64_t draws = 0;                   // torch-global: 32-bit outputs the script drew before its loader's
   std::string trace;                    // append "PID PATH" per open to this file
 
   // Caches (consumed by the engine).

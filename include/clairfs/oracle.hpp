@@ -10,6 +10,9 @@
 //   torch-random  RandomSampler(generator=g) with g.manual_seed(seed) once: one generator across epochs,
 //                 each epoch drawing [2 for the DataLoader's base seed if it shares g,] one permutation
 //                 used and a second one thrown away when the sampler is exhausted.
+//   torch-global  RandomSampler without a generator: each epoch it seeds a fresh generator with a 64-bit
+//                 draw from torch's global one (torch.manual_seed(seed)), after the DataLoader's base seed
+//                 (also from the global one) and `draws` outputs the script took before the first epoch.
 //   sequential    DistributedSampler(shuffle=False): 0 .. N-1, padded and split the same way.
 //   list          the user's order file (see OrderList).
 //   clairfs       clairfs's own portable shuffle (docs/order.md), split like torch.
@@ -56,8 +59,9 @@ struct Schedule {
   uint64_t prefetch_factor = 2;
   TorchShuffle torch_shuffle = TorchShuffle::kLargeSplit;
   bool shared_generator = true;     // torch-random: the DataLoader draws its base seed from the same generator
-  bool persistent_workers = false;  // torch-random: ... and then only once, at its first epoch
-  uint64_t start_epoch = 0;         // torch-random: the generator is seeded when the run starts, here
+  bool persistent_workers = false;  // torch-random, torch-global: ... and then only once, at its first epoch
+  uint64_t start_epoch = 0;         // torch-random, torch-global: the generator is seeded when the run starts, here
+  uint64_t draws = 0;               // torch-global: outputs the script drew before the first epoch's loader
   std::shared_ptr<const OrderList> list;  // order=list
 };
 
@@ -122,12 +126,18 @@ class Oracle {
 
 // Low-level generators, exposed for tests and benchmarks.
 namespace shuffle {
+// torch 2 keeps the classic loop below this many samples (uint32 max / 20) and switches above it.
+constexpr uint64_t kLargeSplitThreshold = 0xffffffffull / 20;
 // torch.randperm(n) from a generator freshly seeded with `seed32` (MT19937, init_genrand).
 std::vector<uint32_t> torch_randperm(uint64_t n, uint32_t seed32, TorchShuffle kind);
 // The low 32 bits of Python's seed + epoch, as torch.Generator.manual_seed keeps them.
 uint32_t torch_seed32(SeedInt seed, uint64_t epoch);
 // torch.randperm(n) draws this many 32-bit outputs from its generator.
 uint64_t torch_randperm_draws(uint64_t n, TorchShuffle kind);
+// The seed (low 32 bits) RandomSampler without a generator gives its own at `epoch` (counted from the
+// script's torch.manual_seed(seed)): the second half of a 64-bit draw from the global generator, after
+// `draws` outputs and the DataLoader's base seeds (one per epoch, or one in all with persistent workers).
+uint32_t torch_global_seed32(SeedInt seed, uint64_t draws, uint64_t epoch, bool persistent_workers);
 // torch.randperm(n) from a generator that has already produced `skip` outputs since manual_seed(seed32).
 std::vector<uint32_t> torch_randperm_after(uint64_t n, uint32_t seed32, uint64_t skip, TorchShuffle kind);
 // clairfs's own shuffle (docs/order.md).

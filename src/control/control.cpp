@@ -166,6 +166,7 @@ ControlTree::ControlTree(const Manifest& manifest, const Oracle& oracle, Control
       std::string(order_name(oracle.schedule().order)) + ", seed " +
       (config_.learned ? std::string("auto (learned from the first reads: see stats; no order files until then)")
                        : seed_text(oracle.schedule().seed)) +
+      (oracle.schedule().order == Order::kTorchGlobal ? ", draws " + std::to_string(oracle.schedule().draws) : "") +
       ", world_size " + std::to_string(oracle.schedule().world_size) + ", batch_size " +
       std::to_string(oracle.schedule().batch_size) + ", " + std::to_string(oracle.num_samples()) + " samples.\n";
   readme_ = std::make_shared<const TextFile>(std::move(readme));

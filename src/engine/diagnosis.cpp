@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "oracle/mt19937.hpp"
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -95,12 +96,16 @@ class Placement {
 
   // Per open, its sample's index (-1: no sample).
   const std::vector<int64_t>& samples() const { return sample_; }
+  // Whether sample `s` was opened.
+  bool opened(uint32_t s) const { return opened_[s / 64] >> (s % 64) & 1; }
+  // Samples opened (each counted once).
+  size_t distinct() const { return slot_of_.size(); }
 
   // Per open, its sample's place in `perm` (-1: no sample).
   std::vector<int64_t> in(const std::vector<uint32_t>& perm) const {
     std::vector<int64_t> at_slot(opens_, -1), pos(opens_, -1);
     for (uint64_t p = 0; p < perm.size(); ++p)
-      if (opened_[perm[p] / 64] >> (perm[p] % 64) & 1) at_slot[slot_of_.at(perm[p])] = static_cast<int64_t>(p);
+      if (opened(perm[p])) at_slot[slot_of_.at(perm[p])] = static_cast<int64_t>(p);
     for (size_t i = 0; i < opens_; ++i) pos[i] = at_slot[first_[i]];
     return pos;
   }
@@ -303,11 +308,134 @@ double odds_by_chance(double fit, size_t pairs, double chance) {
   return std::exp(-static_cast<double>(pairs) * kl);
 }
 
-}  // namespace
+// How many of the first `length` entries of torch.randperm(n) (the classic shuffle) from a generator
+// seeded with `seed32` were opened: each step needs one draw, so a prefix costs its length, not n.
+constexpr uint64_t kFirstPlaces = 16;  // a shuffle's first places, looked at before the rest
 
-std::optional<Learned> learn_seed(const Manifest& manifest, const LearnQuestion& q, const std::vector<EntryId>& opens) {
+size_t opened_in_prefix(const Placement& place, uint64_t n, uint32_t seed32, uint64_t length) {
+  Mt19937 g(seed32);
+  if (length <= kFirstPlaces) {  // no map: a swap's target is looked up among the few swapped so far
+    uint64_t to[kFirstPlaces];
+    uint32_t put[kFirstPlaces];
+    size_t hits = 0;
+    for (uint64_t i = 0; i < length && i + 1 < n; ++i) {
+      const uint64_t z = i + g() % static_cast<uint32_t>(n - i);
+      uint32_t here = static_cast<uint32_t>(z), mine = static_cast<uint32_t>(i);
+      for (uint64_t k = 0; k < i; ++k) {
+        if (to[k] == z) here = put[k];
+        if (to[k] == i) mine = put[k];
+      }
+      to[i] = z;
+      put[i] = mine;
+      hits += place.opened(here);
+    }
+    return hits;
+  }
+  std::unordered_map<uint64_t, uint32_t> moved;  // place -> the sample a swap put there
+  auto at = [&](uint64_t i) {
+    const auto it = moved.find(i);
+    return it == moved.end() ? static_cast<uint32_t>(i) : it->second;
+  };
+  size_t hits = 0;
+  for (uint64_t i = 0; i < length && i + 1 < n; ++i) {
+    const uint64_t z = i + g() % static_cast<uint32_t>(n - i);
+    const uint32_t here = at(z);
+    const uint32_t mine = at(i);
+    moved[z] = mine;
+    hits += place.opened(here);
+  }
+  return hits;
+}
+
+// The global generator's outputs the learner tries as a RandomSampler's seed: the 3rd to the
+// (kLearnDraws + 3)th after torch.manual_seed (the DataLoader's base seed takes two, and the sampler's
+// seed is the second half of the next 64-bit draw), of each likely seed. (A script that never seeds
+// torch has a global generator seeded at random: out of reach.)
+constexpr uint64_t kLearnDraws = 1024;
+
+// One such output, and the first output of a generator seeded with it (its shuffle's first sample is
+// that mod n).
+struct GlobalCandidate {
+  uint32_t value;
+  uint32_t first;
+};
+
+// Every likely seed's candidates (seed-major, kLearnDraws each), made once per process: 1 MiB, and
+// most of a try's work, so that it is done before the job's opens come (prepare_learning).
+const std::vector<GlobalCandidate>& global_candidates() {
+  static const std::vector<GlobalCandidate> table = [] {
+    std::vector<GlobalCandidate> t;
+    for (SeedInt s : likely_seeds(std::nullopt, 0)) {
+      Mt19937 global(shuffle::torch_seed32(s, 0));
+      global.discard(3);
+      for (uint64_t d = 0; d < kLearnDraws; ++d) {
+        const uint32_t v = global();
+        t.push_back({v, Mt19937::first_output(v)});
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Of `fits` (each candidate's), whether the best is found: nearly all of its opens lie close in one
+// order, far more than in any other, and more than chance would bring about in any of the `tried`
+// orders (odds below one in a million).
+bool decisive(const ServedFit& best, double second, size_t tried) {
+  return best.fit >= kLearnFit && second <= best.fit - kLearnMargin &&
+         static_cast<double>(tried) * odds_by_chance(best.fit, best.pairs, best.chance) <= 1e-6;
+}
+
+std::optional<Learned> learn_global(const Manifest& manifest, const LearnQuestion& q, const std::vector<EntryId>& opens,
+                                    size_t* tried) {
   const uint64_t n = manifest.samples().size();
-  if (opens.size() < kMinDiagnosisOpens || n < 64) return std::nullopt;
+  const Placement place(manifest, opens);
+  // A candidate is looked at whole only when the job opened some of its first kFirstPlaces samples
+  // (worker 0's first batch: a wrong candidate has each with odds opens/n; with W workers, worker 0
+  // made about 1/W of the opens), then most of the samples opened lie where its shuffle starts (the
+  // workers read ahead of each other by at most a tolerance). So the opens must be from an epoch's start.
+  const uint64_t length = std::min<uint64_t>(n, place.distinct() + q.gap);
+  const size_t needed = place.distinct() * 3 / 4;
+  const size_t first_needed = std::clamp<size_t>(place.distinct() / 16, 3, 8);
+  const std::vector<SeedInt> seeds = likely_seeds(std::nullopt, n);
+  // Too few opens for even a perfect fit to stand out among this many orders: wait for more.
+  const ServedFit perfect{1, opens.size() - 1,
+                          std::min(1.0, static_cast<double>(2 * std::max<uint64_t>(2, std::min(q.gap, n / 8)) + 1) /
+                                            static_cast<double>(n))};
+  if (!decisive(perfect, 0, *tried + seeds.size() * kLearnDraws)) {
+    *tried += seeds.size() * kLearnDraws;
+    return std::nullopt;
+  }
+  const std::vector<GlobalCandidate>& candidates = global_candidates();
+  Learned best;
+  std::optional<ServedFit> best_fit;
+  double second = 0;
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    for (uint64_t draws = 0; draws < kLearnDraws; ++draws) {
+      const GlobalCandidate& c = candidates[i * kLearnDraws + draws];
+      const uint32_t v = c.value;
+      ++*tried;
+      // Worker 0's first open is the shuffle's first sample: a wrong candidate's is opened with odds opens/n.
+      if (!place.opened(c.first % static_cast<uint32_t>(n))) continue;
+      if (opened_in_prefix(place, n, v, kFirstPlaces) < first_needed || opened_in_prefix(place, n, v, length) < needed)
+        continue;
+      const ServedFit f = fit_served(place.in(shuffle::torch_randperm(n, v, q.shuffle)), n, 1, {0}, q.gap);
+      if (!best_fit || f.fit > best_fit->fit) {
+        second = best_fit ? best_fit->fit : 0;
+        best_fit = f;
+        best = Learned{seeds[i], f.fit, 0, Order::kTorchGlobal, draws};
+      } else {
+        second = std::max(second, f.fit);
+      }
+    }
+  }
+  if (!best_fit || !decisive(*best_fit, second, *tried)) return std::nullopt;
+  return best;
+}
+
+std::optional<Learned> learn_distributed(const Manifest& manifest, const LearnQuestion& q,
+                                         const std::vector<EntryId>& opens, size_t* tried) {
+  const uint64_t n = manifest.samples().size();
   // Candidate shuffles: the likely seeds at the mounted start epoch and the few after it (a seed s at
   // epoch e is the shuffle of s + e: each value is tried once).
   std::vector<uint32_t> values;
@@ -332,13 +460,31 @@ std::optional<Learned> learn_seed(const Manifest& manifest, const LearnQuestion&
       second = std::max(second, f.fit);
     }
   }
-  best.candidates = values.size();
-  // Found: nearly all of its opens lie close in one order, far more than in any other, and more than
-  // chance would bring about in any of the orders tried (odds below one in a million).
-  if (!best_fit || best.fit < kLearnFit || second > best.fit - kLearnMargin ||
-      static_cast<double>(values.size()) * odds_by_chance(best.fit, best_fit->pairs, best_fit->chance) > 1e-6)
-    return std::nullopt;
+  *tried += values.size();
+  if (!best_fit || !decisive(*best_fit, second, *tried)) return std::nullopt;
   return best;
+}
+
+}  // namespace
+
+void prepare_learning() { global_candidates(); }
+
+std::string learned_options(const Learned& l) {
+  std::string words = "seed=" + seed_text(l.seed);
+  if (l.order != Order::kTorch)
+    words += std::string(",order=") + order_name(l.order) + ",draws=" + std::to_string(l.draws);
+  return words;
+}
+
+std::optional<Learned> learn_seed(const Manifest& manifest, const LearnQuestion& q, const std::vector<EntryId>& opens) {
+  const uint64_t n = manifest.samples().size();
+  if (opens.size() < kMinDiagnosisOpens || n < 64) return std::nullopt;
+  std::optional<Learned> found;
+  size_t tried = 0;
+  if (q.distributed) found = learn_distributed(manifest, q, opens, &tried);
+  if (!found && q.global && n < shuffle::kLargeSplitThreshold) found = learn_global(manifest, q, opens, &tried);
+  if (found) found->candidates = tried;
+  return found;
 }
 
 Diagnoser::Diagnoser(const Manifest& manifest, MountedOrder mounted, std::vector<uint64_t> ranks)

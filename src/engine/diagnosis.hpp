@@ -64,7 +64,10 @@ std::optional<std::string> explain(const Manifest& manifest, const MountedOrder&
 constexpr size_t kMinDiagnosisOpens = 16;
 
 // seed=auto: the torch shuffle (DistributedSampler, shuffle=True) the served ranks read in, learned
-// from the node's first opens. The likely seeds (as above, without a mounted one) are tried at the
+// from the node's first opens; failing that, RandomSampler's without a generator (DataLoader(shuffle=True)
+// after torch.manual_seed(seed)), whose seed is an output of torch's global generator: the likely
+// seeds' first kLearnDraws outputs after the DataLoader's base seed are tried, each first by where its
+// shuffle starts, cheaply, then whole. The likely seeds (as above, without a mounted one) are tried at the
 // mounted start epoch and the kLearnEpochs - 1 after it; opens are split by the rank each lies in and
 // each rank's consecutive opens must lie close (as above). An order is taken only when its fit is at
 // least kLearnFit, kLearnMargin above every other's, and no order tried would reach it by chance with
@@ -76,12 +79,21 @@ struct LearnQuestion {
   uint64_t start_epoch = 0;
   uint64_t gap = 256;
   TorchShuffle shuffle = TorchShuffle::kLargeSplit;
+  bool distributed = true;  // try DistributedSampler's shuffle (order=torch)
+  bool global = true;       // and then RandomSampler's without a generator (order=torch-global)
 };
 struct Learned {
   SeedInt seed = 0;       // the seed whose epoch start_epoch is the order found
   double fit = 0;         // the share of a rank's consecutive opens that lay close in it
   size_t candidates = 0;  // orders tried
+  Order order = Order::kTorch;
+  uint64_t draws = 0;  // order=torch-global: the script's draws before
 };
+// Makes what learn_seed needs every time (the global generator's candidates): called by the learning
+// thread before the job's first opens come.
+void prepare_learning();
+// What was learned, as mount options: "seed=5", or "seed=5,order=torch-global,draws=100".
+std::string learned_options(const Learned& learned);
 constexpr uint64_t kLearnEpochs = 4;
 constexpr double kLearnFit = 0.8;
 constexpr double kLearnMargin = 0.3;

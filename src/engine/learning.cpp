@@ -18,6 +18,20 @@ namespace clairfs {
 
 namespace {
 
+void apply(const Learned& found, Schedule& s) {
+  s.seed = found.seed;
+  s.order = found.order;
+  s.draws = found.draws;
+}
+
+// What was learned, for the log: "seed=5", or the global generator's seed with the options that say it.
+std::string learned_words(const Learned& found) {
+  if (found.order == Order::kTorch) return learned_options(found);
+  return "RandomSampler without a generator, its seed from torch's global one after torch.manual_seed(" +
+         seed_text(found.seed) + ") and " + std::to_string(found.draws) + " draws before the loader's (" +
+         learned_options(found) + ")";
+}
+
 // Handles of files opened before the engine was there are SOURCE's, marked by their low bit (both kinds
 // are pointers to objects aligned to at least 8).
 constexpr uint64_t kSourceHandle = 1;
@@ -281,16 +295,19 @@ void LearningEngine::run() {
     const Oracle* oracle = told_;
     if (!told_) {
       std::optional<Learned> found;
-      run_niced([&] { found = learn(kept); });
+      run_niced([&] {
+        if (question_.global) prepare_learning();
+        found = learn(kept);
+      });
       if (!found) return;
       Schedule s = schedule_;
-      s.seed = found->seed;
-      log_info("seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
+      apply(*found, s);
+      log_info("seed=auto: the job reads as " + learned_words(*found) + " from epoch " +
                std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
                std::to_string(found->candidates) + " orders tried); staging follows it");
       {
         MutexLock lock(mutex_);
-        found_ = "seed=" + seed_text(found->seed);
+        found_ = learned_options(*found);
         found_after_ = kept.size();
       }
       try {
@@ -509,8 +526,10 @@ bool LearningEngine::relearn() {
   uint64_t seen = 0;  // the tracker's opens so far: tries are spaced by them, the kept ones being capped
   std::vector<std::pair<EntryId, pid_t>> others = other ? old->opens_other(0, &seen) : old->latest_opens(0, &seen);
   LearnQuestion q = question_;
+  std::string learned_before;
   {
     MutexLock lock(mutex_);
+    learned_before = found_;
     keep_the_jobs(others);
     if (others.size() < kMinDiagnosisOpens || seen < next_try(relearn_tried_)) return false;  // more to come
     relearn_tried_ = seen;
@@ -537,9 +556,11 @@ bool LearningEngine::relearn() {
     }
   });
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
-  if (!found || found->seed == was->schedule().seed) return false;  // tried again after more opens
-  const std::string words = "seed=auto: the job reads as seed=" + seed_text(found->seed) + " from epoch " +
-                            std::to_string(q.start_epoch) + ", not as " + std::string(seed_text(was->schedule().seed)) +
+  const Schedule& before = was->schedule();
+  if (!found || (found->seed == before.seed && found->order == before.order && found->draws == before.draws))
+    return false;  // tried again after more opens
+  const std::string words = "seed=auto: the job reads as " + learned_words(*found) + " from epoch " +
+                            std::to_string(q.start_epoch) + ", not as " + learned_before +
                             " learned before (found from " + std::to_string(used) +
                             " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
@@ -547,7 +568,7 @@ bool LearningEngine::relearn() {
     return true;
   }
   Schedule s = was->schedule();
-  s.seed = found->seed;
+  apply(*found, s);
   std::vector<uint64_t> ranks;
   {
     MutexLock lock(mutex_);
@@ -561,7 +582,7 @@ bool LearningEngine::relearn() {
       }))
     return true;
   MutexLock lock(mutex_);
-  found_ = "seed=" + seed_text(found->seed);
+  found_ = learned_options(*found);
   found_after_ = used;
   relearn_tried_ = 0;
   ++relearned_;

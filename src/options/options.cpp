@@ -346,8 +346,9 @@ void check_combinations(ParseState& st) {
     o.progress_from_opens = o.ram == 0 || !o.trace.empty();
     o.progress_watch = !o.progress_from_opens;
   }
-  if (o.seed_auto && o.order != Order::kTorch)
-    throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle only (order=torch), not order=") +
+  if (o.seed_auto && o.order != Order::kTorch && o.order != Order::kTorchGlobal)
+    throw UsageError(std::string("seed=auto learns DistributedSampler's shuffle (order=torch) or RandomSampler's "
+                                 "without a generator (order=torch-global), not order=") +
                      order_name(o.order) + "; give seed=");
   if (o.world_size_auto && o.order != Order::kTorch)
     throw UsageError(std::string("world_size=auto learns how DistributedSampler splits its shuffle (order=torch), not "
@@ -388,6 +389,7 @@ const char* order_name(Order order) {
   switch (order) {
     case Order::kTorch: return "torch";
     case Order::kTorchRandom: return "torch-random";
+    case Order::kTorchGlobal: return "torch-global";
     case Order::kSequential: return "sequential";
     case Order::kList: return "list";
     case Order::kClairfs: return "clairfs";

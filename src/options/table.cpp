@@ -15,10 +15,11 @@ Order parse_order(const GivenOption& g) {
   const std::string& v = g.value;
   if (v == "torch") return Order::kTorch;
   if (v == "torch-random" || v == "torch_random") return Order::kTorchRandom;
+  if (v == "torch-global" || v == "torch_global") return Order::kTorchGlobal;
   if (v == "sequential") return Order::kSequential;
   if (v == "list") return Order::kList;
   if (v == "clairfs") return Order::kClairfs;
-  bad_value(g.key, v, "use torch, torch-random, sequential, list or clairfs");
+  bad_value(g.key, v, "use torch, torch-random, torch-global, sequential, list or clairfs");
 }
 
 // Bounds on the schedule's numbers: far beyond any job (16.7 M ranks or samples in a batch, 1,024
@@ -121,8 +122,10 @@ const std::vector<OptionSpec> kTable = {
     {"prefetch_factor", Takes::kValue, "N", S::kSchedule, "2", false, "DataLoader prefetch_factor",
      "DataLoader `prefetch_factor` (1 to 1,024).",
      [](Options& o, const GivenOption& g) { o.prefetch_factor = between(g, 1, kMaxLoader); }},
-    {"order", Takes::kValue, "NAME", S::kSchedule, "torch", false, "torch, torch-random, sequential, list or clairfs",
+    {"order", Takes::kValue, "NAME", S::kSchedule, "torch", false,
+     "torch, torch-random, torch-global, sequential, list or clairfs",
      "`torch`: DistributedSampler with shuffle. `torch-random`: RandomSampler with a seeded generator. "
+     "`torch-global`: RandomSampler without one (`DataLoader(shuffle=True)`), seeded by `torch.manual_seed(seed)`. "
      "`sequential`: no shuffle. `list`: the order in `order_file`. `clairfs`: clairfs's own portable shuffle, "
      "for loaders that take their order from the mount.",
      [](Options& o, const GivenOption& g) { o.order = parse_order(g); }},
@@ -144,9 +147,16 @@ const std::vector<OptionSpec> kTable = {
      "(`DataLoader(shuffle=True, generator=g)`), so it draws its base seed from it each epoch.",
      [](Options& o, const GivenOption& g) { o.shared_generator = flag(g); }},
     {"persistent_workers", Takes::kMaybeBool, "BOOL", S::kSchedule, "off", false,
-     "torch-random: DataLoader(persistent_workers=True)",
-     "`order=torch-random`: `DataLoader(persistent_workers=True)`, which draws that base seed only once.",
+     "torch-random, torch-global: DataLoader(persistent_workers=True)",
+     "`order=torch-random` or `torch-global`: `DataLoader(persistent_workers=True)`, which draws that base seed "
+     "only once.",
      [](Options& o, const GivenOption& g) { o.persistent_workers = flag(g); }},
+    {"draws", Takes::kValue, "N", S::kSchedule, "0", false,
+     "torch-global: 32-bit outputs the script drew from torch's generator before its first epoch",
+     "`order=torch-global`: how many 32-bit outputs the script took from torch's global generator between "
+     "`torch.manual_seed` and its first epoch's loader (`torch.rand(k)` and `torch.randint(0, 10, (k,))` take "
+     "k). A model built on the CPU takes millions: give the loader a generator instead (docs/order.md).",
+     [](Options& o, const GivenOption& g) { o.draws = parse_u64(g.key, g.value); }},
     {"extensions", Takes::kValue, "LIST", S::kSchedule, "ImageFolder's", true,
      "file extensions that are samples, ':'-separated",
      "Which files are samples, `:`-separated (`jpg:png` or `.JPG:.png`; commas work too). Matched "

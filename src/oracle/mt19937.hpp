@@ -26,6 +26,17 @@ class Mt19937 {
     return temper(y);
   }
 
+  // The first output of Mt19937(seed), at a third of the cost of making one (it needs x[0 .. 397] only).
+  static uint32_t first_output(uint32_t seed) {
+    uint32_t x = seed, x0 = seed, x1 = 0;
+    for (uint32_t i = 1; i <= static_cast<uint32_t>(kM); ++i) {
+      x = 1812433253u * (x ^ (x >> 30)) + i;
+      if (i == 1) x1 = x;
+    }
+    const uint32_t y = (x0 & 0x80000000u) | (x1 & 0x7fffffffu);
+    return temper(x ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u));
+  }
+
   // Leaves the generator as if `count` outputs had been drawn.
   void jump(uint64_t count);
   // The same by drawing them; for tests.

@@ -81,6 +81,11 @@ std::vector<uint32_t> Oracle::permutation(uint64_t epoch) const {
       const uint64_t skip = 2 * base_seeds + 2 * perm_draws * j;
       return shuffle::torch_randperm_after(n_, shuffle::torch_seed32(s_.seed, 0), skip, s_.torch_shuffle);
     }
+    case Order::kTorchGlobal: {
+      const uint64_t j = epoch > s_.start_epoch ? epoch - s_.start_epoch : 0;
+      return shuffle::torch_randperm(n_, shuffle::torch_global_seed32(s_.seed, s_.draws, j, s_.persistent_workers),
+                                     s_.torch_shuffle);
+    }
     case Order::kSequential: {
       std::vector<uint32_t> r;
       assign_huge(r, n_, 0u);
@@ -104,7 +109,7 @@ EpochOrder Oracle::epoch(uint64_t epoch) const {
     if (!section->by_rank.empty()) return EpochOrder(section->by_rank, world, s_.batch_size, s_.loader_drop_last);
     return split(section->global);
   }
-  if (s_.order == Order::kTorchRandom) {
+  if (s_.order == Order::kTorchRandom || s_.order == Order::kTorchGlobal) {
     // RandomSampler has no notion of ranks: every rank's loader reads the whole permutation.
     return EpochOrder::same_for_all(permutation(epoch), world, s_.batch_size, s_.loader_drop_last);
   }

@@ -22,6 +22,7 @@ Schedule schedule_from_options(const Options& o, const Manifest& manifest) {
   s.shared_generator = o.shared_generator;
   s.persistent_workers = o.persistent_workers;
   s.start_epoch = o.start_epoch;
+  s.draws = o.draws;
   if (o.order == Order::kList) {
     // A path names the sample of the file it resolves to (the first, if several samples reach it).
     std::unordered_map<EntryId, int64_t> sample_of;

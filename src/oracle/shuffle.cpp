@@ -14,8 +14,6 @@ namespace clairfs::shuffle {
 
 namespace {
 
-// torch keeps the classic loop below this many samples (uint32 max / 20) and switches above it.
-constexpr uint64_t kLargeSplitThreshold = 0xffffffffull / 20;
 // How far ahead draws are made and their targets prefetched: enough to cover a DRAM miss.
 constexpr uint64_t kLookahead = 16;
 
@@ -70,6 +68,16 @@ uint32_t torch_seed32(SeedInt seed, uint64_t epoch) {
   // Python adds arbitrary-precision ints; manual_seed keeps the two's complement bits; MT uses the low 32.
   const SeedInt sum = seed + static_cast<SeedInt>(epoch);
   return static_cast<uint32_t>(static_cast<SeedUint>(sum) & 0xffffffffu);
+}
+
+uint32_t torch_global_seed32(SeedInt seed, uint64_t draws, uint64_t epoch, bool persistent_workers) {
+  // Each epoch's DataLoader iterator draws its base seed (64 bits: two outputs) as it is made, then the
+  // sampler, at its first item, its own generator's seed: two more, of which manual_seed keeps the low
+  // 32 bits — the second output.
+  const uint64_t base_seeds = persistent_workers ? 1 : epoch + 1;
+  Mt19937 g(torch_seed32(seed, 0));
+  g.jump(draws + 2 * base_seeds + 2 * epoch + 1);
+  return g();
 }
 
 uint64_t torch_randperm_draws(uint64_t n, TorchShuffle kind) {

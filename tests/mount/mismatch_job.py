@@ -8,6 +8,11 @@ prints the mount's stats for that moment as one JSON line: "STATS {...}".
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
                     [--stats-after N] [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
+                    [--global-seed [--draws K]]
+
+--global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
+generator (torch.rand(K), as a model's initialisation would), then DataLoader(shuffle=True) with no
+sampler and no generator (RandomSampler seeds its own from torch's each epoch).
 
 --watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
 --compute SECONDS: the time a training step takes, after each batch (a sleep: the CPU is left to the
@@ -57,17 +62,26 @@ def main():
     ap.add_argument("--compute", type=float, default=0)
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--prefetch-factor", type=int, default=2)
+    ap.add_argument("--global-seed", action="store_true")
+    ap.add_argument("--draws", type=int, default=0)
     args = ap.parse_args()
     global ROOT
     ROOT = args.data
     with open(args.digests) as f:
         want = json.load(f)
     dataset = datasets.ImageFolder(args.data, loader=digest_of)
-    sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank, shuffle=not args.no_shuffle,
-                                 seed=args.seed)
     with_workers = {"persistent_workers": args.persistent_workers, "prefetch_factor": args.prefetch_factor}
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        **(with_workers if args.workers > 0 else {}))
+    if args.global_seed:
+        torch.manual_seed(args.seed)
+        torch.rand(args.draws)
+        sampler = None
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                            **(with_workers if args.workers > 0 else {}))
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank,
+                                     shuffle=not args.no_shuffle, seed=args.seed)
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                            **(with_workers if args.workers > 0 else {}))
     if args.start_barrier:
         open(os.path.join(args.start_barrier, "rank-%d" % args.rank), "w").close()
         deadline = time.monotonic() + 300
@@ -75,7 +89,7 @@ def main():
             time.sleep(0.01)
     read = wrong = batches = size = 0
     for epoch in range(args.first_epoch, args.first_epoch + args.epochs):
-        if not args.no_set_epoch:
+        if sampler and not args.no_set_epoch:
             sampler.set_epoch(epoch)
         for (rels, digests), _labels in loader:
             for rel, digest in zip(rels, digests):

@@ -13,10 +13,10 @@ class Oracle:
         self.p = subprocess.Popen([DUMP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, cmd, order, n, world, rank, seed, epoch, drop_last=0, batch=1, loader_drop_last=0, workers=0,
-            shared=1, persistent=0, start=0, kind="classic"):
-        self.p.stdin.write("%s %s %d %d %d %d %d %d %d %d %d %d %d %d %s\n" % (
+            shared=1, persistent=0, start=0, kind="classic", draws=0):
+        self.p.stdin.write("%s %s %d %d %d %d %d %d %d %d %d %d %d %d %s %d\n" % (
             cmd, order, n, world, rank, seed, epoch, drop_last, batch, loader_drop_last, workers, shared, persistent,
-            start, kind))
+            start, kind, draws))
         self.p.stdin.flush()
         if cmd == "rank":
             return [int(x) for x in self.p.stdout.readline().split()]

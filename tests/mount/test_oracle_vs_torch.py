@@ -90,6 +90,29 @@ ok = all([int(i) for b in loader for i in b] ==
 h.check(ok, "RandomSampler with persistent workers: 3 epochs bit-exact")
 del loader  # stops the persistent workers now; left to interpreter exit, their shutdown can hang
 
+# 2b. DataLoader(shuffle=True) without a generator: RandomSampler seeds its own from torch's global one,
+# after the script's torch.manual_seed and whatever it drew before (torch.rand(k) takes k).
+bad = cases = 0
+for trial in range(16):
+    n = rnd.choice([2, 5, 100, 1000, rnd.randrange(2, 3000)])
+    seed, draws = rnd.choice([0, 42, rnd.randrange(0, 2**40), -5]), rnd.choice([0, 1, 100, rnd.randrange(1000)])
+    batch, ldl, persistent = rnd.choice([1, 4, 16]), rnd.random() < 0.5, trial % 4 == 0
+    torch.manual_seed(seed)
+    torch.rand(draws)
+    loader = DataLoader(range(n), batch_size=batch, shuffle=True, drop_last=ldl, num_workers=2 if persistent else 0,
+                        persistent_workers=persistent)
+    for epoch in range(3):
+        want = [int(i) for b in loader for i in b]
+        got = oracle.ask("rank", "torch-global", n, 1, 0, seed, epoch, 0, batch, ldl, 0, 1, int(persistent), 0,
+                         draws=draws)
+        cases += 1
+        if want != got:
+            bad += 1
+            if bad <= 3:
+                print("torch-global differs: n=%d seed=%d draws=%d epoch=%d" % (n, seed, draws, epoch))
+    del loader
+h.check(bad == 0, "DataLoader(shuffle=True) after torch.manual_seed and k draws: %d/%d epochs bit-exact" % (
+    cases - bad, cases))
 
 # 3. Which worker loads what: torch's own get_worker_info().
 bad = cases = 0

@@ -111,6 +111,24 @@ try:
     h.check(bad == 0, "torch %s DataLoader(shuffle=True, generator=g): %d/%d epochs bit-exact (shared and not)" % (
         versions[0], cases - bad, cases))
 
+    # 2b. DataLoader(shuffle=True) without a generator, after torch.manual_seed and some draws.
+    cases = bad = 0
+    for trial in range(12):
+        n = rnd.choice([2, 100, 1000, rnd.randrange(2, 3000)])
+        seed, draws = rnd.choice([0, 5, rnd.randrange(0, 2**40)]), rnd.choice([0, 1, 64, rnd.randrange(1000)])
+        batch, ldl, persistent = rnd.choice([1, 4, 16]), rnd.random() < 0.5, trial % 4 == 0
+        want = torch2.ask(q="global", n=n, seed=seed, draws=draws, batch=batch, ldl=ldl, persistent=persistent, epochs=3)
+        for epoch in range(3):
+            cases += 1
+            got = oracle.ask("rank", "torch-global", n, 1, 0, seed, epoch, 0, batch, ldl, 0, 1, int(persistent), 0,
+                             draws=draws)
+            if want[epoch] != got:
+                bad += 1
+                if bad <= 3:
+                    print("torch-global differs: n=%d seed=%d draws=%d epoch=%d" % (n, seed, draws, epoch))
+    h.check(bad == 0, "torch %s DataLoader(shuffle=True) after torch.manual_seed: %d/%d epochs bit-exact" % (
+        versions[0], cases - bad, cases))
+
     # 3. Workers.
     cases = bad = 0
     for _ in range(4):

@@ -8,6 +8,10 @@ JSON answer a line on stdout:
     {"q": "random", "n", "seed", "batch", "ldl", "shared", "epochs"}
                                                                -> DataLoader(shuffle=True, generator=g) (or
                                                                   a RandomSampler with g), one list per epoch
+    {"q": "global", "n", "seed", "draws", "batch", "ldl", "persistent", "epochs"}
+                                                               -> torch.manual_seed(seed), `draws` outputs
+                                                                  taken (torch.rand), then DataLoader(
+                                                                  shuffle=True) without a generator
     {"q": "workers", "n", "world", "rank", "seed", "epoch", "batch", "ldl", "workers"}
                                                                -> what each DataLoader worker loads
     {"q": "imagefolder", "root"}                               -> ImageFolder(root).samples' paths, relative
@@ -51,6 +55,15 @@ def answer(q):
             loader = DataLoader(range(n), batch_size=q["batch"], sampler=RandomSampler(range(n), generator=g),
                                 drop_last=q["ldl"])
         return [[int(i) for b in loader for i in b] for _ in range(q["epochs"])]
+    if q["q"] == "global":
+        torch.manual_seed(q["seed"])
+        torch.rand(q["draws"])
+        workers = 2 if q["persistent"] else 0
+        loader = DataLoader(range(q["n"]), batch_size=q["batch"], shuffle=True, drop_last=q["ldl"], num_workers=workers,
+                            persistent_workers=bool(q["persistent"]))
+        epochs = [[int(i) for b in loader for i in b] for _ in range(q["epochs"])]
+        del loader  # stops persistent workers now
+        return epochs
     if q["q"] == "workers":
         s = DistributedSampler(WhoLoads(q["n"]), num_replicas=q["world"], rank=q["rank"], shuffle=True, seed=q["seed"])
         s.set_epoch(q["epoch"])

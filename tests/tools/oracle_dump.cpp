@@ -1,9 +1,9 @@
 // Test tool: answers oracle queries read from stdin, one per line, so scripts can compare with torch.
-//   rank ORDER N WORLD RANK SEED EPOCH DROP_LAST BATCH LOADER_DROP_LAST WORKERS SHARED PERSISTENT START KIND
+//   rank ORDER N WORLD RANK SEED EPOCH DROP_LAST BATCH LOADER_DROP_LAST WORKERS SHARED PERSISTENT START KIND [DRAWS]
 //       -> rank's loaded sequence, space separated
 //   workers ...same fields...   -> one line per worker: its sequence
 //   head N SEED32 KIND         -> the first 8 and the last 4 entries of torch.randperm(N)
-// ORDER is torch, torch-random, sequential or clairfs; KIND is classic or split; SEED any integer.
+// ORDER is torch, torch-random, torch-global, sequential or clairfs; KIND is classic or split; SEED any integer.
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -44,11 +44,14 @@ int main() {
     int drop_last, loader_drop_last, shared, persistent;
     in >> order >> n >> world >> rank >> seed >> epoch >> drop_last >> batch >> loader_drop_last >> workers >>
         shared >> persistent >> start >> kind;
+    uint64_t draws = 0;
+    in >> draws;
     Schedule s;
-    s.order = order == "torch" ? Order::kTorch
+    s.order = order == "torch"          ? Order::kTorch
               : order == "torch-random" ? Order::kTorchRandom
-              : order == "sequential" ? Order::kSequential
-                                      : Order::kClairfs;
+              : order == "torch-global" ? Order::kTorchGlobal
+              : order == "sequential"   ? Order::kSequential
+                                        : Order::kClairfs;
     s.seed = parse_seed(seed);
     s.world_size = world;
     s.batch_size = batch;
@@ -58,6 +61,7 @@ int main() {
     s.shared_generator = shared;
     s.persistent_workers = persistent;
     s.start_epoch = start;
+    s.draws = draws;
     s.torch_shuffle = kind == "split" ? TorchShuffle::kLargeSplit : TorchShuffle::kClassic;
     Oracle o(n, s);
     EpochOrder e = o.epoch(epoch);

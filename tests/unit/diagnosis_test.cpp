@@ -23,6 +23,7 @@ struct Job {
   uint64_t rank = 0;
   uint64_t epoch = 0;
   Order order = Order::kTorch;
+  uint64_t draws = 0;  // order=torch-global
 };
 
 class Diagnosis : public ::testing::Test {
@@ -35,12 +36,30 @@ class Diagnosis : public ::testing::Test {
     s.order = job.order;
     s.seed = job.seed;
     s.world_size = job.world_size;
+    s.draws = job.draws;
     const Oracle oracle(kFiles, s);
     std::vector<uint32_t> seq = oracle.epoch(job.epoch).rank_sequence(job.rank);
     std::mt19937 g(5);
     for (size_t i = 0; i + 128 <= seq.size(); i += 128) std::shuffle(seq.begin() + i, seq.begin() + i + 128, g);
     std::vector<EntryId> out;
     for (size_t k = from; k < from + count; ++k) out.push_back(tree.manifest.samples()[seq[k]]);
+    return out;
+  }
+  // `count` opens of the job's rank from the epoch's start as a DataLoader with 2 workers and batches
+  // of 16 makes them: worker 0's first item, worker 1's, worker 0's second, ...
+  std::vector<EntryId> loader_opens(const Job& job, size_t count) {
+    Schedule s;
+    s.order = job.order;
+    s.seed = job.seed;
+    s.draws = job.draws;
+    s.batch_size = 16;
+    s.workers = 2;
+    const Oracle oracle(kFiles, s);
+    const auto by_worker = oracle.by_worker(oracle.epoch(job.epoch), 0);
+    std::vector<EntryId> out;
+    for (size_t k = 0; out.size() < count; ++k)
+      for (const auto& w : by_worker) out.push_back(tree.manifest.samples()[w[k]]);
+    out.resize(count);
     return out;
   }
   std::optional<std::string> explain_job(const Job& job, MountedOrder mounted, uint64_t plan_epoch, uint64_t rank,
@@ -149,6 +168,39 @@ TEST_F(Diagnosis, ASeedIsLearnedFromTheFirstOpens) {
   job.seed = 9;
   job.epoch = 5;
   EXPECT_EQ(learn_seed(tree.manifest, q, opens(job, 0, 64)).value_or(Learned{}).seed, 9);
+}
+
+TEST_F(Diagnosis, DataLoaderShuffleAfterTorchManualSeedIsLearnedWithTheDrawsBeforeIt) {
+  LearnQuestion q;
+  q.gap = kTolerance;
+  Job job;
+  job.order = Order::kTorchGlobal;
+  job.seed = 42;
+  job.draws = 100;
+  auto found = learn_seed(tree.manifest, q, loader_opens(job, 32));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(learned_options(*found), "seed=42,order=torch-global,draws=100");
+  EXPECT_GT(found->candidates, 100000u);
+  // Found at its third epoch: each epoch took 4 outputs (the loader's base seed, the sampler's), so
+  // the same order from here on is the one of 8 draws more.
+  job.epoch = 2;
+  EXPECT_EQ(learned_options(learn_seed(tree.manifest, q, loader_opens(job, 32)).value_or(Learned{})),
+            "seed=42,order=torch-global,draws=108");
+  // Told the job uses DistributedSampler only (not order=torch-global): not learned.
+  q.global = false;
+  EXPECT_FALSE(learn_seed(tree.manifest, q, loader_opens(job, 32)).has_value());
+  // A DistributedSampler job is learned as one, not as some global generator's output.
+  q.global = true;
+  Job distributed;
+  distributed.seed = 5;
+  EXPECT_EQ(learned_options(learn_seed(tree.manifest, q, loader_opens(distributed, 32)).value_or(Learned{})), "seed=5");
+  // Too many draws before (a model built on the CPU first), or an unlikely seed: nothing.
+  job.epoch = 0;
+  job.draws = 5000;
+  EXPECT_FALSE(learn_seed(tree.manifest, q, loader_opens(job, 32)).has_value());
+  job.draws = 0;
+  job.seed = 987654321;
+  EXPECT_FALSE(learn_seed(tree.manifest, q, loader_opens(job, 32)).has_value());
 }
 
 TEST_F(Diagnosis, TwoRanksOnTheNodeAreLearnedTogether) {

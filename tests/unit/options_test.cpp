@@ -289,6 +289,9 @@ TEST_F(OptionsTest, AcceptsWhatMountAndFstabPassOn) {
   EXPECT_EQ(parse_o("order=list,order_file=" + dir_ + "/order.txt").order, Order::kList);
   EXPECT_EQ(parse_o("order=torch-random").order, Order::kTorchRandom);
   EXPECT_EQ(parse_o("order=clairfs").order, Order::kClairfs);
+  const Options g = parse_o("order=torch-global,draws=100");
+  EXPECT_EQ(g.order, Order::kTorchGlobal);
+  EXPECT_EQ(g.draws, 100u);
   EXPECT_EQ(parse({"-oseed=9"}).seed, 9);
 }
 

@@ -23,6 +23,11 @@ TEST(Mt19937Test, MatchesTheStandardEngine) {
   }
 }
 
+TEST(Mt19937Test, TheFirstOutputAloneIsTheFirstOutput) {
+  for (uint32_t seed : {0u, 1u, 5u, 42u, 0x9908b0dfu, 0xffffffffu})
+    EXPECT_EQ(Mt19937::first_output(seed), Mt19937(seed)());
+}
+
 TEST(Mt19937Test, JumpEqualsDrawing) {
   for (uint32_t seed : {7u, 123456789u}) {
     for (uint64_t k : {0ull, 1ull, 623ull, 624ull, 199999ull, 200000ull, 200001ull, 1234567ull, 3000017ull}) {
