@@ -67,6 +67,12 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
     const auto opens = static_cast<unsigned long long>(l.value("opens_seen", uint64_t{0}));
     if (state == "learning")
       std::printf("  seed=auto: learning the job's seed (%llu opens seen); reads go to SOURCE until then\n", opens);
+    // By then a likely seed would have been found: say what cannot be.
+    if ((state == "learning" && opens >= 256) || state == "not found")
+      std::printf(
+          "             (DataLoader(shuffle=True) without a generator is learned only after torch.manual_seed with\n"
+          "             under 1,024 draws before it; give it generator=torch.Generator().manual_seed(S) and mount\n"
+          "             with order=torch-random,seed=S: docs/order.md)\n");
     else if (state == "found" && l.value("relearned", uint64_t{0}) > 0)
       std::printf(
           "  seed=auto: the job reads as %s (learned again %llu time(s): it read in another order than the "

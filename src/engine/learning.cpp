@@ -602,7 +602,9 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
       if (opens_.size() >= kMaxOpens && tried_at_ == opens_.size()) {
         state_ = "not found";
         log_warning("seed=auto: no likely seed fits the first " + std::to_string(opens_.size()) +
-                    " opens; staging stays off, reads go to SOURCE as on a plain mount (give seed=)");
+                    " opens; staging stays off, reads go to SOURCE as on a plain mount (give seed=; a "
+                    "DataLoader(shuffle=True) with no generator of its own and no torch.manual_seed, or a model built "
+                    "on the CPU before it, is out of reach: docs/order.md)");
         return std::nullopt;
       }
       tried_at_ = opens_.size();

@@ -172,7 +172,8 @@ with h.tempdir() as tmp:
         h.check(h.source_bytes(s) <= total, "an unlikely seed: SOURCE %.2fx the data set (plain: 1.00x)" % (h.source_bytes(s) / total))
         h.check(os.listdir(mnt + "/.clairfs/order/epoch-0") == [], "no order files while the seed is unknown")
         text = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
-        h.check("learning the job's seed (3000 opens seen)" in text, "clairfs status: %s" % text.splitlines()[1:2])
+        h.check("learning the job's seed (3000 opens seen)" in text and "generator=torch.Generator()" in text,
+                "clairfs status: %s" % text.splitlines()[1:4])
 
     # Another user's reads, in the order of a likely seed, do not choose the seed: only the job's users
     # (the daemon's, here root) are learned from. (Before, 16 such reads locked the mount onto seed 5.)
