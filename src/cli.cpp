@@ -454,6 +454,7 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   c.ram = o.ram;
   c.ranks = o.ranks;
   c.start_epoch = o.start_epoch;
+  c.start_item = o.start_batch * o.batch_size;
   c.epochs = o.epochs;
   c.depth = static_cast<unsigned>(o.io_depth);
   c.tolerance = open_tolerance(o);

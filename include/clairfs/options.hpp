@@ -70,6 +70,7 @@ struct Options {
   uint64_t ranks_per_node = 0;  // 0: not given
   std::optional<uint64_t> epochs;  // empty: unbounded
   uint64_t start_epoch = 0;
+  uint64_t start_batch = 0;  // the job resumes start_epoch at this batch (a mid-epoch checkpoint)
   bool drop_last = false;
   bool loader_drop_last = false;
   uint64_t workers = 0;

@@ -59,6 +59,7 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.ranks = served_ranks(c).size();
   p.entries = manifest.size();
   p.start_epoch = c.start_epoch;
+  p.start_item = c.start_item;
   p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;

@@ -59,6 +59,7 @@ struct EngineConfig {
   uint64_t ram = 0;                // bytes
   std::vector<uint64_t> ranks;     // the training ranks this node serves
   uint64_t start_epoch = 0;
+  uint64_t start_item = 0;  // each served rank's first item of start_epoch (start_batch × batch_size)
   std::optional<uint64_t> epochs;
   unsigned depth = 32;             // opens, reads and writes in flight
   uint64_t tolerance = 256;        // steps an open may stray from its rank's place (Planner)

@@ -479,6 +479,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     const uint64_t world = schedule.world_size;
     EngineConfig c = plan_config(std::move(ranks), world, n + 1);
     c.start_epoch = epoch;
+    if (epoch != config_.start_epoch) c.start_item = 0;  // start_batch= is the mounted start epoch's
     c.opened_before = opens(0, &seen);
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats_json reads the engines under it

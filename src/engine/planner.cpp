@@ -56,7 +56,7 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
   epochs_.push_back(build(source, config_.start_epoch, config_.ranks, config_.entries));
   base_.push_back(0);
   ranks_.resize(config_.ranks);
-  for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, r);
+  for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, config_.start_item * config_.ranks + r);
   cursor_ = ranks_[0].next;
   for (const Rank& r : ranks_) cursor_ = std::min(cursor_, r.next);
 }

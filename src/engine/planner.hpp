@@ -112,6 +112,7 @@ struct PlannerConfig {
   uint64_t ranks = 1;                 // R: ranks this node serves
   uint64_t entries = 0;               // manifest size
   uint64_t start_epoch = 0;
+  uint64_t start_item = 0;            // each rank's first item in start_epoch (a job resumed mid-epoch)
   uint64_t end_epoch = UINT64_MAX;    // exclusive
   uint64_t tolerance = 256;           // steps an open may lie from its rank's next key
   uint64_t stale_after = 0;           // node opens without an expected one before a rank is lost; 0: 2·tol·R + 64

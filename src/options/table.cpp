@@ -110,6 +110,11 @@ const std::vector<OptionSpec> kTable = {
     {"start_epoch", Takes::kValue, "N", S::kSchedule, "0", false, "first epoch (after a restart)",
      "The first epoch, e.g. after a restart from a checkpoint (below 16,777,216). Must be below `epochs`.",
      [](Options& o, const GivenOption& g) { o.start_epoch = between(g, 0, kMaxCount - 1); }},
+    {"start_batch", Takes::kValue, "N", S::kSchedule, "0", false, "first batch of start_epoch (a mid-epoch resume)",
+     "The job resumes `start_epoch` at its batch N, as a checkpoint taken mid-epoch is resumed by skipping the "
+     "batches done (below 16,777,216): the plan starts there, and the batches skipped are neither staged nor "
+     "waited for.",
+     [](Options& o, const GivenOption& g) { o.start_batch = between(g, 0, kMaxCount - 1); }},
     {"drop_last", Takes::kMaybeBool, "BOOL", S::kSchedule, "off", false, "the sampler's drop_last",
      "The sampler's `drop_last`. BOOL is 1/0, true/false, yes/no, on/off.",
      [](Options& o, const GivenOption& g) { o.drop_last = flag(g); }},

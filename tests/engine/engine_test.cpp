@@ -173,6 +173,27 @@ TEST(Engine, NothingIsStagedBeyondTheLastEpoch) {
   EXPECT_LE(source.bytes_read(), tree.total());
 }
 
+TEST(Engine, AJobResumedMidEpochIsPlannedFromItsBatchAndTheSkippedAreNeverStaged) {
+  // start_epoch=1, start_batch=10 of 4 files: the job reads epoch 1 from its 41st file on.
+  MemoryTree tree(sizes(200, 500, 1500));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(1 << 20);  // all of it fits: only what the plan holds is staged
+  c.start_epoch = 1;
+  c.start_item = 40;
+  c.epochs = 2;
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  const std::vector<EntryId> order = streams(1)[0];
+  const std::vector<EntryId> rest(order.begin() + 40, order.end());
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] == rest.size(); }));
+  EXPECT_EQ(read_epoch(e, tree, rest), 0u);
+  const auto s = stats(e);
+  EXPECT_EQ(s["tiers"]["ram"]["files"], rest.size());
+  EXPECT_EQ(s["mispredicted_opens"], 0u);
+  EXPECT_EQ(s["ranks"][0]["done"], s["ranks"][0]["total"]);
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(source.reads_of(order[i]), 0u) << "skipped file " << i << " staged";
+}
+
 TEST(Engine, FilesLargerThanTheBudgetAreReadOnDemand) {
   MemoryTree tree(sizes(20, 3000, 6000));
   MemorySource source(tree);

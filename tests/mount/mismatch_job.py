@@ -8,7 +8,7 @@ prints the mount's stats for that moment as one JSON line: "STATS {...}".
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
                     [--stats-after N] [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
-                    [--global-seed [--draws K]]
+                    [--global-seed [--draws K]] [--skip-batches N]
 
 --global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
 generator (torch.rand(K), as a model's initialisation would), then DataLoader(shuffle=True) with no
@@ -17,11 +17,14 @@ sampler and no generator (RandomSampler seeds its own from torch's each epoch).
 --watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
 --compute SECONDS: the time a training step takes, after each batch (a sleep: the CPU is left to the
 mount's background work, as a GPU's step leaves it).
+--skip-batches N: the first epoch starts at batch N, the batches before it skipped by the sampler (not
+loaded), as a checkpoint taken mid-epoch is resumed.
 --start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
 world's), as torch.distributed's rendezvous makes DDP ranks do.
 """
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -36,6 +39,20 @@ ROOT = None
 def digest_of(path):
     with open(path, "rb") as f:
         return os.path.relpath(path, ROOT), hashlib.sha256(f.read()).hexdigest()
+
+
+class SkipFirst(torch.utils.data.Sampler):
+    """The sampler's indices from the `skip`th on, in its first pass only (a mid-epoch resume)."""
+
+    def __init__(self, sampler, skip):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.sampler), skip, None)
+
+    def __len__(self):
+        return len(self.sampler)
 
 
 def stats(root):
@@ -64,6 +81,7 @@ def main():
     ap.add_argument("--prefetch-factor", type=int, default=2)
     ap.add_argument("--global-seed", action="store_true")
     ap.add_argument("--draws", type=int, default=0)
+    ap.add_argument("--skip-batches", type=int, default=0)
     args = ap.parse_args()
     global ROOT
     ROOT = args.data
@@ -80,7 +98,8 @@ def main():
     else:
         sampler = DistributedSampler(dataset, num_replicas=args.world_size, rank=args.rank,
                                      shuffle=not args.no_shuffle, seed=args.seed)
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+        skipping = SkipFirst(sampler, args.skip_batches * args.batch_size)
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=skipping, num_workers=args.workers,
                             **(with_workers if args.workers > 0 else {}))
     if args.start_barrier:
         open(os.path.join(args.start_barrier, "rank-%d" % args.rank), "w").close()
