@@ -426,6 +426,14 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
       });
       d.reader.emplace(*d.manifest, o.source_abs);
     }
+    // The data set's folder (every node, on the same tree: samples are made where the index is).
+    if (failure.empty() && !o.root.empty()) {
+      try {
+        d.manifest->use_root(o.root, o.extensions);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
     if (failure.empty()) d.oracle.emplace(d.manifest->samples().size(), schedule_from_options(o, *d.manifest));
     // Few enough files: their attributes now, before the mount (as a scan of them all would).
     if (failure.empty() && d.manifest->attributes_pending() != 0) {

@@ -251,6 +251,11 @@ class Manifest {
   // Path components from the root down to id.
   std::vector<std::string_view> components(EntryId id) const;
 
+  // The samples become ImageFolder's of the folder `dir` (a clean path relative to the root, symlinks
+  // inside SOURCE followed) instead of the root's: a job that reads ImageFolder(MOUNTPOINT/dir). Their
+  // paths stay relative to the root. Throws std::runtime_error if `dir` is no folder.
+  void use_root(const std::string& dir, const std::vector<std::string>& extensions);
+
   const ReallocArray<EntryId>& samples() const { return samples_; }
   // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
   // a rule, and then a walk over millions of samples need not look at each.
@@ -277,7 +282,9 @@ class Manifest {
 
  private:
   void validate() const;  // throws std::runtime_error
-  void compute_samples(const std::vector<std::string>& extensions);
+  // ImageFolder's samples of the folder `top`, whose path ImageFolder is given is `top_path` (relative to
+  // the root; "" for the root).
+  void compute_samples(const std::vector<std::string>& extensions, EntryId top = 0, const std::string& top_path = "");
   // Follows symlinks (up to 40, like the kernel) from `id`; kNoEntry if it leaves SOURCE or dangles.
   EntryId resolve(EntryId id) const;
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;

@@ -78,6 +78,7 @@ struct Options {
   Order order = Order::kTorch;
   std::string order_file;
   std::vector<std::string> extensions;  // lower case, with leading '.'
+  std::string root;                     // the data set's folder inside SOURCE ("" : SOURCE itself)
   uint64_t torch_version = 2;           // which torch.randperm: 1 (torch 1.x) or 2 (torch 2.x)
   bool shared_generator = true;         // torch-random: DataLoader(generator=g) with the sampler's g
   bool persistent_workers = false;      // torch-random, torch-global: DataLoader(persistent_workers=True)

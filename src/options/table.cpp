@@ -167,6 +167,26 @@ const std::vector<OptionSpec> kTable = {
      "Which files are samples, `:`-separated (`jpg:png` or `.JPG:.png`; commas work too). Matched "
      "case-insensitively at the end of the name. Default: `.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp`.",
      [](Options& o, const GivenOption& g) { o.extensions = parse_extensions(g.value); }},
+    {"root", Takes::kValue, "DIR", S::kSchedule, "SOURCE itself", false,
+     "the data set's folder inside SOURCE (ImageFolder(MOUNTPOINT/DIR))",
+     "The data set's folder inside SOURCE, relative to it, when the job reads a part of the mount: "
+     "`ImageFolder(MOUNTPOINT/train)` on a SOURCE that holds `train/` and `val/` is `root=train`. The samples "
+     "(and so the order) are ImageFolder's of that folder; the mount still shows all of SOURCE.",
+     [](Options& o, const GivenOption& g) {
+       std::string clean;
+       size_t from = 0;
+       while (from <= g.value.size()) {
+         const size_t slash = std::min(g.value.find('/', from), g.value.size());
+         const std::string part = g.value.substr(from, slash - from);
+         from = slash + 1;
+         if (part.empty() || part == ".") continue;
+         if (part == "..") bad_value(g.key, g.value, "give a folder inside SOURCE, without '..'");
+         clean += (clean.empty() ? "" : "/") + part;
+       }
+       if (g.value.empty() || g.value[0] == '/')
+         bad_value(g.key, g.value, "give a folder inside SOURCE, relative to it (train, not /data/train)");
+       o.root = clean;
+     }},
 
     // Caches.
     {"ram", Takes::kValue, "SIZE", S::kCaches, "1/4 of memory", false,

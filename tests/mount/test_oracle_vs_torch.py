@@ -171,5 +171,32 @@ with h.tempdir() as tmp:
     h.check(bad == 0, "published .clairfs/order files: %d/%d (tree, options, epoch, rank) cases equal torch" % (
         cases - bad, cases))
 
+# 4b. root=: a job that reads ImageFolder(MOUNTPOINT/train) where SOURCE holds train/ and val/ (and a
+# symlink to train/): the order is ImageFolder's of that folder, its names from the mount's root.
+with h.tempdir() as tmp:
+    src, mnt = tmp + "/src", tmp + "/mnt"
+    os.makedirs(mnt)
+    build(src + "/train", random.Random(7))
+    build(src + "/val", random.Random(8))
+    os.symlink("train", src + "/current")
+    bad = cases = 0
+    for folder in ("train", "current", "./train/"):
+        samples = [os.path.normpath(os.path.join(folder, p)) for _, p in torch_samples(os.path.join(src, folder))]
+        with h.mounted(src, mnt, "seed=3,batch_size=2,root=" + folder):
+            for epoch in (0, 5):
+                with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, epoch)) as f:
+                    got = f.read().splitlines()
+                cases += 1
+                if got != [samples[i] for i in torch_rank_sequence(len(samples), 1, 0, 3, epoch, False, True, 2, False)]:
+                    bad += 1
+                    print("root=%s epoch %d differs: %s" % (folder, epoch, got[:3]))
+    h.check(bad == 0, "root=train, root=current (a symlink to it), "
+            "root=./train/: %d/%d published orders equal ImageFolder(MOUNTPOINT/...)'s" % (cases - bad, cases))
+    for folder, words in (("nope", "root=nope is no folder in SOURCE"), ("/abs", "relative to it"),
+                          ("train/../val", "without '..'")):
+        r = h.run_clairfs([src, mnt, "-o", "seed=3,root=" + folder])
+        h.check(r.returncode != 0 and words in r.stderr and not h.is_mounted(mnt),
+                "root=%s refused: %s" % (folder, r.stderr.strip()[-200:]))
+
 oracle.close()
 h.finish()
