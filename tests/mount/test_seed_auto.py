@@ -153,7 +153,9 @@ with h.tempdir() as tmp:
         ok, auto_g, err = run_job(mnt, digests, glob)
         s = settled(mnt)
         learned_g = s["learned"]
-        h.check(ok and learned_g["seed"] == "seed=5,order=torch-global,draws=100" and learned_g["after_opens"] <= 64
+        # (Under a sanitizer the candidates take seconds to make at nice 10 beside a job at full speed: TSan, 286.)
+        h.check(ok and learned_g["seed"] == "seed=5,order=torch-global,draws=100"
+                and learned_g["after_opens"] <= (1024 if os.environ.get("CLAIRFS_SANITIZED") else 64)
                 and s["ranks"][0]["epoch"] == 1 and s["ranks"][0]["verdict"] == "following",
                 "seed=auto: learned %s after %d opens; epoch %d %s %s" % (
                     learned_g["seed"], learned_g["after_opens"], s["ranks"][0]["epoch"], s["ranks"][0]["verdict"], err))
