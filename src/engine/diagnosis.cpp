@@ -308,10 +308,10 @@ double odds_by_chance(double fit, size_t pairs, double chance) {
   return std::exp(-static_cast<double>(pairs) * kl);
 }
 
-// How many of the first `length` entries of torch.randperm(n) (the classic shuffle) from a generator
-// seeded with `seed32` were opened: each step needs one draw, so a prefix costs its length, not n.
 constexpr uint64_t kFirstPlaces = 16;  // a shuffle's first places, looked at before the rest
 
+// How many of the first `length` entries of torch.randperm(n) (the classic shuffle) from a generator
+// seeded with `seed32` were opened: each step needs one draw, so a prefix costs its length, not n.
 size_t opened_in_prefix(const Placement& place, uint64_t n, uint32_t seed32, uint64_t length) {
   Mt19937 g(seed32);
   if (length <= kFirstPlaces) {  // no map: a swap's target is looked up among the few swapped so far
@@ -378,9 +378,9 @@ const std::vector<GlobalCandidate>& global_candidates() {
   return table;
 }
 
-// Of `fits` (each candidate's), whether the best is found: nearly all of its opens lie close in one
-// order, far more than in any other, and more than chance would bring about in any of the `tried`
-// orders (odds below one in a million).
+// Whether the best fit found is the job's order: nearly all of its opens lie close in it, far more than
+// in the second best (`second`), and more than chance would bring about in any of the `tried` orders
+// (odds below one in a million).
 bool decisive(const ServedFit& best, double second, size_t tried) {
   return best.fit >= kLearnFit && second <= best.fit - kLearnMargin &&
          static_cast<double>(tried) * odds_by_chance(best.fit, best.pairs, best.chance) <= 1e-6;
