@@ -352,6 +352,7 @@ size_t opened_in_prefix(const Placement& place, uint64_t n, uint32_t seed32, uin
 // seed is the second half of the next 64-bit draw), of each likely seed. (A script that never seeds
 // torch has a global generator seeded at random: out of reach.)
 constexpr uint64_t kLearnDraws = 1024;
+constexpr size_t kGlobalOpens = 64;
 
 // One such output, and the first output of a generator seeded with it (its shuffle's first sample is
 // that mod n).
@@ -389,7 +390,12 @@ bool decisive(const ServedFit& best, double second, size_t tried) {
 std::optional<Learned> learn_global(const Manifest& manifest, const LearnQuestion& q, const std::vector<EntryId>& opens,
                                     size_t* tried) {
   const uint64_t n = manifest.samples().size();
-  const Placement place(manifest, opens);
+  // The first kGlobalOpens opens only: where a shuffle starts is what tells candidates apart, and more
+  // opens (most of a small data set, when the seed is learned again) would let every candidate through
+  // the filters below to be shuffled whole: 124k shuffles, seconds.
+  const std::vector<EntryId> first(opens.begin(),
+                                   opens.begin() + static_cast<ptrdiff_t>(std::min(opens.size(), kGlobalOpens)));
+  const Placement place(manifest, first);
   // A candidate is looked at whole only when the job opened some of its first kFirstPlaces samples
   // (worker 0's first batch: a wrong candidate has each with odds opens/n; with W workers, worker 0
   // made about 1/W of the opens), then most of the samples opened lie where its shuffle starts (the
@@ -399,7 +405,7 @@ std::optional<Learned> learn_global(const Manifest& manifest, const LearnQuestio
   const size_t first_needed = std::clamp<size_t>(place.distinct() / 16, 3, 8);
   const std::vector<SeedInt> seeds = likely_seeds(std::nullopt, n);
   // Too few opens for even a perfect fit to stand out among this many orders: wait for more.
-  const ServedFit perfect{1, opens.size() - 1,
+  const ServedFit perfect{1, first.size() - 1,
                           std::min(1.0, static_cast<double>(2 * std::max<uint64_t>(2, std::min(q.gap, n / 8)) + 1) /
                                             static_cast<double>(n))};
   if (!decisive(perfect, 0, *tried + seeds.size() * kLearnDraws)) {
