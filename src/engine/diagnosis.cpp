@@ -314,23 +314,6 @@ constexpr uint64_t kFirstPlaces = 16;  // a shuffle's first places, looked at be
 // seeded with `seed32` were opened: each step needs one draw, so a prefix costs its length, not n.
 size_t opened_in_prefix(const Placement& place, uint64_t n, uint32_t seed32, uint64_t length) {
   Mt19937 g(seed32);
-  if (length <= kFirstPlaces) {  // no map: a swap's target is looked up among the few swapped so far
-    uint64_t to[kFirstPlaces];
-    uint32_t put[kFirstPlaces];
-    size_t hits = 0;
-    for (uint64_t i = 0; i < length && i + 1 < n; ++i) {
-      const uint64_t z = i + g() % static_cast<uint32_t>(n - i);
-      uint32_t here = static_cast<uint32_t>(z), mine = static_cast<uint32_t>(i);
-      for (uint64_t k = 0; k < i; ++k) {
-        if (to[k] == z) here = put[k];
-        if (to[k] == i) mine = put[k];
-      }
-      to[i] = z;
-      put[i] = mine;
-      hits += place.opened(here);
-    }
-    return hits;
-  }
   std::unordered_map<uint64_t, uint32_t> moved;  // place -> the sample a swap put there
   auto at = [&](uint64_t i) {
     const auto it = moved.find(i);

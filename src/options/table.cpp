@@ -2,6 +2,7 @@
 #include "options/table.hpp"
 
 #include <cctype>
+#include <filesystem>
 
 #include "options/parse.hpp"
 
@@ -173,18 +174,14 @@ const std::vector<OptionSpec> kTable = {
      "`ImageFolder(MOUNTPOINT/train)` on a SOURCE that holds `train/` and `val/` is `root=train`. The samples "
      "(and so the order) are ImageFolder's of that folder; the mount still shows all of SOURCE.",
      [](Options& o, const GivenOption& g) {
-       std::string clean;
-       size_t from = 0;
-       while (from <= g.value.size()) {
-         const size_t slash = std::min(g.value.find('/', from), g.value.size());
-         const std::string part = g.value.substr(from, slash - from);
-         from = slash + 1;
-         if (part.empty() || part == ".") continue;
-         if (part == "..") bad_value(g.key, g.value, "give a folder inside SOURCE, without '..'");
-         clean += (clean.empty() ? "" : "/") + part;
-       }
        if (g.value.empty() || g.value[0] == '/')
          bad_value(g.key, g.value, "give a folder inside SOURCE, relative to it (train, not /data/train)");
+       std::string clean;
+       for (const std::filesystem::path& part : std::filesystem::path(g.value)) {
+         if (part.empty() || part == ".") continue;
+         if (part == "..") bad_value(g.key, g.value, "give a folder inside SOURCE, without '..'");
+         clean += (clean.empty() ? "" : "/") + part.string();
+       }
        o.root = clean;
      }},
 

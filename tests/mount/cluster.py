@@ -172,18 +172,8 @@ def leftovers(below, nvme_dirs=()):
             parts = line.split()
             if len(parts) > 2 and parts[2] == "fuse.clairfs" and parts[1].startswith(below):
                 found.append("mount " + parts[1])
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
-            with open("/proc/%s/stat" % pid) as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if not zombie and argv and os.path.basename(argv[0]) == b"clairfs" and any(below.encode() in a for a in argv):
-            found.append("daemon %s" % pid)
+    found += ["daemon %d" % pid for pid in h.live_processes(
+        lambda argv: os.path.basename(argv[0]) == b"clairfs" and any(below.encode() in a for a in argv))]
     for d in nvme_dirs:
         if os.path.isdir(d):
             found += ["cache folder " + os.path.join(d, n) for n in os.listdir(d) if n.startswith("clairfs-cache.")]

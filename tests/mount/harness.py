@@ -55,6 +55,24 @@ def is_mounted(mnt):
     return False
 
 
+def live_processes(match):
+    """PIDs of the processes (zombies left out) whose command line, a list of bytes, `match` accepts."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+            with open("/proc/%s/stat" % pid) as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie and argv and match(argv):
+            pids.append(int(pid))
+    return pids
+
+
 def daemon_pids(mnt):
     """PIDs of clairfs processes whose command line names this mount point."""
     mnt = os.path.realpath(mnt)

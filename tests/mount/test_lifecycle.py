@@ -115,18 +115,7 @@ with h.tempdir() as tmp:
     # every time of 20 — fusermount3 looks only once the connection is gone, which the keeper process
     # (one per mount, holding fusermount3's socket) waits for; no keeper outlives its daemon.
     def keepers():
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    args = f.read().split(b"\0")
-                with open("/proc/%s/stat" % pid) as f:
-                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-            except OSError:
-                continue
-            if args[0] == b"clairfs-keeper" and mnt.encode() in args and not zombie:
-                found.append(int(pid))
-        return found
+        return h.live_processes(lambda argv: argv[0] == b"clairfs-keeper" and mnt.encode() in argv)
 
     dead, kept = 0, []
     for i in range(20):
