@@ -2,12 +2,12 @@
 """A PyTorch job that may disagree with its mount, as users' jobs do: ImageFolder + DistributedSampler +
 DataLoader over the mount, with the seed, world size, rank and epochs given here (not the mount's), and
 optionally the mistakes people make: no sampler.set_epoch(e), shuffle=False. Reads every file whole and
-checks it against SOURCE's digests. After each epoch (and with --stats-after N, once after N files) it
-prints the mount's stats for that moment as one JSON line: "STATS {...}".
+checks it against SOURCE's digests. After each epoch it prints the mount's stats for that moment as one
+JSON line: "STATS {...}".
 
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
-                    [--stats-after N] [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
+                    [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
                     [--global-seed [--draws K]] [--skip-batches N]
 
 --global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
@@ -73,7 +73,6 @@ def main():
     ap.add_argument("--no-shuffle", action="store_true")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--stats-after", type=int, default=0)
     ap.add_argument("--watch-batches", type=int, default=0)
     ap.add_argument("--start-barrier")
     ap.add_argument("--compute", type=float, default=0)
@@ -122,8 +121,6 @@ def main():
                 ranks = stats(args.data).get("ranks")  # none with ram=0
                 if ranks:
                     print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"]), flush=True)
-            if args.stats_after and read - len(rels) < args.stats_after <= read:
-                print("STATS " + json.dumps({"after": read, "stats": stats(args.data)}), flush=True)
         print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": stats(args.data)}), flush=True)
     print("DONE %d files, %d wrong, %d bytes" % (read, wrong, size), flush=True)
 

@@ -66,7 +66,7 @@ with h.tempdir() as tmp:
     with open(digests, "w") as f:
         json.dump(want, f)
     ram = 2 * total  # everything fits: SOURCE once, for the told mount and the learning one alike
-    job = ["--seed", "7", "--epochs", "2", "--stats-after", "48"]
+    job = ["--seed", "7", "--epochs", "2"]
 
     # Told the seed: what the learning mount is measured against.
     with h.mounted(data, mnt, (BASE % ram) + ",seed=7"):
@@ -102,14 +102,14 @@ with h.tempdir() as tmp:
         h.check(learned["state"] == "found" and learned["seed"] == "seed=7" and learned["after_opens"] <= 48,
                 "seed=auto: learned %s after %d opens (%s)" % (learned["seed"], learned["after_opens"],
                                                                   learned["state"]))
-        # Staging from the first batches: after 48 files the plan is already with the job. Under a sanitizer
-        # the engine takes longer to build than the job takes to read 48 files (199 under ASan in CI), so
-        # there the check is at the end of epoch 0.
-        sanitized = bool(os.environ.get("CLAIRFS_SANITIZED"))
-        early = auto[1 if sanitized else 0]["stats"]
+        # The plan is with the job within epoch 0. How soon is not asserted here: it is a race between the
+        # learning (at nice 10, below the job) and a job reading a local tree at full speed — 16 to 35 of
+        # its opens in a quiet run, 174 in CI with another test beside it. What learning costs in SOURCE
+        # reads is checked below, against the files read before the engine was there.
+        early = auto[0]["stats"]
         h.check("ranks" in early and early["ranks"][0]["verdict"] == "following",
-                "after %s the rank is followed: %s" % ("epoch 0" if sanitized else "48 files",
-                                                       early.get("ranks", [{}])[0].get("verdict"),))
+                "after epoch 0 the rank is followed: %s (the engine there after %d opens)" % (
+                    early.get("ranks", [{}])[0].get("verdict"), learned["source_files"]))
         r = s["ranks"][0]
         h.check((r["epoch"], r["done"], r["total"], r["verdict"]) == (1, 3000, 3000, "following"),
                 "the plan followed the job into epoch 1: epoch %d, %d / %d, %s" % (
@@ -129,9 +129,9 @@ with h.tempdir() as tmp:
     # Epoch 0's opens served from SOURCE (a stall each, for a job that waits on them): those before the
     # engine was there, and the few the job reads while staging gets ahead of it (this job reads a local
     # tree at full speed; under a sanitizer the stager is several times slower to get ahead: TSan, 49).
-    a0, t0 = auto[1]["stats"]["stalls"]["opens"], told[1]["stats"]["stalls"]["opens"]
-    p0 = plain[1]["stats"]["tiers"]["source"]["files"]
-    slack = 128 if sanitized else 32
+    a0, t0 = auto[0]["stats"]["stalls"]["opens"], told[0]["stats"]["stalls"]["opens"]
+    p0 = plain[0]["stats"]["tiers"]["source"]["files"]
+    slack = 128 if os.environ.get("CLAIRFS_SANITIZED") else 32
     h.check(a0 <= t0 + before_files + slack, "epoch 0's opens served by SOURCE: seed=auto %d (%d before the engine was "
             "there), told %d, plain %d" % (a0, before_files, t0, p0))
     print("seed=auto: found after %d opens; epoch 0 opens from SOURCE %d (told: %d, plain: %d); "
