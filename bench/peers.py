@@ -8,10 +8,12 @@ training loop for its rank. Side by side, systems rotated, medians of R runs:
   1 node    one daemon and one loop at the same per-node load (rank 0 of 4, a quarter of SOURCE's
             bandwidth), for the stall comparison
 
-Each node's RAM holds 15% of the data set and its NVMe 30%: the data set fits only in the nodes' caches
-together. Reports SOURCE bytes over the run ÷ data set and the stall per epoch (the median node).
+Each node's RAM holds 15% of the data set and its NVMe 30% unless told (--ram, --nvme): by default the
+data set fits only in the nodes' caches together. Reports SOURCE bytes over the run ÷ data set and the
+stall per epoch (the median node).
 
-    bench/peers.py BUILD [--files 2400] [--epochs 3] [--reps 3] [--compute-ms 20]
+    bench/peers.py BUILD [--files 2400] [--epochs 3] [--reps 3] [--compute-ms 20] [--ram 0.15] [--nvme 0.30]
+                         [--systems peers,no peers,1 node] [--dump]
 """
 import argparse
 import json
@@ -49,8 +51,8 @@ def close_source(mnt, proc):
 
 def options(args, rank, total, nvme):
     return ("seed=3,batch_size=%d,workers=%d,prefetch_factor=2,world_size=%d,ranks=%d,epochs=%d,ram=%d,"
-            "nvme=%s,nvme_size=%d" % (args.batch, args.workers, NODES, rank, args.epochs, int(total * 0.15), nvme,
-                                      int(total * 0.30)))
+            "nvme=%s,nvme_size=%d" % (args.batch, args.workers, NODES, rank, args.epochs, int(total * args.ram),
+                                      nvme, int(total * args.nvme)))
 
 
 def loop(build, args, mnt, rank):
@@ -95,6 +97,12 @@ def run(system, build, args, data, total, work):
         time.sleep(0.5)
         for d in nvmes:
             shutil.rmtree(d, ignore_errors=True)
+    if args.dump:
+        for n, st in enumerate(node_stats):
+            print("node %d: %s" % (n, json.dumps(st)), file=sys.stderr)
+        if system == "peers":
+            with open(state[:-len(".state")] + ".log") as f:
+                sys.stderr.write("".join("log: " + line for line in f))
     seen = close_source(src, sproc)
     stalls = [statistics.median(e[i]["stall_s"] for e in epochs) for i in range(args.epochs)]
     fetched = sum(s.get("peers", {}).get("staged_files", 0) + s.get("peers", {}).get("demand_files", 0)
@@ -111,6 +119,10 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--compute-ms", type=float, default=20)
+    ap.add_argument("--ram", type=float, default=0.15, help="each node's RAM, a fraction of the data set")
+    ap.add_argument("--nvme", type=float, default=0.30, help="each node's NVMe, a fraction of the data set")
+    ap.add_argument("--systems", default="peers,no peers,1 node", help="which of them to run")
+    ap.add_argument("--dump", action="store_true", help="print each node's stats (and the daemons' log) to stderr")
     ap.add_argument("--data-dir", default="/dev/shm/clairfs-bench-peers")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
@@ -118,7 +130,7 @@ def main():
     cached_dataset(data, "--files", args.files, "--classes", 10, "--seed", 5)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data) for f in fs if f.endswith(".jpg"))
     work = tempfile.mkdtemp(prefix="clairfs-peers-")
-    systems = ["peers", "no peers", "1 node"]
+    systems = args.systems.split(",")
     results = {s: [] for s in systems}
     t0 = time.monotonic()
     for rep in range(args.reps):
@@ -132,8 +144,9 @@ def main():
 
     print("Workload: %d files, %.0f MB (lognormal, mean ~110 KB); world size 4, one rank per node; C++ loop, "
           "batch %d, %d workers, %g ms compute per batch, %d epochs. SOURCE: bench/slowfs, 2 ms per open, 100 MB/s "
-          "shared by all nodes (one node alone: 25 MB/s, its share). Each node: RAM 15%% and NVMe 30%% of the data set. Medians of %d runs, systems "
-          "rotated." % (args.files, total / 1e6, args.batch, args.workers, args.compute_ms, args.epochs, args.reps))
+          "shared by all nodes (one node alone: 25 MB/s, its share). Each node: RAM %d%% and NVMe %d%% of the data set. Medians of %d runs, "
+          "systems rotated." % (args.files, total / 1e6, args.batch, args.workers, args.compute_ms, args.epochs,
+                                100 * args.ram, 100 * args.nvme, args.reps))
     print()
     print("| system | SOURCE bytes ÷ data set |" + "".join(" epoch %d stall (s) |" % e for e in range(args.epochs)) +
           " files fetched from peers |")
@@ -147,6 +160,8 @@ def main():
         print("| %s | %.2f |" % (name, med[name]["source"]) + "".join(" %.2f |" % x for x in med[name]["stalls"]) +
               " %d |" % med[name]["fetched"])
     print()
+    if "peers" not in med or "1 node" not in med:
+        return
     ratios = ["%.2f" % (p / s) if s > 0.05 else "— (%.2f s vs %.2f s)" % (p, s)
               for p, s in zip(med["peers"]["stalls"], med["1 node"]["stalls"])]
     print("Stall with peers ÷ one node at the same per-node load, by epoch: %s. The 4 nodes share this machine's "

@@ -41,6 +41,8 @@ constexpr size_t kMaxDeferred = 65536;
 // finds most of its answers there when it comes.
 constexpr uint64_t kAskAhead = 256;
 constexpr size_t kAsksInFlight = 64;
+// RAM residents needed last that are looked at for a copy of a file NVMe holds (make_ram_room).
+constexpr size_t kCopyScan = 256;
 // A question not answered within this long is taken as "not held".
 constexpr auto kAskTimeout = std::chrono::seconds(1);
 
@@ -243,17 +245,32 @@ void Stager::evict_ram(EntryId id) {
   state_.window.evicted(id);
 }
 
-bool Stager::make_ram_room(uint64_t size, uint64_t key, bool owned) {
-  if (!state_.policy.within_window(key)) return ram_.reserve(size);  // beyond it: free room only
-  return StagingPolicy::make_room(
-      state_.policy.ram(), key, owned, [&] { return ram_.reserve(size); },
-      [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
+bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !(nvme_ && nvme_->find(id)); }
+
+bool Stager::make_ram_room(uint64_t size, uint64_t key, bool kept) {
+  TierIndex& index = state_.policy.ram();
+  const auto reserve = [&] { return ram_.reserve(size); };
+  const auto evict = [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); };
+  // Beyond the eviction window, free room only.
+  const bool near = state_.policy.within_window(key);
+  if (near ? StagingPolicy::make_room(index, key, false, reserve, evict) : reserve()) return true;
+  if (!kept) return false;
+  // A kept copy, where only files needed sooner are not kept (or it is needed beyond the window): the
+  // RAM copies of files NVMe holds go first, however soon they are needed — they are read back from NVMe,
+  // where another kept copy pushed out, or this one not kept, would be read from SOURCE again.
+  while (!reserve()) {
+    const auto copy = index.farthest_unowned_where([&](EntryId id) { return nvme_ && nvme_->find(id); }, kCopyScan);
+    if (!copy) return near && StagingPolicy::make_room(index, key, true, reserve, evict);
+    index.erase(*copy);
+    evict(*copy);
+  }
+  return true;
 }
 
-bool Stager::make_nvme_room(uint64_t size, uint64_t key, bool owned) {
+bool Stager::make_nvme_room(uint64_t size, uint64_t key) {
   if (!nvme_->admitting() || size > nvme_->capacity()) return false;
   return StagingPolicy::make_room(
-      state_.policy.nvme(), key, owned, [&] { return nvme_->reserve(size); },
+      state_.policy.nvme(), key, /*owned=*/false, [&] { return nvme_->reserve(size); },
       [&](EntryId victim) {
         nvme_->erase(victim);
         counters_.nvme_evictions++;
@@ -268,11 +285,11 @@ void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
     const uint64_t key = policy.keep_key(id);
     if (key == kNever) continue;
     const uint64_t size = bytes->size();
-    const bool owned = policy.owned(id);
-    if (make_ram_room(size, key, owned)) {
+    const bool kept = kept_in_ram(id);
+    if (make_ram_room(size, key, kept)) {
       ram_.insert(id, bytes);
       DemandAllowance::hand_over(bytes);
-      policy.ram().set(id, key, owned);
+      policy.ram().set(id, key, kept);
     }
     if (nvme_ && to_write_.size() < kMaxToWrite && !writing_.count(id) && !nvme_->find(id))
       to_write_.emplace_back(id, std::move(bytes));
@@ -280,14 +297,18 @@ void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
 }
 
 std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
-  // The adopted files' NVMe writes, as the ring has room (it may be full of reads for a while).
+  // The adopted files' NVMe writes, as the ring has room (it may be full of reads for a while): first
+  // those RAM did not take, whose only copy is the one waiting here.
+  if (!to_write_.empty())
+    std::stable_partition(to_write_.begin(), to_write_.end(), [&](const auto& w) NO_THREAD_SAFETY_ANALYSIS {
+      return !state_.policy.ram().contains(w.first);
+    });
   std::vector<Write> writes;
   size_t w = 0;
   for (; w < to_write_.size() && writes.size() < room; ++w) {
     auto& [id, bytes] = to_write_[w];
     const uint64_t key = state_.policy.keep_key(id);
-    if (key == kNever || writing_.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key, state_.policy.owned(id)))
-      continue;
+    if (key == kNever || writing_.count(id) || nvme_->find(id) || !make_nvme_room(bytes->size(), key)) continue;
     writes.push_back(Write{id, std::move(bytes), key});
   }
   to_write_.erase(to_write_.begin(), to_write_.begin() + static_cast<std::ptrdiff_t>(w));
@@ -330,7 +351,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
-    if (kernel_ && !policy.owned(c->id)) {      // (a file kept for the other nodes is staged: they ask this one)
+    if (kernel_ && !kept_in_ram(c->id)) {       // (a file kept for the other nodes is staged: they ask this one)
       if (state_.window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
         if (c->key >= left_up_to_) {            // (once: the walk may come again)
           counters_.left_to_kernel++;
@@ -349,7 +370,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       }
     }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-    if (!make_ram_room(c->size, c->key, policy.owned(c->id))) {
+    if (!make_ram_room(c->size, c->key, kept_in_ram(c->id))) {
       if (c->key != said_wait_at_ && log_enabled(LogLevel::kDebug))
         log_debug("staging waits for the readers at step " + std::to_string(c->key) + " (/" + manifest_.path(c->id) +
                   "): RAM holds files needed sooner" +
@@ -454,7 +475,7 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
     if (!policy.needed_soon(key)) return;  // nor are the others, needed later
     const uint64_t size = manifest_.entry(id).size;
     // Full of files needed sooner, or beyond the eviction window and no free room: wait for the readers.
-    if (!make_ram_room(size, key, policy.owned(id))) return;
+    if (!make_ram_room(size, key, kept_in_ram(id))) return;
     pop_deferred();
     picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
     state_.in_flight.insert(id);
@@ -518,7 +539,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   MutexLock lock(state_.mutex);
   StagingPolicy& policy = state_.policy;
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
-  const bool keep_for_peers = !pick.readahead && policy.owned(pick.id) && !(nvme_ && nvme_->find(pick.id));
+  const bool keep_for_peers = !pick.readahead && kept_in_ram(pick.id);
   const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
   if (key == kNever || state_.idle) {  // the readers passed it (or left the plan, or idle= came) while it was read
     ram_.unreserve(size);
@@ -535,7 +556,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   // one keeps it for them).
   *after = policy.after_key(pick.id, key, keep_for_peers);
   return nvme_ && r.from != Origin::kNvme && !pick.readahead && *after != kNever && !writing_.count(pick.id) &&
-         !nvme_->find(pick.id) && make_nvme_room(size, *after, keep_for_peers);
+         !nvme_->find(pick.id) && make_nvme_room(size, *after);
 }
 
 void Stager::write(EntryId id, FileBytes bytes, uint64_t key) {

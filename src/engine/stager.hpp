@@ -102,10 +102,17 @@ class Stager {
   void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   // Whether a pick going to the keeper first may wait for it (not needed `soon`, room in deferred_).
   bool may_defer(bool soon) const;
+  // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
+  // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
+  bool kept_in_ram(EntryId id) const REQUIRES(state_.mutex);
   // Room in RAM for a file needed at `key`: by eviction (next use) within the eviction window, free room
-  // only beyond it.
-  bool make_ram_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
-  bool make_nvme_room(uint64_t size, uint64_t key, bool owned) REQUIRES(state_.mutex);
+  // only beyond it. `kept`: the file will be this node's kept copy (kept_in_ram), which may push out
+  // another kept copy needed later; any other file pushes out only files not kept for the others.
+  bool make_ram_room(uint64_t size, uint64_t key, bool kept) REQUIRES(state_.mutex);
+  // Room on NVMe: by eviction of copies not kept for the other nodes only. A kept copy there is the
+  // node's only one (its RAM copy stops being kept once it is written), and the file being written is
+  // kept in RAM meanwhile: trading one for the other would lose a file the others count on.
+  bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(state_.mutex);
   void evict_ram(EntryId id) REQUIRES(state_.mutex);
   // The I/O of a pick, and its end.
   void stage(const Pick& pick);

@@ -94,8 +94,11 @@ std::string OpenWatch::watch() {
   // Events name their file by a file handle, not by a descriptor opened for us: nothing they hold keeps
   // the mount busy. Root may mark any number of directories; a user as many as fs.fanotify.max_user_marks
   // allows (and is not told other processes' pids).
+  // Root is told the opener's thread (FAN_REPORT_TID), as FUSE's requests tell it: a loader whose
+  // workers are threads of one process (tf.data, a C++ loader) has each judged by its own opens, where
+  // the process's would interleave several batches (and was judged to read another order).
   constexpr unsigned kFlags = FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_REPORT_FID;
-  int group = ::fanotify_init(kFlags | FAN_UNLIMITED_MARKS, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+  int group = ::fanotify_init(kFlags | FAN_UNLIMITED_MARKS | FAN_REPORT_TID, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
   if (group < 0 && errno == EPERM) group = ::fanotify_init(kFlags, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
   if (group < 0) {
     if (errno == ENOSYS) return "this kernel has no fanotify";

@@ -3,9 +3,10 @@
 // In FUSE no-open mode the kernel opens and closes files without a word to the daemon, and a file whose
 // pages it holds is read with no request at all: the opens that say where each reader is never reach
 // us. A fanotify group with a mark on each of the mount's directories (FAN_OPEN | FAN_CLOSE_NOWRITE of
-// its children) is told of each one, with the opener's process, at a cost to the opener of one queued
-// event. The watch's thread reads the events and a second thread hands each to the engine
-// (Engine::opened, Engine::closed), so that the kernel's queue is drained however busy the engine is.
+// its children) is told of each one, with the opener's thread (as root; a user's group, the process), at
+// a cost to the opener of one queued event. The watch's thread reads the events and a second thread
+// hands each to the engine (Engine::opened, Engine::closed), so that the kernel's queue is drained
+// however busy the engine is.
 //
 // Each event names its file by a file handle (FAN_REPORT_FID), which for FUSE holds the node id: the
 // entry's inode number (Frontend::ino_of). No descriptor is opened for the watch, so no event keeps the

@@ -57,6 +57,14 @@ class NextUseIndex {
     if (it == by_key_.begin()) return std::nullopt;
     return *std::prev(it);
   }
+  // The id of the resident needed last among the `limit` needed last that `pick` accepts, if any.
+  template <class Pick>
+  std::optional<EntryId> farthest_where(const Pick& pick, size_t limit) const {
+    size_t n = 0;
+    for (auto it = by_key_.rbegin(); it != by_key_.rend() && n < limit; ++it, ++n)
+      if (pick(it->second)) return it->second;
+    return std::nullopt;
+  }
   size_t size() const { return key_.size(); }
   // Bytes held: the B-tree's nodes (256 B for up to 15 residents, estimated two thirds full) and the
   // hash table's slots with their control bytes. A node-based set and map took 104 B a resident.
@@ -97,6 +105,10 @@ class TierIndex {
   // The resident needed last of the rest (for read-ahead, which takes only what no plan needs).
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned() const { return rest_.farthest(); }
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned_below(uint64_t limit) const { return rest_.farthest_below(limit); }
+  template <class Pick>
+  std::optional<EntryId> farthest_unowned_where(const Pick& pick, size_t limit) const {
+    return rest_.farthest_where(pick, limit);
+  }
   size_t size() const { return rest_.size() + owned_.size(); }
   size_t memory_bytes() const { return rest_.memory_bytes() + owned_.memory_bytes(); }
   size_t owned() const { return owned_.size(); }

@@ -310,6 +310,34 @@ TEST(Engine, ANvmeTierThatFailsSendsReadsToSource) {
   EXPECT_TRUE(run.end());
 }
 
+// A node that keeps every file for the others, with RAM and NVMe each holding a little over half of the
+// data set: one kept copy a file, in either tier, so the two together hold it all and SOURCE is read once
+// over three epochs. (Before: a kept file's NVMe copy could push another off NVMe whose RAM copy had gone
+// already, and a copy read back from NVMe pushed kept files out of RAM.)
+TEST(Engine, AKeeperWhoseRamAndNvmeTogetherHoldItsShareReadsSourceOnce) {
+  MemoryTree tree(sizes(100, 3500, 4000));  // one 4 KiB block each on NVMe
+  MemorySource source(tree);
+  const StreamSource streams = one_rank(tree);
+  char dir[] = "/tmp/clairfs-engine-kept.XXXXXX";
+  ASSERT_TRUE(::mkdtemp(dir));
+  {
+    EngineConfig c = config(tree.total() * 55 / 100);
+    c.nvme = dir;
+    c.nvme_size = 55 * 4096;
+    c.owner.assign(tree.manifest.size(), 0);
+    ClairvoyantEngine e(tree.manifest, streams, source, c);
+    for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+      EXPECT_EQ(read_epoch(e, tree, streams(epoch)[0]), 0u);
+      // The stager's NVMe writes land between epochs, as a job's compute leaves them time to.
+      ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) {
+        return s["ram"]["files"].get<uint64_t>() + s["nvme"]["files"].get<uint64_t>() >= tree.files();
+      })) << e.stats_json();
+    }
+    EXPECT_EQ(source.bytes_read(), tree.total()) << e.stats_json();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Two nodes: node 0 keeps every file for both; node 1 starts once node 0 has staged them all (a keeper
 // asked for a file it has not read yet refuses: see AFileItsKeeperHasNotReadYetIsAskedAgain...).
 struct TwoNodes {

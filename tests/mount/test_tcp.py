@@ -35,7 +35,8 @@ CLEAN_RUNS = 10
 ENV = dict(os.environ, UCX_TLS="tcp,self")
 
 
-def launch(net, tmp, src, total, extra=""):
+def launch(net, tmp, src, total, extra="", ram=0.2, nvme=0.4, epochs=EPOCHS):
+    """The daemons with each node's RAM and NVMe a fraction of the data set."""
     mnts = ["%s/mnt%d" % (tmp, n) for n in range(NODES)]
     nvmes = ["%s/nvme%d" % (tmp, n) for n in range(NODES)]
     cmd = net.mpiexec()
@@ -43,7 +44,7 @@ def launch(net, tmp, src, total, extra=""):
         os.makedirs(mnts[n], exist_ok=True)
         os.makedirs(nvmes[n], exist_ok=True)
         opts = ("seed=7,batch_size=8,world_size=%d,ranks=%d,epochs=%d,ram=%d,nvme=%s,nvme_size=%d%s" %
-                (NODES, n, EPOCHS, int(total * 0.2), nvmes[n], int(total * 0.4), extra))
+                (NODES, n, epochs, int(total * ram), nvmes[n], int(total * nvme), extra))
         cmd += ([":"] if n else []) + ["-n", "1", h.CLAIRFS, src, mnts[n], "-o", opts]
     state = tmp + "/job.state"
     r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "120", "--state", state, "--"] + cmd,
@@ -110,6 +111,42 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         r2, took, log = umount(state)
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10),
                 "clairfs-job-umount: exit %d in %.1f s, nothing left: %s" % (r2.returncode, took, r2.stderr.strip()[-300:]))
+
+    # 1b. The nodes' caches together just hold the data set, split between RAM and NVMe: each node keeps
+    # the files its rank reads first (a third) in one of the two, so SOURCE is read once over 3 epochs —
+    # but for what does not fit. Files of ~100 KB, as images are (NVMe space goes by 4 KiB blocks: a third
+    # of a set of 16 KB files takes an eighth more of it than their bytes). A node's third of the bytes
+    # varies with the sizes (here up to ~1.05× its room); what is over its room is read from SOURCE again
+    # in each later epoch, so the bound is 1 + 2 × that share (+0.02: NVMe holds a little less than its
+    # bytes, by the blocks).
+    big_want, big_total = h.dataset(tmp + "/big", 600, 6, 100, 11)
+    big = SlowSource(tmp + "/big", tmp + "/slow-big")
+    for ram, nvme in ((1 / 6, 1 / 6), (1 / 12, 1 / 4)):
+        mnts, nvmes, state, r = launch(net, tmp, big.mnt, big_total, ram=ram, nvme=nvme, epochs=3)
+        if r.returncode != 0:
+            h.check(False, "RAM %.3f + NVMe %.3f: mounted: %s" % (ram, nvme, r.stderr.strip()[-300:]))
+            continue
+        over = 0
+        for n in range(NODES):
+            with open("%s/.clairfs/order/epoch-0/rank-%d" % (mnts[n], n)) as f:
+                kept = sum(os.path.getsize(tmp + "/big/" + rel) for rel in f.read().splitlines())
+            over += max(0, kept - int(big_total * ram) - int(big_total * nvme))
+        threads, wrong, opened, errors = read_in_step(mnts, big_want, 3)
+        join(threads)
+        s = [h.settled_stats(m, opened[n]) for n, m in enumerate(mnts)]
+        traffic = sum(x["source_traffic"]["bytes"] for x in s) / big_total
+        bound = 1 + 2 * over / big_total + 0.02
+        h.check(not errors and sum(wrong) == 0 and traffic <= bound,
+                "RAM %.3f + NVMe %.3f of the data set per node: every byte right (%s), SOURCE read %.3f× over 3 "
+                "epochs (bound %.3f: %.3f of the data set over its keepers' room); per node (requests, refused, "
+                "timeouts, refused to peers, files staged from SOURCE, opens served by SOURCE): %s" % (
+                    ram, nvme, errors[:1], traffic, bound, over / big_total,
+                    [(x["peers"]["requests"], x["peers"]["refused"], x["peers"]["timeouts"],
+                      x["peers"]["refused_to_peers"], x["staged"]["files"] - x["staged"]["from_peer"] -
+                      x["staged"]["from_nvme"], x["tiers"]["source"]["files"]) for x in s]))
+        r2, took, log = umount(state)
+        h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10), "and ended clean")
+    big.close()
 
     # 2. Clean ends in a row (each run reads a little, as a short job would).
     clean, times, bounded = 0, [], 0
