@@ -48,6 +48,40 @@ void escape_strings(nlohmann::json& j) {
   }
 }
 
+// What this node's peers did for it and it for them (the stats' `peers`).
+void print_peers(const nlohmann::json& p) {
+  const uint64_t nodes = get(p, {"nodes"}), usable = get(p, {"usable"});
+  std::printf("  peers         node %llu of %llu; %llu of the %llu others asked\n",
+              static_cast<unsigned long long>(get(p, {"node"})), static_cast<unsigned long long>(nodes),
+              static_cast<unsigned long long>(usable), static_cast<unsigned long long>(nodes ? nodes - 1 : 0));
+  if (p.contains("gone") && p["gone"].is_array() && !p["gone"].empty()) {
+    std::string gone;
+    for (const auto& n : p["gone"])
+      gone += (gone.empty() ? "" : ", ") + std::to_string(n.is_number() ? n.get<uint64_t>() : 0);
+    std::printf(
+        "                no longer asked (left, failed or timed out): node %s; what they keep comes from SOURCE\n",
+        gone.c_str());
+  }
+  std::printf(
+      "  from peers    %llu files staged (%s) and %llu read on demand; asked %llu: %llu served, %llu refused, "
+      "%llu timed out, %llu failed; %llu put off until needed soon\n",
+      static_cast<unsigned long long>(get(p, {"staged_files"})),
+      human_bytes(static_cast<double>(get(p, {"staged_bytes"}))).c_str(),
+      static_cast<unsigned long long>(get(p, {"demand_files"})), static_cast<unsigned long long>(get(p, {"requests"})),
+      static_cast<unsigned long long>(get(p, {"hits"})), static_cast<unsigned long long>(get(p, {"refused"})),
+      static_cast<unsigned long long>(get(p, {"timeouts"})), static_cast<unsigned long long>(get(p, {"failures"})),
+      static_cast<unsigned long long>(get(p, {"deferred"})));
+  if (const uint64_t instead = get(p, {"source_instead"}))
+    std::printf(
+        "                %llu files a peer keeps staged from SOURCE instead (%s): the peer answered far slower\n",
+        static_cast<unsigned long long>(instead),
+        human_bytes(static_cast<double>(get(p, {"source_instead_bytes"}))).c_str());
+  std::printf("  to peers      %llu files served (%s); %llu asks refused (not held here)\n",
+              static_cast<unsigned long long>(get(p, {"served_files"})),
+              human_bytes(static_cast<double>(get(p, {"served_bytes"}))).c_str(),
+              static_cast<unsigned long long>(get(p, {"refused_to_peers"})));
+}
+
 // One screen of status from the stats `j`. Throws nlohmann::json::exception on stats of another shape.
 void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   const char* tiers[] = {"pagecache", "ram", "nvme", "peer", "source"};
@@ -143,6 +177,7 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
               human_bytes(static_cast<double>(get(j, {"tiers", "ram", "bytes"}))).c_str(),
               human_bytes(static_cast<double>(get(j, {"tiers", "nvme", "bytes"}))).c_str(),
               human_bytes(static_cast<double>(get(j, {"tiers", "source", "bytes"}))).c_str());
+  if (j.contains("peers")) print_peers(j["peers"]);
   if (j.contains("source_traffic"))
     std::printf("  SOURCE read   %s in all (staging and demand)\n",
                 human_bytes(static_cast<double>(get(j, {"source_traffic", "bytes"}))).c_str());

@@ -167,6 +167,27 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
            {"source_changed"});
   w.single("clairfs_staging_failures", "counter", "Files the stager could not read.", j, {"staged", "failures"});
   w.single("clairfs_peer_timeouts", "counter", "Requests to peer nodes that timed out.", j, {"peers", "timeouts"});
+  w.single("clairfs_peer_requests", "counter", "Files asked of peer nodes.", j, {"peers", "requests"});
+  w.single("clairfs_peer_refusals", "counter", "Requests to peer nodes they refused (not held there).", j,
+           {"peers", "refused"});
+  w.single("clairfs_peer_failures", "counter", "Requests to peer nodes that failed.", j, {"peers", "failures"});
+  w.single("clairfs_peer_staged_bytes", "counter", "Bytes staged from peer nodes.", j, {"peers", "staged_bytes"});
+  w.single("clairfs_peer_source_instead_bytes", "counter",
+           "Bytes of files a peer keeps that staging read from SOURCE instead (the peer far slower).", j,
+           {"peers", "source_instead_bytes"});
+  w.single("clairfs_peer_served_files", "counter", "Files this node served to peer nodes.", j,
+           {"peers", "served_files"});
+  w.single("clairfs_peer_served_bytes", "counter", "Bytes this node served to peer nodes.", j,
+           {"peers", "served_bytes"});
+  w.single("clairfs_peer_refused_to_peers", "counter", "Peer nodes' requests this node refused (not held here).", j,
+           {"peers", "refused_to_peers"});
+  w.single("clairfs_peers_asked", "gauge", "Peer nodes still asked (not left, failed or timed out).", j,
+           {"peers", "usable"});
+  if (j.contains("peers")) {
+    w.family("clairfs_peers_gone", "gauge", "Peer nodes no longer asked: left, failed or timed out.");
+    w.sample("clairfs_peers_gone", "",
+             j["peers"].contains("gone") ? static_cast<double>(j["peers"]["gone"].size()) : 0);
+  }
   w.single("clairfs_ram_used_bytes", "gauge", "Bytes of files held in the RAM tier.", j, {"ram", "used"});
   w.single("clairfs_ram_budget_bytes", "gauge", "The RAM tier's budget (ram=).", j, {"ram", "budget"});
   w.single("clairfs_pagecache_used_bytes", "gauge", "Bytes pushed into the kernel's page cache, not yet read.", j,

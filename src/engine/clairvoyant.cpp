@@ -642,6 +642,8 @@ std::string ClairvoyantEngine::stats_json() const {
                   {"hits", c.hits},
                   {"refused", c.refused},
                   {"deferred", counters_.peer_deferrals.load()},
+                  {"source_instead", counters_.source_over_peer.load()},
+                  {"source_instead_bytes", counters_.source_over_peer_bytes.load()},
                   {"timeouts", c.timeouts},
                   {"failures", c.failures},
                   {"served_files", c.served},
@@ -651,8 +653,16 @@ std::string ClairvoyantEngine::stats_json() const {
                    {{"peer", stager_ ? stager_->seconds_per_file(true) : 0.0},
                     {"source", stager_ ? stager_->seconds_per_file(false) : 0.0}}}};
     int usable = 0;
-    for (int n = 0; n < t.nodes(); ++n) usable += n != t.node() && t.usable(n);
+    nlohmann::json gone = nlohmann::json::array();  // nodes no longer asked: left, failed or timed out
+    for (int n = 0; n < t.nodes(); ++n) {
+      if (n == t.node()) continue;
+      if (t.usable(n))
+        ++usable;
+      else
+        gone.push_back(n);
+    }
     j["peers"]["usable"] = usable;
+    j["peers"]["gone"] = gone;
   }
   // Whole files held outside the RAM budget (read on demand), and files read piecewise for want of room.
   j["demand"] = {{"limit", demand_.allowance().limit()}, {"used", demand_.allowance().used()},

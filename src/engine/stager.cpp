@@ -382,10 +382,15 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     const bool soon = policy.needed_soon(c->key);
     if (nvme_ && nvme_->find(c->id))
       first = Origin::kNvme;
-    else if (peers_ && peers_->may_hold(c->id) &&
-             model_.prefer_peer(soon, peers_->in_flight(),
-                                io_.ring_in_flight() + static_cast<unsigned>(picks.size()), io_.depth()))
-      first = Origin::kPeer;
+    else if (peers_ && peers_->may_hold(c->id)) {
+      if (model_.prefer_peer(soon, peers_->in_flight(), io_.ring_in_flight() + static_cast<unsigned>(picks.size()),
+                             io_.depth())) {
+        first = Origin::kPeer;
+      } else {
+        counters_.source_over_peer++;
+        counters_.source_over_peer_bytes += c->size;
+      }
+    }
     picks.push_back(Pick{c->id, c->key, false, first, first == Origin::kPeer && may_defer(soon)});
     state_.in_flight.insert(c->id);
     policy.take();

@@ -9,10 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 
+#include "peer/liveness.hpp"
 #include "peer/message.hpp"
 #include "util/log.hpp"
 
@@ -22,10 +23,18 @@ namespace {
 
 constexpr int kRequest = 1;
 constexpr int kGoodbye = 2;
+constexpr int kPing = 3;  // are you there? (PeerLiveness)
+constexpr int kPong = 4;  // yes
 // A file larger than this is never asked of a peer (MPI counts are ints): it is read from SOURCE.
 constexpr uint64_t kMaxPeerFile = 1u << 30;
 // How long stop() keeps trying to deliver goodbyes and finish sends to peers that may be gone.
 constexpr auto kStopGrace = std::chrono::seconds(2);
+// A peer owing answers and silent this long is pinged; one whose ping is not answered within
+// kAnswerWithin (or peer_timeout, if shorter) is given up. A file sent to us on the way may hold the pong
+// back: the time its bytes take at kSlowLink is added (peer/liveness.hpp).
+constexpr auto kProbeAfter = std::chrono::milliseconds(250);
+constexpr auto kAnswerWithin = std::chrono::milliseconds(600);
+constexpr double kSlowLink = 100e6;
 // The progress thread's nap when there is nothing to do: short enough for a fetch's latency, long
 // enough not to take a core from the readers.
 constexpr auto kIdleNap = std::chrono::microseconds(200);
@@ -282,6 +291,29 @@ struct MpiPeers::Comm {
   int tag_ub = 32767;
 };
 
+namespace {
+
+// Tests a standing receive of one number from any node on `tag`: true when one came, *from then its
+// sender (-1 if no node of the `nodes`). Either way the receive stands again after it; a receive broken
+// by a peer's failure is posted again for the others, and *failed set.
+bool take_standing(MPI_Request* recv, uint64_t* in, int tag, MPI_Comm comm, int nodes, int* from, bool* failed) {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Test(recv, &flag, &st) != MPI_SUCCESS) {
+    *failed = true;
+    MPI_Cancel(recv);
+    MPI_Request_free(recv);
+  } else if (!flag) {
+    return false;
+  }
+  MPI_Irecv(in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, tag, comm, recv);
+  if (!flag) return false;
+  *from = st.MPI_SOURCE >= 0 && st.MPI_SOURCE < nodes ? st.MPI_SOURCE : -1;
+  return true;
+}
+
+}  // namespace
+
 struct MpiPeers::Fetch {
   int owner = 0;
   EntryId id = 0;
@@ -363,16 +395,25 @@ void MpiPeers::loop() {
   MPI_Comm comm = comm_->comm;
   uint64_t request_in[3] = {0, 0, 0};
   uint64_t goodbye_in = 0;
+  uint64_t ping_in = 0, pong_in = 0;
+  static const uint64_t kOne = 1;  // the body of pings and pongs
   MPI_Request request_recv = MPI_REQUEST_NULL, goodbye_recv = MPI_REQUEST_NULL;
+  MPI_Request ping_recv = MPI_REQUEST_NULL, pong_recv = MPI_REQUEST_NULL;
   MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
   MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
+  MPI_Irecv(&ping_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kPing, comm, &ping_recv);
+  MPI_Irecv(&pong_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kPong, comm, &pong_recv);
+  PeerLiveness liveness(nodes_, {.probe_after = kProbeAfter,
+                                 .answer_within = std::min(kAnswerWithin, config_.timeout),
+                                 .link_bytes_per_second = kSlowLink});
+  std::vector<char> left(static_cast<size_t>(nodes_), 0);  // said goodbye: not answered either
   std::vector<std::unique_ptr<Fetch>> active;
   std::vector<unsigned> per_peer(static_cast<size_t>(nodes_), 0);
   std::vector<Send> sends;
   uint64_t next_tag = 0;
   bool failed = false;  // a peer broke an operation: the end (MpiWorld::leave) must not wait on it
 
-  auto fail_peer = [&](int peer, const char* why) {
+  auto fail_peer = [&](int peer, const std::string& why) {
     if (peer < 0 || peer >= nodes_ || gone_[static_cast<size_t>(peer)].exchange(true)) return;
     log_warning("peer node " + std::to_string(peer) + " " + why + ": not asked any more; its files come from SOURCE");
   };
@@ -381,6 +422,7 @@ void MpiPeers::loop() {
     active[i] = std::move(active.back());
     active.pop_back();
     --per_peer[static_cast<size_t>(f->owner)];
+    liveness.ended(f->owner, f->buf->size());
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (result >= 0) counters_.hits++;
@@ -416,8 +458,9 @@ void MpiPeers::loop() {
       MPI_Get_count(&st, MPI_BYTE, &count);
       const auto request = decode_peer_request(request_in, static_cast<size_t>(count), manifest_, comm_->tag_ub);
       const uint64_t asked_tag = request_in[1];
-      if (from < 0 || from >= nodes_ || gone_[static_cast<size_t>(from)] || (!request && (asked_tag < kPeerFirstReplyTag ||
-          asked_tag > static_cast<uint64_t>(comm_->tag_ub)))) {
+      if (from >= 0 && from < nodes_) liveness.heard(from, std::chrono::steady_clock::now());
+      if (from < 0 || from >= nodes_ || left[static_cast<size_t>(from)] ||
+          (!request && (asked_tag < kPeerFirstReplyTag || asked_tag > static_cast<uint64_t>(comm_->tag_ub)))) {
         // It left (nobody waits for an answer), or the request is too broken to answer at all.
         if (!request) {
           std::lock_guard<std::mutex> lock(mutex_);
@@ -445,15 +488,23 @@ void MpiPeers::loop() {
       MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
     }
     // A peer leaves.
-    if (MPI_Test(&goodbye_recv, &flag, &st) != MPI_SUCCESS) {
-      failed = true;
-      MPI_Cancel(&goodbye_recv);
-      MPI_Request_free(&goodbye_recv);
-      MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
-    } else if (flag) {
+    int from = -1;
+    if (take_standing(&goodbye_recv, &goodbye_in, kGoodbye, comm, nodes_, &from, &failed)) {
       busy = true;
-      if (st.MPI_SOURCE >= 0 && st.MPI_SOURCE < nodes_) gone_[static_cast<size_t>(st.MPI_SOURCE)] = true;
-      MPI_Irecv(&goodbye_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kGoodbye, comm, &goodbye_recv);
+      if (from >= 0) gone_[static_cast<size_t>(from)] = true, left[static_cast<size_t>(from)] = 1;
+    }
+    // Are you there? Yes — answered by any node that has not left, whether or not it asks that one.
+    if (take_standing(&ping_recv, &ping_in, kPing, comm, nodes_, &from, &failed)) {
+      busy = true;
+      if (from >= 0 && !left[static_cast<size_t>(from)]) {
+        liveness.heard(from, std::chrono::steady_clock::now());
+        sends.emplace_back();
+        MPI_Isend(&kOne, 1, MPI_UINT64_T, from, kPong, comm, &sends.back().request);
+      }
+    }
+    if (take_standing(&pong_recv, &pong_in, kPong, comm, nodes_, &from, &failed)) {
+      busy = true;
+      if (from >= 0) liveness.heard(from, std::chrono::steady_clock::now());
     }
     // New fetches, within the bounds.
     std::vector<std::unique_ptr<Fetch>> refused;
@@ -472,11 +523,13 @@ void MpiPeers::loop() {
         }
         f.tag = kPeerFirstReplyTag + static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kPeerFirstReplyTag));
         encode_peer_request(PeerRequest{f.id, f.tag, f.buf->size()}, f.header);
-        f.deadline = std::chrono::steady_clock::now() + config_.timeout;
+        const auto asked = std::chrono::steady_clock::now();
+        f.deadline = asked + config_.timeout;
         // The receive goes first, straight into the file's buffer; then the request.
         MPI_Irecv(f.buf->data(), static_cast<int>(f.buf->size()), MPI_BYTE, f.owner, f.tag, comm, &f.recv);
         MPI_Isend(f.header, 3, MPI_UINT64_T, f.owner, kRequest, comm, &f.send);
         ++per_peer[static_cast<size_t>(f.owner)];
+        liveness.asked(f.owner, f.buf->size(), asked);
         counters_.requests++;
         active.push_back(std::move(*it));
         it = queued_.erase(it);
@@ -484,8 +537,21 @@ void MpiPeers::loop() {
       }
     }
     for (auto& f : refused) f->done(-EHOSTDOWN);
-    // Answers, and requests that waited too long.
+    // Peers silent while they owe answers: pinged, and given up when the ping is not answered in time
+    // (their fetches then end below, as a gone peer's do).
     const auto now = std::chrono::steady_clock::now();
+    const PeerLiveness::Turn alive = liveness.turn(now);
+    for (int peer : alive.ping) {
+      if (gone_[static_cast<size_t>(peer)]) continue;
+      sends.emplace_back();
+      MPI_Isend(&kOne, 1, MPI_UINT64_T, peer, kPing, comm, &sends.back().request);
+    }
+    for (int peer : alive.dead) {
+      failed = true;  // the end must not wait on it
+      fail_peer(peer, "did not answer a ping within " + std::to_string(kProbeAfter.count() + kAnswerWithin.count()) +
+                          " ms of silence (dead or stopped?)");
+    }
+    // Answers, and requests that waited too long.
     for (size_t i = 0; i < active.size();) {
       Fetch& f = *active[i];
       if (f.send != MPI_REQUEST_NULL) {
@@ -506,6 +572,7 @@ void MpiPeers::loop() {
         continue;
       }
       if (got) {
+        liveness.heard(f.owner, now);
         int count = 0;
         MPI_Get_count(&rs, MPI_BYTE, &count);
         if (f.send != MPI_REQUEST_NULL) MPI_Wait(&f.send, MPI_STATUS_IGNORE);  // the answer implies it arrived
@@ -592,7 +659,7 @@ void MpiPeers::loop() {
     }
     std::this_thread::sleep_for(kIdleNap);
   }
-  for (MPI_Request* r : {&request_recv, &goodbye_recv}) {
+  for (MPI_Request* r : {&request_recv, &goodbye_recv, &ping_recv, &pong_recv}) {
     MPI_Cancel(r);
     int done = 0;
     MPI_Test(r, &done, MPI_STATUS_IGNORE);

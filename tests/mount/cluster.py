@@ -215,25 +215,30 @@ class SlowSource:
             return json.load(f)
 
 
-def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None):
-    """One reader per node reads its rank's order (node n plays rank n) for `epochs`, the first `limit`
-    files of each if given, all ranks in step as DDP keeps them (a barrier per epoch). The victim's
-    reader stops at epoch `kill_at`. Returns the threads (started) and per-node lists wrong, opened, and
-    the errors met."""
+def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, first=0, slowest=None):
+    """One reader per node reads its rank's order (node n plays rank n) for epochs first .. epochs-1, the
+    first `limit` files of each if given, all ranks in step as DDP keeps them (a barrier per epoch). The
+    victim's reader stops at epoch `kill_at`. Returns the threads (started) and per-node lists wrong,
+    opened, and the errors met; `slowest`, a list, gets per node the longest one file took (s)."""
     nodes = len(mnts)
     barrier = threading.Barrier(nodes if victim is None else nodes - 1)
     wrong, opened, errors = [0] * nodes, [0] * nodes, []
+    if slowest is not None:
+        slowest[:] = [0.0] * nodes
 
     def reader(n):
         try:
-            for e in range(epochs):
+            for e in range(first, epochs):
                 if e == kill_at and n == victim:
                     return
                 with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
                     rels = f.read().splitlines()[:limit]
                 for rel in rels:
                     time.sleep(0.0005)  # a little compute
+                    t0 = time.monotonic()
                     wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
+                    if slowest is not None:
+                        slowest[n] = max(slowest[n], time.monotonic() - t0)
                     opened[n] += 1
                 if victim is None or n != victim:
                     barrier.wait(timeout=120)

@@ -108,6 +108,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         h.check(traffic <= 1.05, "SOURCE read %.3f× the data set over %d epochs, with 60%% of it per node: %s" % (
             traffic, EPOCHS, [(x["peers"]["requests"], x["peers"]["hits"], x["peers"]["refused"], x["peers"]["timeouts"],
                                x["source_traffic"]) for x in s]))
+        said = subprocess.run([h.CLAIRFS, "status", mnts[0]], capture_output=True, text=True, timeout=30).stdout
+        h.check("node 0 of 3; 2 of the 2 others asked" in said and "to peers" in said and "no longer asked" not in said,
+                "status tells what the peers do: %s" % [line for line in said.splitlines() if "peers" in line])
+        print(said)
         r2, took, log = umount(state)
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10),
                 "clairfs-job-umount: exit %d in %.1f s, nothing left: %s" % (r2.returncode, took, r2.stderr.strip()[-300:]))
@@ -135,15 +139,22 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         join(threads)
         s = [h.settled_stats(m, opened[n]) for n, m in enumerate(mnts)]
         traffic = sum(x["source_traffic"]["bytes"] for x in s) / big_total
-        bound = 1 + 2 * over / big_total + 0.02
+        # Files needed soon go to SOURCE when their keeper answers far slower (PeerModel; counted): on this
+        # shared machine, with the daemons short of CPU. Not what this checks: allowed, and said.
+        instead = sum(x["peers"]["source_instead_bytes"] for x in s) / big_total
+        bound = 1 + 2 * over / big_total + 0.02 + instead
         h.check(not errors and sum(wrong) == 0 and traffic <= bound,
                 "RAM %.3f + NVMe %.3f of the data set per node: every byte right (%s), SOURCE read %.3f× over 3 "
-                "epochs (bound %.3f: %.3f of the data set over its keepers' room); per node (requests, refused, "
-                "timeouts, refused to peers, files staged from SOURCE, opens served by SOURCE): %s" % (
-                    ram, nvme, errors[:1], traffic, bound, over / big_total,
-                    [(x["peers"]["requests"], x["peers"]["refused"], x["peers"]["timeouts"],
+                "epochs (bound %.3f: %.3f of the data set over its keepers' room, %.3f from SOURCE instead of a slow "
+                "peer); per node (requests, refused, "
+                "timeouts and failures, refused to peers, files staged from SOURCE, opens served by SOURCE): %s" % (
+                    ram, nvme, errors[:1], traffic, bound, over / big_total, instead,
+                    [(x["peers"]["requests"], x["peers"]["refused"], x["peers"]["timeouts"] + x["peers"]["failures"],
                       x["peers"]["refused_to_peers"], x["staged"]["files"] - x["staged"]["from_peer"] -
                       x["staged"]["from_nvme"], x["tiers"]["source"]["files"]) for x in s]))
+        with open(state[:-len(".state")] + ".log", errors="replace") as f:
+            given_up = [line for line in f if "not asked any more" in line]
+        h.check(not given_up, "no node was given up: %s" % given_up)
         r2, took, log = umount(state)
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10), "and ended clean")
     big.close()
@@ -170,22 +181,39 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
     h.check(clean == CLEAN_RUNS, "%d of %d jobs ended clean (umount %.1f-%.1f s; a node left before the others %d times)" % (
         clean, CLEAN_RUNS, min(times or [0]), max(times or [0]), bounded))
 
-    # 3. Node 2's daemon SIGKILLed after epoch 0.
-    mnts, nvmes, state, r = launch(net, tmp, src, total, ",peer_timeout=1")
+    # 3. Node 2's daemon SIGKILLed in the middle of epoch 1, the others staging from it (peer_timeout left
+    # at its 5 s): a survivor's ping goes unanswered, and no read waits the timeout.
+    mnts, nvmes, state, r = launch(net, tmp, src, total, epochs=3)
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
     if r.returncode == 0:
         victim = 2
         vpids = h.daemon_pids(mnts[victim])
         threads, wrong, opened, errors = read_in_step(mnts, want, 1)
         join(threads)
+        slowest = []
+        threads, wrong, opened, errors = read_in_step(mnts, want, 3, kill_at=1, victim=victim, first=1,
+                                                      slowest=slowest)
+        time.sleep(0.3)
         for p in vpids:
             os.kill(p, signal.SIGKILL)
-        threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS, kill_at=0, victim=victim)
         join(threads)
-        h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want) * (NODES - 1) // NODES,
-                "node 2 killed: the others read %d epochs, every byte right (wrong %d, opened %d of %d; %s)" % (
-                    EPOCHS, sum(wrong), sum(opened), EPOCHS * len(want) * (NODES - 1) // NODES, errors[:2]))
+        s = [h.stats(mnts[n]) for n in range(NODES) if n != victim]
+        traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
+        survivors = [slowest[n] for n in range(NODES) if n != victim]
+        h.check(not errors and sum(wrong) == 0 and sum(opened) == 2 * len(want) * (NODES - 1) // NODES,
+                "node 2 killed mid-epoch: the others read epochs 1 and 2, every byte right (wrong %d, opened %d of "
+                "%d; %s)" % (sum(wrong), sum(opened), 2 * len(want) * (NODES - 1) // NODES, errors[:2]))
+        h.check(max(survivors) < 2.5,
+                "no survivor's read waited out peer_timeout (5 s): the slowest took %s s; SOURCE %.3f× the data set "
+                "by the survivors over the job; timeouts %s" % (
+                    ["%.2f" % x for x in survivors], traffic, [x["peers"]["timeouts"] for x in s]))
         h.check(not h.is_mounted(mnts[victim]), "the killed daemon's mount went with it (auto_unmount under a launcher)")
+        said = [subprocess.run([h.CLAIRFS, "status", mnts[n]], capture_output=True, text=True, timeout=30).stdout
+                for n in range(NODES) if n != victim]
+        h.check(all("of the 2 others asked" in t and "no longer asked (left, failed or timed out): node %d;" % victim in t
+                    for t in said),
+                "the survivors' status names the dead node: %s" % [
+                    [line for line in t.splitlines() if "asked" in line or "peers" in line] for t in said])
         r2, took, log = umount(state)
         named = re.findall(r"clairfs cleanup on \S+: (.*)", r2.stderr)
         h.check(r2.returncode == 1 and len(named) == 1 and "nvme%d/" % victim in named[0],

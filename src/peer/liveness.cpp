@@ -1,0 +1,45 @@
+#include "peer/liveness.hpp"
+
+namespace clairfs {
+
+void PeerLiveness::asked(int peer, uint64_t bytes, Clock::time_point now) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.owed == 0 && p.heard < now) p.heard = now;  // silence counts from when it began to owe
+  ++p.owed;
+  p.owed_bytes += bytes;
+}
+
+void PeerLiveness::ended(int peer, uint64_t bytes) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.owed > 0) --p.owed;
+  p.owed_bytes = p.owed_bytes > bytes ? p.owed_bytes - bytes : 0;
+  if (p.owed == 0) p.owed_bytes = 0;
+}
+
+void PeerLiveness::heard(int peer, Clock::time_point now) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  p.heard = now;
+  p.pinged.reset();
+}
+
+PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
+  Turn t;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (p.dead || p.owed == 0) continue;
+    if (p.pinged) {
+      const auto queued =
+          std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
+      if (now - *p.pinged >= config_.answer_within + std::chrono::duration_cast<Clock::duration>(queued)) {
+        p.dead = true;
+        t.dead.push_back(static_cast<int>(i));
+      }
+    } else if (now - p.heard >= config_.probe_after) {
+      p.pinged = now;
+      t.ping.push_back(static_cast<int>(i));
+    }
+  }
+  return t;
+}
+
+}  // namespace clairfs

@@ -1,0 +1,57 @@
+// PeerLiveness on a clock of its own: whom the progress thread pings, and when it gives a peer up.
+#include "peer/liveness.hpp"
+
+#include <gtest/gtest.h>
+
+namespace clairfs {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = PeerLiveness::Clock;
+
+struct LivenessTest : ::testing::Test {
+  PeerLiveness live{3, {.probe_after = 250ms, .answer_within = 600ms, .link_bytes_per_second = 1e6}};
+  Clock::time_point t0 = Clock::now();
+};
+
+TEST_F(LivenessTest, APeerOwingNothingIsNeverPinged) {
+  EXPECT_TRUE(live.turn(t0 + 10s).ping.empty());
+  EXPECT_TRUE(live.turn(t0 + 20s).dead.empty());
+}
+
+TEST_F(LivenessTest, ASilentPeerIsPingedOnceAndGivenUpWhenItsPingIsNotAnswered) {
+  live.asked(1, 0, t0);
+  EXPECT_TRUE(live.turn(t0 + 200ms).ping.empty());
+  EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(live.turn(t0 + 500ms).ping.empty());  // once
+  EXPECT_TRUE(live.turn(t0 + 800ms).dead.empty());
+  EXPECT_EQ(live.turn(t0 + 850ms).dead, std::vector<int>{1});  // 250 ms of silence + 600 ms unanswered
+  EXPECT_TRUE(live.turn(t0 + 2s).dead.empty());                // told once
+}
+
+TEST_F(LivenessTest, AnythingHeardFromAPeerKeepsItAlive) {
+  live.asked(2, 0, t0);
+  EXPECT_EQ(live.turn(t0 + 300ms).ping, std::vector<int>{2});
+  live.heard(2, t0 + 800ms);  // a pong, an answer or a request of its own
+  EXPECT_TRUE(live.turn(t0 + 1000ms).dead.empty());
+  EXPECT_TRUE(live.turn(t0 + 1000ms).ping.empty());  // silent for 200 ms only
+  EXPECT_EQ(live.turn(t0 + 1050ms).ping, std::vector<int>{2});
+}
+
+TEST_F(LivenessTest, SilenceCountsFromTheFirstFetchAfterAnIdleTime) {
+  live.heard(1, t0);
+  live.asked(1, 0, t0 + 10s);  // asked nothing for 10 s: not silent yet
+  EXPECT_TRUE(live.turn(t0 + 10s + 100ms).ping.empty());
+  live.ended(1, 0);
+  EXPECT_TRUE(live.turn(t0 + 20s).ping.empty());  // owes nothing again
+}
+
+TEST_F(LivenessTest, TheBytesItOwesExtendTheWaitForItsPong) {
+  live.asked(1, 2'000'000, t0);  // 2 s of bytes at 1 MB/s queued before a pong
+  EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(live.turn(t0 + 2500ms).dead.empty());
+  EXPECT_EQ(live.turn(t0 + 2900ms).dead, std::vector<int>{1});
+}
+
+}  // namespace
+}  // namespace clairfs
