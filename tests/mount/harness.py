@@ -55,6 +55,26 @@ def is_mounted(mnt):
     return False
 
 
+def running(pid):
+    """Whether process `pid` runs: it exists and is not a zombie. An exited daemon (detached: init is its
+    parent) stays a zombie until init reaps it — on this machine 1-1.5 s later, later still when busy."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pids, seconds):
+    """Waits up to `seconds` for the processes to end (zombies count as ended); True if they all did."""
+    deadline = time.monotonic() + seconds
+    while any(running(p) for p in pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def live_processes(match):
     """PIDs of the processes (zombies left out) whose command line, a list of bytes, `match` accepts."""
     pids = []
@@ -64,11 +84,9 @@ def live_processes(match):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 argv = f.read().split(b"\0")
-            with open("/proc/%s/stat" % pid) as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
         except OSError:
             continue
-        if not zombie and argv and match(argv):
+        if argv and match(argv) and running(int(pid)):
             pids.append(int(pid))
     return pids
 
@@ -97,8 +115,7 @@ def unmount(mnt, timeout=10):
     pids = daemon_pids(mnt)
     if is_mounted(mnt):
         subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL)
-    while time.monotonic() - t0 < timeout and any(os.path.exists("/proc/%d" % p) for p in pids):
-        time.sleep(0.05)
+    wait_gone(pids, timeout)
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, 9)

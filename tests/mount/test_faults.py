@@ -17,13 +17,6 @@ import harness as h  # noqa: E402
 h.require_fuse()
 
 
-def gone(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(os.path.exists("/proc/%d" % p) for p in pids):
-        time.sleep(0.05)
-    return not any(os.path.exists("/proc/%d" % p) for p in pids)
-
-
 with h.tempdir() as tmp:
     src, mnt = tmp + "/src", tmp + "/mnt"
     os.makedirs(mnt)
@@ -77,14 +70,14 @@ with h.tempdir() as tmp:
             t.join(timeout=30)
         h.check(took < 5 and not any(t.is_alive() for t in threads),
                 "fusermount3 -u -z with 8 readers running returned in %.2f s; every reader finished" % took)
-        h.check(gone(pids, 10), "the daemon exited after the lazy unmount")
+        h.check(h.wait_gone(pids, 10), "the daemon exited after the lazy unmount")
         h.check(sum(ok for ok, _ in outcomes) > 0, "the readers read right bytes until then: %s" % outcomes)
 
     # 3. SIGINT unmounts cleanly.
     with h.mounted(src, mnt, "ram=%d" % (total // 4)):
         pids = h.daemon_pids(mnt)
         os.kill(pids[0], signal.SIGINT)
-        h.check(gone(pids, 10) and not h.is_mounted(mnt), "SIGINT: the daemon unmounted and exited")
+        h.check(h.wait_gone(pids, 10) and not h.is_mounted(mnt), "SIGINT: the daemon unmounted and exited")
 
     # 4. A data set 4× the RAM budget, 3 epochs: right bytes, memory under its bound.
     budget = total // 4

@@ -68,7 +68,7 @@ def squeeze_daemon(tmp, data, mnt):
             order = f.read().splitlines()
         wrong = [r for r in order if h.digest(os.path.join(mnt, r)) != want[r]]
         s = h.stats(mnt)
-        alive = os.path.exists("/proc/%d" % pid)
+        alive = h.running(pid)
     said = [l for l in open(log) if "could not allocate" in l] if os.path.exists(log) else []
     h.check(alive and not wrong and len(order) == 16, "address space squeezed to %d MiB under the daemon: it lives, %d "
             "files read, wrong: %s" % (squeeze >> 20, len(order), wrong[:3]))

@@ -219,10 +219,7 @@ with h.tempdir() as tmp:
         h.check(took < 5, "lazy unmount with a file held open returns in %.2f s" % took)
         h.check(held.read() == open(src + "/cls a/sub/f5.png", "rb").read(), "the held file still reads correctly")
         held.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(os.path.exists("/proc/%d" % p) for p in pids):
-            time.sleep(0.05)
-        h.check(not any(os.path.exists("/proc/%d" % p) for p in pids), "the daemon exits once the file is closed")
+        h.check(h.wait_gone(pids, 10), "the daemon exits once the file is closed")
 
     # SIGTERM unmounts cleanly.
     with h.mounted(src, mnt):

@@ -169,10 +169,7 @@ def no_write_through(tmp, src):
         while time.monotonic() < deadline and not os.path.exists(d + "/m.prom"):
             time.sleep(0.1)
         h.check(os.path.isfile(d + "/m.prom"), "metrics_file written with a FIFO planted beside it")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
-        time.sleep(0.1)
-    h.check(not os.path.exists("/proc/%d" % pid), "the daemon ended after the unmount")
+    h.check(h.wait_gone([pid], 10), "the daemon ended after the unmount")
 
 
 def planted_caches(tmp, src, uid):

@@ -301,10 +301,7 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
                     time.sleep(0.1)
                 daemon = h.daemon_pids(user + "/mnt")
                 run_as(["fusermount3", "-u", user + "/mnt"])
-                for _ in range(100):  # its marks count against the user until it is gone
-                    if not any(os.path.exists("/proc/%d" % p) for p in daemon):
-                        break
-                    time.sleep(0.1)
+                h.wait_gone(daemon, 10)  # its marks count against the user until it is gone
                 with open(user + "/log") as f:
                     said = f.read()
                 os.unlink(user + "/log")
