@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -37,6 +39,40 @@ std::string escape(const std::string& s) {
 // 16 threads: enough that a slow SOURCE read does not hold up lookups and cached reads; requests are
 // short, so more would only add contention on 2-core nodes.
 constexpr unsigned kMaxThreads = 16;
+
+// A crash (a fatal signal that dumps core) ends the FUSE connection before anything else. The kernel's
+// core dump first waits for every thread of the process to stop, and a thread of ours waiting on a
+// request to this very mount (the watch marking its directories, a stat) whose request another of our
+// threads had already read waits uninterruptibly for that answer: it never comes, the dump never ends,
+// and the process stays in D state with its mount dead (4 of 5 SIGSEGVs during the watch's marking of
+// 20,000 directories did that). Closing the connection's last descriptor aborts it: every request ends
+// (ENOTCONN), the dump goes on, and the process ends (with auto_unmount, its mount goes too). Then the
+// signal is handled as before (the handler found there: a sanitizer's report, or the default action).
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGQUIT, SIGTRAP};
+std::atomic<int> crash_fd{-1};
+struct sigaction crash_before[std::size(kCrashSignals)];
+
+void on_crash(int sig) {
+  const int fd = crash_fd.exchange(-1);
+  if (fd >= 0) ::close(fd);
+  for (size_t i = 0; i < std::size(kCrashSignals); ++i)
+    if (kCrashSignals[i] == sig) ::sigaction(sig, &crash_before[i], nullptr);
+  ::raise(sig);  // delivered as this handler returns (a fault's instruction would raise it again anyway)
+}
+
+void close_connection_on_crash(int fd) {
+  crash_fd = fd;
+  struct sigaction sa {};
+  sa.sa_handler = on_crash;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_ONSTACK;
+  for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &sa, &crash_before[i]);
+}
+
+void keep_connection_on_crash() {
+  if (crash_fd.exchange(-1) < 0) return;
+  for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &crash_before[i], nullptr);
+}
 
 // Closes the connection at descriptor `fd` and leaves there a descriptor that polls POLLERR.
 void end_connection_quietly(int fd) {
@@ -175,6 +211,7 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
     throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
   mounted_ = true;
+  close_connection_on_crash(fuse_session_fd(session_));
   if (o.auto_unmount) start_unmount_keeper(before, fuse_session_fd(session_), o.mountpoint_abs);
   mountpoint_ = o.mountpoint_abs;
   if (const auto m = mount_at(mountpoint_); m && m->fstype == "fuse.clairfs") mount_id_ = m->id;
@@ -186,6 +223,7 @@ MountedSession::~MountedSession() { stop(); }
 void MountedSession::stop() {
   if (!session_) return;
   if (page_cache_) page_cache_->detach();  // waits for a push in progress
+  keep_connection_on_crash();              // (the descriptor goes below)
   if (mounted_) {
     // libfuse unmounts by closing the connection first and then unmounting the path: in between every
     // access (a reader, `clairfs status --watch`) fails with ENOTCONN as if the daemon had died, and as
