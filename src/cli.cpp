@@ -515,14 +515,7 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   d.page_cache.track(d.manifest->size());
   std::vector<uint16_t> owner;
   if (world && world->size() > 1) {
-    const auto ranks_of_node = world->allgather(o.ranks);
-    // Keepers by room, where every node knows every file's size (a scan that left sizes for later: by
-    // first reader alone). Collectives: every node takes part in each, in this order.
-    std::vector<uint64_t> room;
-    if (world->all(d.manifest->attributes_pending() == 0))
-      for (const auto& mine : world->allgather({o.ram + (o.nvme.empty() ? 0 : o.nvme_size)}))
-        room.push_back(mine.at(0));
-    owner = plan_owners(*d.manifest, *d.oracle, o.start_epoch, ranks_of_node, world->size(), room);
+    owner = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size());
     MpiPeersConfig pc;
     pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
     d.peers.emplace(*world, *d.manifest, pc);

@@ -6,7 +6,6 @@
 
 #include <numeric>
 
-#include "engine/owners.hpp"
 #include "fakes/memory_source.hpp"
 
 namespace clairfs {
@@ -110,66 +109,6 @@ TEST(PeerModel, AsksPeersUntilWarmThenPrefersThemUnlessFourTimesSlower) {
   EXPECT_EQ(peer, 2);
   // ...and wins one not needed soon.
   EXPECT_TRUE(m.prefer_peer(false, 0, 0, 32));
-}
-
-}  // namespace
-}  // namespace clairfs
-
-namespace clairfs {
-namespace {
-
-// Keepers by room (plan_owners): 3 nodes, one rank each, 90 files of 100 bytes; DistributedSampler's
-// shuffle gives each rank 30 files an epoch.
-struct Owners : ::testing::Test {
-  fakes::MemoryTree tree{std::vector<uint64_t>(90, 100)};
-  Schedule schedule() {
-    Schedule s;
-    s.seed = 5;
-    s.world_size = 3;
-    s.batch_size = 3;
-    return s;
-  }
-  Oracle oracle{tree.manifest.samples().size(), schedule()};
-  std::vector<std::vector<uint64_t>> ranks{{0}, {1}, {2}};
-  // The node reading each file first in `epoch`.
-  std::vector<int> first_reader(uint64_t epoch) {
-    std::vector<int> node(tree.manifest.size(), -1);
-    const EpochOrder e = oracle.epoch(epoch);
-    for (uint64_t k = 0; k < e.loaded(0); ++k)
-      for (uint64_t r = 0; r < 3; ++r) {
-        const EntryId id = tree.manifest.samples()[e.at(r, k)];
-        if (node[id] < 0) node[id] = static_cast<int>(r);
-      }
-    return node;
-  }
-};
-
-TEST_F(Owners, EachFileIsKeptByItsFirstReaderWhenItsRoomHoldsItsShare) {
-  const auto owner = plan_owners(tree.manifest, oracle, 0, ranks, 3, {3000, 3000, 3000});
-  const auto first = first_reader(0);
-  for (EntryId id : tree.manifest.samples()) EXPECT_EQ(owner[id], first[id]);
-}
-
-TEST_F(Owners, FilesPastAKeepersRoomGoToTheirNextReaderWithRoom) {
-  // Node 0 has room for 20 of its 30 files, node 1 for its own and 10 more, node 2 for its own only.
-  const auto owner = plan_owners(tree.manifest, oracle, 0, ranks, 3, {2000, 4000, 3000});
-  const auto first = first_reader(0), next = first_reader(1);
-  std::vector<uint64_t> kept(3, 0);
-  size_t moved = 0;
-  for (EntryId id : tree.manifest.samples()) {
-    kept[owner[id]] += 100;
-    if (owner[id] == first[id]) continue;
-    ++moved;
-    EXPECT_EQ(first[id], 0);                           // only node 0 is short of room
-    EXPECT_EQ(static_cast<int>(owner[id]), next[id]);  // to the next epoch's first reader, with room
-    EXPECT_EQ(owner[id], 1);
-  }
-  // Of node 0's 10 files past its room, those read next by node 1 moved (node 0 and node 2 had no room).
-  EXPECT_GT(moved, 0u);
-  EXPECT_LE(moved, 10u);
-  EXPECT_EQ(kept[0], 3000u - 100 * moved);
-  EXPECT_EQ(kept[1], 3000u + 100 * moved);
-  EXPECT_EQ(kept[2], 3000u);
 }
 
 }  // namespace
