@@ -8,10 +8,12 @@
 //   request  requester -> owner, tag kRequest: {file id, reply tag, size}
 //   reply    owner -> requester, the reply tag: the file's bytes, or an empty message (refused)
 //   goodbye  tag kGoodbye: the sender leaves; nothing more is asked of it or sent to it
+//   ping     tag kPing, to a peer that owes answers and has been silent (PeerLiveness); pong, kPong, back
 // The requester posts its receive straight into the buffer the file will live in (no copy) before it
 // sends the request. Requests in flight are bounded (per peer and in all); an answer that does not come
-// within the timeout fails the fetch (the caller reads SOURCE instead) and that peer is asked nothing
-// more — so a late answer can never land in another request's buffer.
+// within the timeout, or a ping unanswered (peer/liveness.hpp), fails the fetch (the caller reads SOURCE
+// instead) and that peer is asked nothing more — so a late answer can never land in another request's
+// buffer.
 #pragma once
 
 #include <signal.h>
