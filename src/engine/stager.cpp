@@ -314,8 +314,8 @@ std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
       continue;
     }
     // NVMe is full of kept copies. A kept file whose only copy waits here goes to RAM instead, where
-    // RAM's copies of NVMe's files make room for it (dropped, it would be read from SOURCE again: CI saw
-    // 3 files of 100 so lost under load). With no room in either, it is dropped.
+    // RAM's copies of NVMe's files make room for it (dropped, it would be read from SOURCE again). With
+    // no room in either, it is dropped.
     if (kept_in_ram(id) && !state_.policy.ram().contains(id) && make_ram_room(bytes->size(), key, true)) {
       ram_.insert(id, bytes);
       DemandAllowance::hand_over(bytes);
