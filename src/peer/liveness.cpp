@@ -1,5 +1,7 @@
 #include "peer/liveness.hpp"
 
+#include <algorithm>
+
 namespace clairfs {
 
 void PeerLiveness::asked(int peer, uint64_t bytes, Clock::time_point now) {
@@ -22,6 +24,11 @@ void PeerLiveness::heard(int peer, Clock::time_point now) {
   p.pinged.reset();
 }
 
+void PeerLiveness::answered(int peer, Clock::duration took) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  p.slowest = std::max(p.slowest, took);
+}
+
 PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
   Turn t;
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -30,7 +37,10 @@ PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
     if (p.pinged) {
       const auto queued =
           std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
-      if (now - *p.pinged >= config_.answer_within + std::chrono::duration_cast<Clock::duration>(queued)) {
+      const Clock::duration within = p.slowest == Clock::duration{0}
+                                         ? Clock::duration{config_.unproven_within}
+                                         : std::max<Clock::duration>(config_.answer_within, 4 * p.slowest);
+      if (now - *p.pinged >= within + std::chrono::duration_cast<Clock::duration>(queued)) {
         p.dead = true;
         t.dead.push_back(static_cast<int>(i));
       }

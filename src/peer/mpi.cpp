@@ -405,6 +405,7 @@ void MpiPeers::loop() {
   MPI_Irecv(&pong_in, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kPong, comm, &pong_recv);
   PeerLiveness liveness(nodes_, {.probe_after = kProbeAfter,
                                  .answer_within = std::min(kAnswerWithin, config_.timeout),
+                                 .unproven_within = config_.timeout / 2,
                                  .link_bytes_per_second = kSlowLink});
   std::vector<char> left(static_cast<size_t>(nodes_), 0);  // said goodbye: not answered either
   std::vector<std::unique_ptr<Fetch>> active;
@@ -573,6 +574,7 @@ void MpiPeers::loop() {
       }
       if (got) {
         liveness.heard(f.owner, now);
+        liveness.answered(f.owner, now - (f.deadline - config_.timeout));
         int count = 0;
         MPI_Get_count(&rs, MPI_BYTE, &count);
         if (f.send != MPI_REQUEST_NULL) MPI_Wait(&f.send, MPI_STATUS_IGNORE);  // the answer implies it arrived

@@ -119,7 +119,7 @@ with h.tempdir() as tmp:
     def keepers():
         return h.live_processes(lambda argv: argv[0] == b"clairfs-keeper" and mnt.encode() in argv)
 
-    dead, kept = 0, []
+    dead, kept, said_of_keeper = 0, [], []
     for i in range(20):
         p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
         deadline = time.monotonic() + 5  # spawned just after the mount: a moment later under load
@@ -129,6 +129,8 @@ with h.tempdir() as tmp:
         h.digest(os.path.join(mnt, some[i]))
         p.kill()
         p.wait(timeout=10)
+        if kept[-1] != 1:  # what the daemon said of its keeper
+            said_of_keeper += [line for line in p.stderr.read().splitlines() if "auto_unmount" in line]
         deadline = time.monotonic() + 10
         while h.is_mounted(mnt) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -139,8 +141,8 @@ with h.tempdir() as tmp:
     while keepers() and time.monotonic() < deadline:
         time.sleep(0.05)
     h.check(dead == 0 and kept == [1] * 20 and not keepers(),
-            "auto_unmount: 20 SIGKILLed daemons, %d dead mounts left; keepers while mounted %s, after: %s" % (
-                dead, sorted(set(kept)), keepers()))
+            "auto_unmount: 20 SIGKILLed daemons, %d dead mounts left; keepers while mounted %s, after: %s %s" % (
+                dead, sorted(set(kept)), keepers(), said_of_keeper))
     p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
     subprocess.run(["fusermount3", "-u", mnt], check=True)
     p.wait(timeout=30)

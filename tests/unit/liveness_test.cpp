@@ -10,8 +10,12 @@ using namespace std::chrono_literals;
 using Clock = PeerLiveness::Clock;
 
 struct LivenessTest : ::testing::Test {
-  PeerLiveness live{3, {.probe_after = 250ms, .answer_within = 600ms, .link_bytes_per_second = 1e6}};
+  PeerLiveness live{
+      3, {.probe_after = 250ms, .answer_within = 600ms, .unproven_within = 2s, .link_bytes_per_second = 1e6}};
   Clock::time_point t0 = Clock::now();
+  LivenessTest() {
+    for (int peer = 0; peer < 3; ++peer) live.answered(peer, 1ms);  // each answered once, quickly
+  }
 };
 
 TEST_F(LivenessTest, APeerOwingNothingIsNeverPinged) {
@@ -51,6 +55,22 @@ TEST_F(LivenessTest, TheBytesItOwesExtendTheWaitForItsPong) {
   EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
   EXPECT_TRUE(live.turn(t0 + 2500ms).dead.empty());
   EXPECT_EQ(live.turn(t0 + 2900ms).dead, std::vector<int>{1});
+}
+
+TEST_F(LivenessTest, APeerThatHasNotAnsweredYetIsGivenLonger) {
+  PeerLiveness fresh{2, {.probe_after = 250ms, .answer_within = 600ms, .unproven_within = 2s}};
+  fresh.asked(1, 0, t0);
+  EXPECT_EQ(fresh.turn(t0 + 250ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(fresh.turn(t0 + 250ms + 1900ms).dead.empty());
+  EXPECT_EQ(fresh.turn(t0 + 250ms + 2s).dead, std::vector<int>{1});
+}
+
+TEST_F(LivenessTest, APeerSlowToAnswerIsGivenAsLongToAnswerItsPing) {
+  live.answered(1, 400ms);  // a busy node (or a sanitized build): its pong may take as long
+  live.asked(1, 0, t0);
+  EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(live.turn(t0 + 250ms + 1500ms).dead.empty());  // 4 × 400 ms, not 600 ms
+  EXPECT_EQ(live.turn(t0 + 250ms + 1600ms).dead, std::vector<int>{1});
 }
 
 }  // namespace
