@@ -75,38 +75,29 @@ def wait_gone(pids, seconds):
     return True
 
 
-def live_processes(match):
-    """PIDs of the processes (zombies left out) whose command line, a list of bytes, `match` accepts."""
-    pids = []
+def command_lines():
+    """(pid, command line as a list of bytes) of each process but this one that can be read."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
+                yield int(pid), f.read().split(b"\0")
         except OSError:
             continue
-        if argv and match(argv) and running(int(pid)):
-            pids.append(int(pid))
-    return pids
+
+
+def live_processes(match):
+    """PIDs of the processes (zombies left out) whose command line, a list of bytes, `match` accepts."""
+    return [pid for pid, argv in command_lines() if argv and match(argv) and running(pid)]
 
 
 def daemon_pids(mnt):
     """PIDs of clairfs processes whose command line names this mount point."""
     mnt = os.path.realpath(mnt)
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and os.path.basename(args[0]) == b"clairfs" and any(
-                os.path.realpath(a.decode(errors="replace")) == mnt for a in args[1:] if a):
-            pids.append(int(pid))
-    return pids
+    return [pid for pid, args in command_lines()
+            if args and os.path.basename(args[0]) == b"clairfs" and any(
+                os.path.realpath(a.decode(errors="replace")) == mnt for a in args[1:] if a)]
 
 
 def unmount(mnt, timeout=10):
