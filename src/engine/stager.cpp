@@ -362,7 +362,8 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
-    if (kernel_ && !kept_in_ram(c->id)) {       // (a file kept for the other nodes is staged: they ask this one)
+    const bool kept = kept_in_ram(c->id);
+    if (kernel_ && !kept) {                     // (a file kept for the other nodes is staged: they ask this one)
       if (state_.window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
         if (c->key >= left_up_to_) {            // (once: the walk may come again)
           counters_.left_to_kernel++;
@@ -381,7 +382,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       }
     }
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-    if (!make_ram_room(c->size, c->key, kept_in_ram(c->id))) {
+    if (!make_ram_room(c->size, c->key, kept)) {
       if (c->key != said_wait_at_ && log_enabled(LogLevel::kDebug))
         log_debug("staging waits for the readers at step " + std::to_string(c->key) + " (/" + manifest_.path(c->id) +
                   "): RAM holds files needed sooner" +
