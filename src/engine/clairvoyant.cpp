@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -35,14 +36,22 @@ std::vector<uint64_t> served_ranks(const EngineConfig& c) {
   return c.ranks.empty() ? std::vector<uint64_t>{0} : c.ranks;
 }
 
-// Each served rank's files of an epoch, in the order the oracle says it reads them.
-StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std::vector<uint64_t> ranks) {
-  return [&manifest, &oracle, ranks = std::move(ranks)](uint64_t epoch) {
-    const EpochOrder order = oracle.epoch(epoch);
+// Each served rank's files of the plan's epoch, in the order the oracle says it reads them: its own
+// epoch (the plan's + its shift), none past `end`.
+StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std::vector<uint64_t> ranks,
+                            std::vector<uint64_t> shift, std::optional<uint64_t> end) {
+  if (shift.empty()) shift.assign(ranks.size(), 0);
+  return [&manifest, &oracle, ranks = std::move(ranks), shift = std::move(shift), end](uint64_t epoch) {
+    std::map<uint64_t, EpochOrder> orders;  // by the ranks' own epochs: one unless their starts differ
     const auto& samples = manifest.samples();
     const bool check = manifest.irregular_samples() > 0;  // a look-up per sample: ~1 s a mount at 14.2 M
     std::vector<std::vector<EntryId>> seq(ranks.size());
     for (size_t i = 0; i < ranks.size(); ++i) {
+      const uint64_t own = epoch + shift[i];
+      if (end && own >= *end) continue;
+      auto at = orders.find(own);
+      if (at == orders.end()) at = orders.emplace(own, oracle.epoch(own)).first;
+      const EpochOrder& order = at->second;
       if (ranks[i] >= order.world_size()) continue;
       reserve_huge(seq[i], order.loaded(ranks[i]));
       for (uint64_t k = 0; k < order.loaded(ranks[i]); ++k) {
@@ -60,6 +69,9 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
   p.entries = manifest.size();
   p.start_epoch = c.start_epoch;
   p.start_item = c.start_item;
+  p.shift = c.epoch_shift;
+  p.start_items = c.start_items;
+  p.idle = c.idle_ranks;
   p.end_epoch = c.epochs ? *c.epochs : UINT64_MAX;  // epochs= is where the job stops, as range(start, epochs)
   p.tolerance = c.tolerance;
   p.horizon = c.horizon;
@@ -89,7 +101,9 @@ std::unique_ptr<PeerStore> make_peers(const Manifest& manifest, const EngineConf
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceStore& source,
                                      EngineConfig config)
-    : ClairvoyantEngine(manifest, oracle_streams(manifest, oracle, served_ranks(config)), source, config) {  // a copy: the streams read it
+    : ClairvoyantEngine(manifest,
+                        oracle_streams(manifest, oracle, served_ranks(config), config.epoch_shift, config.epochs),
+                        source, config) {  // a copy: the streams read it
   const Schedule& s = oracle.schedule();
   diagnoser_ = std::make_unique<Diagnoser>(
       manifest_, MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance},
@@ -355,6 +369,70 @@ std::optional<uint64_t> ClairvoyantEngine::epoch_read_as() const {
   return epoch;
 }
 
+std::vector<ClairvoyantEngine::RankAt> ClairvoyantEngine::ranks_at() const {
+  std::vector<RankAt> at;
+  {
+    MutexLock lock(state_.mutex);
+    for (uint64_t r = 0; r < state_.tracker.ranks(); ++r) {
+      if (const Planner::RankProgress rp = state_.planner.progress(r); state_.planner.live(r))
+        at.push_back({RankAt::Is::kFollowing, rp.epoch, rp.done});
+      else if (state_.planner.lost(r) == Planner::Lost::kOtherOrder)
+        at.push_back({RankAt::Is::kOff, std::nullopt});
+      else
+        at.push_back({state_.planner.read_any(r) ? RankAt::Is::kIdle : RankAt::Is::kUnread, std::nullopt});
+    }
+  }
+  for (size_t r = 0; r < at.size(); ++r)
+    if (at[r].is == RankAt::Is::kOff && diagnoser_) at[r].epoch = diagnoser_->epoch(r);
+  return at;
+}
+
+std::vector<std::optional<uint64_t>> ClairvoyantEngine::late_epochs(
+    const std::vector<std::pair<EntryId, pid_t>>& others, uint64_t at_epoch) const {
+  const std::vector<RankAt> at = ranks_at();
+  std::vector<std::optional<uint64_t>> found(at.size());
+  if (!diagnoser_) return found;
+  std::unordered_map<pid_t, std::vector<EntryId>> by_process;
+  for (const auto& [id, pid] : others) by_process[pid].push_back(id);
+  std::vector<std::vector<EntryId>*> tries;
+  for (auto& [pid, opens] : by_process)
+    if (opens.size() >= kMinDiagnosisOpens) tries.push_back(&opens);
+  std::sort(tries.begin(), tries.end(), [](const auto* a, const auto* b) { return a->size() > b->size(); });
+  if (tries.size() > kLateTries) tries.resize(kLateTries);
+  const std::vector<uint64_t> ranks = served_ranks(config_);
+  for (size_t r = 0; r < at.size(); ++r) {
+    if (at[r].is != RankAt::Is::kUnread) continue;
+    for (auto& opens : tries) {
+      if (!opens) continue;
+      found[r] = diagnoser_->epoch_now(Evidence{ranks[r], at_epoch, *opens, /*unread=*/true});
+      if (found[r]) {
+        opens = nullptr;  // one process, one rank
+        break;
+      }
+    }
+  }
+  return found;
+}
+
+std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_unplaced(uint64_t after, uint64_t* last) const {
+  MutexLock lock(state_.mutex);
+  return state_.tracker.opens_unplaced(after, last);
+}
+
+bool ClairvoyantEngine::late_start_suspected() const {
+  MutexLock lock(state_.mutex);
+  if (state_.planner.mispredicted() == 0 && state_.planner.other_readers() == 0) return false;
+  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
+    if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kIdle && !state_.planner.read_any(r))
+      return true;
+  return false;
+}
+
+uint64_t ClairvoyantEngine::reading_epoch() const {
+  MutexLock lock(state_.mutex);
+  return state_.planner.epoch_of(state_.planner.cursor()).value_or(config_.start_epoch);
+}
+
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::latest_opens(uint64_t after, uint64_t* last) const {
   MutexLock lock(state_.mutex);
   return state_.tracker.opens_all(after, last);
@@ -380,8 +458,10 @@ void ClairvoyantEngine::free_ram() {
 void ClairvoyantEngine::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
   MutexLock lock(state_.mutex);
   for (auto& [id, bytes] : files) {
+    // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
+    // would be read from SOURCE again once they do.
     const uint64_t key = state_.policy.keep_key(id);
-    if (key == kNever || state_.policy.ram().contains(id) || !ram_.reserve(bytes->size())) continue;
+    if (state_.policy.ram().contains(id) || !ram_.reserve(bytes->size())) continue;
     ram_.insert(id, std::move(bytes));
     state_.policy.ram().set(id, key, false);
     ++adopted_;
@@ -497,15 +577,24 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   placed(p);
 }
 
-void ClairvoyantEngine::closed(EntryId id, pid_t) {
+void ClairvoyantEngine::closed(EntryId id, pid_t pid) { close_told(id, pid); }
+
+bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   counters_.watched_closes++;
   FileBytes held;  // let go after the lock
   Origin from = Origin::kRam;
   MutexLock lock(state_.mutex);
+  state_.window.released(id);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  if (take_unread(id, &held, &from)) counters_.served_file(Origin::kPageCache);
-  state_.window.released(id);
+  if (!take_unread(id, &held, &from)) return false;
+  counters_.served_file(Origin::kPageCache);
+  return true;
+}
+
+bool ClairvoyantEngine::unread_open(EntryId id) const {
+  MutexLock lock(state_.mutex);
+  return state_.unread.count(id) != 0;
 }
 
 void ClairvoyantEngine::opens_lost() {

@@ -60,6 +60,11 @@ struct EngineConfig {
   std::vector<uint64_t> ranks;     // the training ranks this node serves
   uint64_t start_epoch = 0;
   uint64_t start_item = 0;  // each served rank's first item of start_epoch (start_batch × batch_size)
+  // Per served rank (empty: all 0): in the plan's epoch e it reads its epoch e + shift — ranks that
+  // started at different epochs (one started epochs after the others on its node). The least is 0.
+  std::vector<uint64_t> epoch_shift;
+  std::vector<uint64_t> start_items;  // per served rank, its first item (empty: start_item for each)
+  std::vector<bool> idle_ranks;       // per served rank (empty: none): idle from the start (a re-plan's)
   std::optional<uint64_t> epochs;
   unsigned depth = 32;             // opens, reads and writes in flight
   uint64_t tolerance = 256;        // steps an open may stray from its rank's place (Planner)
@@ -80,7 +85,7 @@ struct EngineConfig {
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
   // The files the engine of the mount's last plan held in RAM (a re-plan, LearningEngine): taken once
-  // the opens above are placed, before staging starts, and kept where the new plan uses them.
+  // the opens above are placed, before staging starts, and kept as RAM allows (adopt).
   std::function<std::vector<std::pair<EntryId, FileBytes>>()> adopt;
   // A reader found to read as another world size makes whoever built the engine plan again (on_world),
   // rather than a remount: what the log says.
@@ -109,6 +114,10 @@ class ClairvoyantEngine final : public Engine {
   void watching_opens() override EXCLUDES(state_.mutex);
   void opened(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
   void closed(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
+  // closed(), and whether it counted a use (an open told here that no read reached).
+  bool close_told(EntryId id, pid_t pid) EXCLUDES(state_.mutex);
+  // Whether an open of `id` told here has had no read yet (its close counts it).
+  bool unread_open(EntryId id) const EXCLUDES(state_.mutex);
   void opens_lost() override EXCLUDES(state_.mutex);
 
   // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
@@ -133,6 +142,28 @@ class ClairvoyantEngine final : public Engine {
   // The epoch of the planned order that every rank off the plan reads, as the diagnosis found it (a job
   // started at another epoch than the plan's); nullopt while none is off, or one has no such answer.
   std::optional<uint64_t> epoch_read_as() const EXCLUDES(state_.mutex);
+  // Where each served rank reads, for a plan that follows them all (LearningEngine::follow_epoch).
+  struct RankAt {
+    enum class Is { kFollowing, kOff, kIdle, kUnread };  // kUnread: idle, and never read in this plan
+    Is is = Is::kIdle;
+    std::optional<uint64_t> epoch;  // its own: where it reads (following), the diagnosis's (off), or none
+    uint64_t done = 0;              // following: its items of that epoch read
+  };
+  std::vector<RankAt> ranks_at() const EXCLUDES(state_.mutex);
+  // For each served rank that never read (kUnread), the epoch of the planned order it reads in, found
+  // from `others`, the opens of processes that follow no rank (opens_unplaced) — a rank that started
+  // epochs after the others on its node, `at_epoch` (theirs) — or nullopt. One process reads for one
+  // rank; the processes with the most opens are tried first (up to kLateTries). Slow (explain per try):
+  // off the request path.
+  std::vector<std::optional<uint64_t>> late_epochs(const std::vector<std::pair<EntryId, pid_t>>& others,
+                                                   uint64_t at_epoch) const EXCLUDES(state_.mutex);
+  std::vector<std::pair<EntryId, pid_t>> opens_unplaced(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
+  // A rank never read while opens came that no rank expected or that a process in another order made:
+  // it may have started late (late_epochs).
+  bool late_start_suspected() const EXCLUDES(state_.mutex);
+  // The epoch the plan's cursor is in (its earliest live rank's).
+  uint64_t reading_epoch() const EXCLUDES(state_.mutex);
+  static constexpr size_t kLateTries = 4;
   // What each process was found to read as (ReaderTracker::readers_as).
   std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
   // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
@@ -149,7 +180,8 @@ class ClairvoyantEngine final : public Engine {
   uint64_t adopted() const { return adopted_; }
 
  private:
-  // Keeps the files another engine held where this plan uses them (EngineConfig::adopt).
+  // Keeps the files another engine held, as RAM allows: keyed by their next use in this plan, or as
+  // never used (the first to go when room is needed) where its epochs do not use them yet (EngineConfig::adopt).
   void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.mutex);
   // An open of `id` (or, without a handle, a first read): places it, wakes the stager if the readers
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),

@@ -255,7 +255,7 @@ std::optional<std::string> explain(const Manifest& manifest, const MountedOrder&
   if (epoch && m.order == Order::kTorch && !other_world) {
     const Label& l = ls[0];
     const SeedInt at = l.seed + static_cast<SeedInt>(l.epoch) - m.seed;
-    const bool repeats = at < static_cast<SeedInt>(e_plan) && at == static_cast<SeedInt>(m.start_epoch);
+    const bool repeats = !ev.unread && at < static_cast<SeedInt>(e_plan) && at == static_cast<SeedInt>(m.start_epoch);
     if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs) && !repeats) *epoch = static_cast<uint64_t>(at);
   }
   if (ls.size() > 1 && rank_of(ls[0]) != 0) words += ", or " + phrase(ls[1], false);
@@ -521,6 +521,12 @@ std::string Diagnoser::answer(size_t index) const {
 std::optional<uint64_t> Diagnoser::epoch(size_t index) const {
   MutexLock lock(mutex_);
   return epochs_[index];
+}
+
+std::optional<uint64_t> Diagnoser::epoch_now(const Evidence& evidence) const {
+  std::optional<uint64_t> epoch;
+  explain(manifest_, mounted_, evidence, &epoch);
+  return epoch;
 }
 
 uint64_t Diagnoser::answered() const {

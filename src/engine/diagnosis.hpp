@@ -51,6 +51,9 @@ struct Evidence {
   uint64_t rank = 0;   // the training rank
   uint64_t epoch = 0;  // the epoch the plan had it in
   std::vector<EntryId> opens;
+  // The rank never read in the plan: the start epoch read later is a late start, not an epoch repeated
+  // for want of set_epoch.
+  bool unread = false;
 };
 
 // The order that fits, as the words after "rank R " ("reads as seed=43 (mounted seed=42)"), or nullopt.
@@ -118,6 +121,9 @@ class Diagnoser {
   std::optional<uint64_t> epoch(size_t index) const EXCLUDES(mutex_);
   // Questions answered (tests wait on it).
   uint64_t answered() const EXCLUDES(mutex_);
+  // The epoch of the mounted order `evidence` reads, asked and answered on the caller's thread (explain:
+  // slow on large data sets).
+  std::optional<uint64_t> epoch_now(const Evidence& evidence) const;
 
  private:
   void run() EXCLUDES(mutex_);

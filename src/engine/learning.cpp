@@ -102,7 +102,7 @@ std::optional<Replan> replan_for(const std::unordered_map<pid_t, ReaderTracker::
   const uint64_t most = std::max_element(count.begin(), count.end(), [](const auto& a, const auto& b) {
                           return a.second < b.second;
                         })->first;
-  Replan r{most, {}, epoch[most]};
+  Replan r{most, {}, epoch[most], {}};
   if (whole)
     for (uint64_t k = 0; k < most; ++k) r.ranks.push_back(k);
   else
@@ -124,7 +124,7 @@ LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, S
   {
     MutexLock lock(mutex_);
     state_ = told_ ? "waiting" : "learning";
-    plan_ = {schedule_.world_size, config_.ranks, config_.start_epoch};
+    plan_ = {schedule_.world_size, config_.ranks, config_.start_epoch, {}};
   }
   // The seed told and every file's size known: nothing to wait for, and the engine's errors are the
   // mount's.
@@ -282,7 +282,17 @@ void LearningEngine::opened(EntryId id, pid_t pid) {
 }
 
 void LearningEngine::closed(EntryId id, pid_t pid) {
-  if (ClairvoyantEngine* e = current()) e->closed(id, pid);
+  uint64_t n = 0;
+  ClairvoyantEngine* e = current(&n);
+  if (!e) return;
+  // An open told to an earlier plan's engine (the plan changed while the file was open) is counted there.
+  if (!e->unread_open(id))
+    for (uint64_t p = n; p-- > 0;)
+      if (ClairvoyantEngine* was = plans_[p].load(std::memory_order_acquire); was && was->unread_open(id)) {
+        was->close_told(id, pid);
+        return;
+      }
+  e->closed(id, pid);
 }
 
 void LearningEngine::opens_lost() {
@@ -435,39 +445,112 @@ bool LearningEngine::follow_epoch() {
   if (gave_up_) return true;
   uint64_t n = 0;
   ClairvoyantEngine* old = current(&n);
-  if (!old || (old->ranks_off() == 0 && old->other_readers() == 0)) return true;  // followed again, or idle
-  const std::optional<uint64_t> epoch = old->epoch_read_as();
-  if (!epoch) return false;  // the diagnosis is to come, or named another mistake (looked at again)
-  if (config_.epochs && *epoch >= *config_.epochs) return true;  // beyond the epochs the mount was told
+  if (!old || (old->ranks_off() == 0 && old->other_readers() == 0 && !old->late_start_suspected()))
+    return true;  // followed again, or idle
+  using Is = ClairvoyantEngine::RankAt::Is;
+  std::vector<ClairvoyantEngine::RankAt> at = old->ranks_at();
+  // Each rank's own epoch: where it follows the plan, or where the diagnosis found it reads the planned
+  // order of another epoch; a rank that never read, where a process judged to read another order reads
+  // its items of an earlier (or later) epoch — a rank started after the others on its node.
+  std::optional<uint64_t> followed;  // the earliest epoch a following rank reads
+  for (const auto& a : at)
+    if (a.is == Is::kFollowing) followed = std::min(followed.value_or(UINT64_MAX), *a.epoch);
+  const bool unread = std::any_of(at.begin(), at.end(), [](const auto& a) { return a.is == Is::kUnread; });
+  bool late_found = false;
+  if (unread) {
+    uint64_t seen = 0;
+    std::vector<std::pair<EntryId, pid_t>> others = old->opens_unplaced(0, &seen);
+    keep_the_jobs(others);
+    bool try_now = false;
+    {
+      MutexLock lock(mutex_);
+      try_now = others.size() >= kMinDiagnosisOpens && seen >= next_try(late_tried_);
+      if (try_now) late_tried_ = seen;
+    }
+    if (try_now) {
+      std::vector<std::optional<uint64_t>> late;
+      run_niced([&] { late = old->late_epochs(others, followed.value_or(old->reading_epoch())); });
+      for (size_t r = 0; r < at.size(); ++r)
+        if (late[r]) at[r] = {Is::kOff, late[r]}, late_found = true;
+    }
+  }
+  // A plan from the earliest of those epochs, each rank shifted to its own; an idle rank at the plan's.
+  std::vector<std::string> found;
+  const uint64_t end = config_.epochs.value_or(UINT64_MAX);
+  uint64_t from = followed.value_or(UINT64_MAX);
+  const std::vector<uint64_t> ranks = [&] {
+    MutexLock lock(mutex_);
+    return plan_.ranks;
+  }();
+  for (size_t r = 0; r < at.size(); ++r) {
+    if (at[r].is != Is::kOff) continue;
+    if (!at[r].epoch) return false;  // the diagnosis is to come, or named another mistake (looked at again)
+    if (*at[r].epoch >= end) {       // beyond the epochs the mount was told
+      at[r] = {Is::kIdle, std::nullopt};
+      continue;
+    }
+    from = std::min(from, *at[r].epoch);
+    found.push_back("rank " + std::to_string(r < ranks.size() ? ranks[r] : r) + " epoch " +
+                    std::to_string(*at[r].epoch));
+  }
+  if (found.empty()) return !unread && old->ranks_off() == 0;  // none found (yet): look again while off
+  std::vector<uint64_t> shift(at.size(), 0);
+  bool shifted = false;
+  for (size_t r = 0; r < at.size(); ++r)
+    if (at[r].epoch && (at[r].is == Is::kOff || at[r].is == Is::kFollowing))
+      shifted |= (shift[r] = *at[r].epoch - from) != 0;
+  if (!shifted) shift.clear();
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
-  const std::string words = "the job reads epoch " + std::to_string(*epoch) +
-                            " of seed=" + seed_text(was->schedule().seed) +
-                            ", not the plan's (started or restarted at another " +
-                            "epoch than start_epoch=" + std::to_string(config_.start_epoch) + "?)";
+  std::string words = "the job reads epoch " + std::to_string(from) + " of seed=" + seed_text(was->schedule().seed) +
+                      ", not the plan's (started or restarted at another epoch than start_epoch=" +
+                      std::to_string(config_.start_epoch) + "?)";
+  if (followed) {
+    words = "the job's ranks read epochs of seed=" + seed_text(was->schedule().seed) + " the plan does not hold: ";
+    for (size_t i = 0; i < found.size(); ++i) words += (i ? ", " : "") + found[i];
+    words += ", where the others read epoch " + std::to_string(*followed) +
+             " (a rank started or restarted after the others on this node?)";
+  }
   if (n + 1 >= kPlans) {
-    log_warning(words + "; this mount planned " + std::to_string(kPlans) +
-                " times already: remount with start_epoch=" + std::to_string(*epoch) + " to follow it");
+    log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount" +
+                (shifted ? "" : " with start_epoch=" + std::to_string(from)) + " to follow it");
     return true;
   }
-  std::vector<uint64_t> ranks;
   {
     MutexLock lock(mutex_);
-    if (n > 0 && plan_.epoch == *epoch) return false;  // planned from there already: another plan would not help
-    ranks = plan_.ranks;
+    if (n > 0 && plan_.epoch == from && plan_.shift == shift) return false;  // planned so already: would not help
   }
-  if (!switch_plan(n, was->schedule(), ranks, *epoch, words,
-                   [old](uint64_t after, uint64_t* last) { return old->latest_opens(after, last); }))
+  // Ranks that follow start where they are, idle ones idle; the rest are placed by the opens of the
+  // processes that read for them (all opens, where none follows or started late), then by the opens made
+  // while the plan is built.
+  std::vector<uint64_t> start_items;
+  std::vector<bool> idle;
+  for (const auto& a : at) {
+    start_items.push_back(a.is == Is::kFollowing ? a.done : 0);
+    idle.push_back(a.is == Is::kIdle || a.is == Is::kUnread);
+  }
+  if (!followed) start_items.clear();
+  if (std::none_of(idle.begin(), idle.end(), [](bool i) { return i; })) idle.clear();
+  const bool all = !followed && !late_found;
+  if (!switch_plan(
+          n, was->schedule(), ranks, from, words,
+          [old, all](uint64_t after, uint64_t* last) {
+            return after == 0 && !all ? old->opens_other(after, last) : old->latest_opens(after, last);
+          },
+          shift, start_items, idle))
     return true;
   MutexLock lock(mutex_);
-  plan_.epoch = *epoch;
+  plan_.epoch = from;
+  plan_.shift = shift;
   ++replanned_;
-  log_warning(words + ": planned again from epoch " + std::to_string(*epoch) + " (" +
-              std::to_string(engines_[n + 1]->adopted()) + " files in RAM kept); staging follows it");
+  log_warning(words + ": planned again from epoch " + std::to_string(from) +
+              (shifted ? " with each rank at its own" : "") + " (" + std::to_string(engines_[n + 1]->adopted()) +
+              " files in RAM kept); staging follows it");
   return true;
 }
 
 bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
-                                 const std::string& words, const OpensSince& opens) {
+                                 const std::string& words, const OpensSince& opens, std::vector<uint64_t> shift,
+                                 std::vector<uint64_t> start_items, std::vector<bool> idle) {
   ClairvoyantEngine* old = plans_[n].load(std::memory_order_acquire);
   // The new plan, placed by its readers' latest opens (and, below, by those made while it was built);
   // it takes the old engine's RAM copies before it starts staging.
@@ -479,7 +562,10 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     const uint64_t world = schedule.world_size;
     EngineConfig c = plan_config(std::move(ranks), world, n + 1);
     c.start_epoch = epoch;
-    if (epoch != config_.start_epoch) c.start_item = 0;  // start_batch= is the mounted start epoch's
+    if (epoch != config_.start_epoch || !shift.empty()) c.start_item = 0;  // start_batch= is the mounted start epoch's
+    c.epoch_shift = std::move(shift);
+    c.start_items = std::move(start_items);
+    c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats_json reads the engines under it

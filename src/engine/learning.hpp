@@ -58,6 +58,7 @@ struct Replan {
   uint64_t world = 0;
   std::vector<uint64_t> ranks;
   uint64_t epoch = 0;  // the epoch they read (the latest any was found in)
+  std::vector<uint64_t> shift;  // per rank, its epoch's distance from `epoch` (EngineConfig::epoch_shift)
 };
 // From what each process was found to read as (ReaderTracker::readers_as): none while a live process
 // (or its parent: a DataLoader's workers come and go between epochs, its rank's process stays) reads
@@ -131,19 +132,22 @@ class LearningEngine final : public Engine {
   // another order: learn_seed on their latest opens, and a plan for the seed found. False while it
   // waits for more of their opens (or for the learned order's readers to go).
   bool relearn() EXCLUDES(mutex_);
-  // A told seed: when every rank off the plan reads the planned order of one other epoch (a job started
-  // at another epoch than the mount was told, or restarted), a plan from that epoch. False while the
-  // ranks are off and the diagnosis has not found such an epoch (looked at again).
+  // A told seed: when each rank off the plan reads the planned order of another epoch (a job started at
+  // another epoch than the mount was told, or restarted), or a rank that never read does (started epochs
+  // after the others on the node), a plan from the earliest of them with each rank shifted to its own
+  // epoch. False while a rank is off and the diagnosis has not found its epoch (looked at again).
   bool follow_epoch() EXCLUDES(mutex_);
   // A process reads in another order than the current plan's, or one of its ranks is off it.
   bool off_the_plan() const;
   // The opens a new plan is placed by: those after the `after`-th of the old engine's count; *last: the count.
   using OpensSince = std::function<std::vector<std::pair<EntryId, pid_t>>(uint64_t after, uint64_t* last)>;
-  // Builds plan number n + 1 for `schedule`, serving `ranks` from `epoch`, placed by `opens` (those kept
-  // before it was built, then those made meanwhile), hands it plan n's RAM copies, and switches to it.
-  // False (said, after `words`) when it could not start.
+  // Builds plan number n + 1 for `schedule`, serving `ranks` from `epoch` (each shifted to its own epoch
+  // and starting at its item or idle, EngineConfig::epoch_shift, start_items, idle_ranks), placed by `opens` (those
+  // kept before it was built, then those made meanwhile), hands it plan n's RAM copies, and switches to it. False
+  // (said, after `words`) when it could not start.
   bool switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
-                   const std::string& words, const OpensSince& opens) EXCLUDES(mutex_);
+                   const std::string& words, const OpensSince& opens, std::vector<uint64_t> shift = {},
+                   std::vector<uint64_t> start_items = {}, std::vector<bool> idle = {}) EXCLUDES(mutex_);
   // The engine's configuration for plan number `plan`, of `world` ranks, serving `ranks`.
   EngineConfig plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan);
   // Makes plan number `plan` (its engine in engines_) the one served.
@@ -180,6 +184,7 @@ class LearningEngine final : public Engine {
   uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first
   uint64_t relearned_ GUARDED_BY(mutex_) = 0;       // seeds learned again (relearn)
   size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // the plan's opens when relearning last tried
+  size_t late_tried_ GUARDED_BY(mutex_) = 0;        // the same, looking for ranks started late (follow_epoch)
 
   // Each plan's oracle and engine, written by the learning thread before the plan's number is published
   // (plans_, plan_now_); the engines stay to the end, for the handles opened through them.

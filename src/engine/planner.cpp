@@ -27,6 +27,8 @@ EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t
         if (k < e.seq[r].size()) {
           uint32_t& f = e.first[e.seq[r][k]];
           if (f == EpochStreams::kAbsent) f = static_cast<uint32_t>(k * ranks + r);
+          else
+            e.more.emplace_back(e.seq[r][k], static_cast<uint32_t>(k * ranks + r));
         }
   } else {
     reserve_huge(e.sparse, items);
@@ -35,10 +37,18 @@ EpochStreams Planner::build(const StreamSource& source, uint64_t epoch, uint64_t
         if (k < e.seq[r].size()) e.sparse.emplace_back(e.seq[r][k], static_cast<uint32_t>(k * ranks + r));
     // Sorted by entry, then offset: the first pair of an entry is its first occurrence.
     std::sort(e.sparse.begin(), e.sparse.end());
-    e.sparse.erase(std::unique(e.sparse.begin(), e.sparse.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
-                   e.sparse.end());
+    size_t kept = 0;
+    for (size_t i = 0; i < e.sparse.size(); ++i) {
+      if (kept > 0 && e.sparse[kept - 1].first == e.sparse[i].first)
+        e.more.push_back(e.sparse[i]);
+      else
+        e.sparse[kept++] = e.sparse[i];
+    }
+    e.sparse.resize(kept);
     e.sparse.shrink_to_fit();
   }
+  std::sort(e.more.begin(), e.more.end());
+  e.more.shrink_to_fit();
   return e;
 }
 
@@ -52,21 +62,37 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
     : config_(config),
       stale_after_(config.stale_after ? config.stale_after : 2 * config.tolerance * config.ranks + 64) {
   if (config_.ranks == 0) throw std::logic_error("planner: no ranks");
+  if (!config_.shift.empty() && config_.shift.size() != config_.ranks)
+    throw std::logic_error("planner: a shift per rank");
   every_open_ = config_.every_open;
   epochs_.push_back(build(source, config_.start_epoch, config_.ranks, config_.entries));
   base_.push_back(0);
   ranks_.resize(config_.ranks);
-  for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, config_.start_item * config_.ranks + r);
-  cursor_ = ranks_[0].next;
-  for (const Rank& r : ranks_) cursor_ = std::min(cursor_, r.next);
+  if (!config_.start_items.empty() && config_.start_items.size() != config_.ranks)
+    throw std::logic_error("planner: a start item per rank");
+  for (uint64_t r = 0; r < config_.ranks; ++r) {
+    const uint64_t item = config_.start_items.empty() ? config_.start_item : config_.start_items[r];
+    ranks_[r].next = at_or_after(r, item * config_.ranks + r);
+    if (!config_.idle.empty() && config_.idle.at(r)) ranks_[r].live = false, ranks_[r].lost = Lost::kIdle;
+  }
+  cursor_ = kNever;
+  for (const Rank& r : ranks_)
+    if (r.live) cursor_ = std::min(cursor_, r.next);
+  if (cursor_ == kNever) cursor_ = ranks_[0].next;
 }
 
 std::optional<uint64_t> Planner::wanted_epoch() const {
   const uint64_t last = epochs_.back().epoch;
   if (last + 1 >= config_.end_epoch) return std::nullopt;
-  uint64_t base = 0;
-  const EpochStreams* at = epoch_of_step(cursor_ / config_.ranks, &base);
-  const uint64_t reading = at ? at->epoch : last;
+  // The furthest live rank's epoch, not the cursor's: a rank that has not begun yet (started after the
+  // others) holds the cursor back until taken as idle, and the others' epochs must be planned meanwhile,
+  // or their opens would be placed in its stream.
+  uint64_t reading = epochs_.front().epoch;
+  for (const Rank& r : ranks_)
+    if (r.live) {
+      const size_t i = epoch_index(r.next);
+      reading = std::max(reading, i < epochs_.size() ? epochs_[i].epoch : last);
+    }
   if (last + 1 > reading + config_.horizon) return std::nullopt;
   return last + 1;
 }
@@ -122,10 +148,12 @@ uint64_t Planner::next_use(EntryId id, uint64_t from) const {
   for (size_t i = 0; i < epochs_.size(); ++i) {
     const EpochStreams& e = epochs_[i];
     if ((base_[i] + e.steps) * R <= from) continue;
-    const uint32_t off = e.first_of(id);
-    if (off == EpochStreams::kAbsent) continue;
-    const uint64_t key = (base_[i] + off / R) * R + off % R;
-    if (key >= from) return key;
+    uint64_t key = kNever;
+    if (e.each_use(id, [&](uint32_t off) {
+          key = (base_[i] + off / R) * R + off % R;
+          return key >= from;
+        }))
+      return key;
   }
   return kNever;
 }
@@ -159,6 +187,7 @@ uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
   if (key < r.next || r.ahead.count(key)) return 0;  // opened again (a retry, a second reader): no progress
   r.silent.erase(key);  // presumed silent, but read through us after all (its pages went)
   r.reached = std::max(r.reached, key);
+  r.read_any = true;
   auto count_read = [&](uint64_t k) {
     if (const size_t i = epoch_index(k); i < epochs_.size()) epochs_[i].read[rank]++;
   };
@@ -272,25 +301,29 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   auto near = [&](std::optional<uint64_t> only) -> std::optional<std::pair<uint64_t, uint64_t>> {
     std::optional<std::pair<uint64_t, uint64_t>> found, first_opened;  // (key, rank)
     int64_t best = 0;
-    for (size_t i = 0; i < epochs_.size(); ++i) {
-      const uint32_t off = epochs_[i].first_of(id);
-      if (off == EpochStreams::kAbsent) continue;
-      const uint64_t rank = off % R;
-      const uint64_t key = (base_[i] + off / R) * R + rank;
-      const Rank& r = ranks_[rank];
-      if (only && rank != *only) continue;
-      const int64_t d = distance(r, rank, key);
-      if (!r.live || d < -tol || d > tol) continue;
-      if (judged) {
-        const bool taken = opened(key) && !(judged->follows && r.tentative.count(key));
-        const int64_t score = std::abs(d) + (taken ? tol / 4 : 0);
-        if (!found || score < best) found.emplace(key, rank), best = score;
-      } else if (!opened(key)) {
-        return std::make_pair(key, rank);
-      } else if (!first_opened) {
-        first_opened.emplace(key, rank);
-      }
+    std::optional<std::pair<uint64_t, uint64_t>> unopened;
+    for (size_t i = 0; i < epochs_.size() && !unopened; ++i) {
+      epochs_[i].each_use(id, [&](uint32_t off) {
+        const uint64_t rank = off % R;
+        const uint64_t key = (base_[i] + off / R) * R + rank;
+        const Rank& r = ranks_[rank];
+        if (only && rank != *only) return false;
+        const int64_t d = distance(r, rank, key);
+        if (!r.live || d < -tol || d > tol) return false;
+        if (judged) {
+          const bool taken = opened(key) && !(judged->follows && r.tentative.count(key));
+          const int64_t score = std::abs(d) + (taken ? tol / 4 : 0);
+          if (!found || score < best) found.emplace(key, rank), best = score;
+        } else if (!opened(key)) {
+          unopened.emplace(key, rank);
+          return true;
+        } else if (!first_opened) {
+          first_opened.emplace(key, rank);
+        }
+        return false;
+      });
     }
+    if (unopened) return unopened;
     return found ? found : first_opened;
   };
   std::optional<std::pair<uint64_t, uint64_t>> place;
@@ -337,9 +370,8 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       ranks_[rank].confirmed = true;
     }
   }
-  for (size_t i = 0; i < epochs_.size() && !result.expected; ++i) {
-    const uint32_t off = epochs_[i].first_of(id);
-    if (off == EpochStreams::kAbsent) continue;
+  // Each use of the file (a file may be in two ranks' sequences of one epoch).
+  const auto resync = [&](size_t i, uint32_t off) {
     const uint64_t rank = off % R;
     const uint64_t key = (base_[i] + off / R) * R + rank;
     Rank& r = ranks_[rank];
@@ -386,7 +418,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
           own_run = true;
         }
       }
-      if (run.size() < needed && !own_run) continue;
+      if (run.size() < needed && !own_run) return false;
       r.live = true;
       r.lost = Lost::kNo;
       r.evidence = 0;
@@ -412,8 +444,12 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
         judged->run.clear();
       }
       take(r, rank, key);
+      return true;
     }
-  }
+    return false;
+  };
+  for (size_t i = 0; i < epochs_.size() && !result.expected; ++i)
+    epochs_[i].each_use(id, [&](uint32_t off) { return resync(i, off); });
   // A reader's own runs are of its opens in a row too.
   if (judged && !result.expected)
     judged->run.erase(std::remove_if(judged->run.begin(), judged->run.end(),
@@ -470,7 +506,10 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
       // beyond a quarter share) while its own readers rarely strayed: a rank read mostly from pushed
       // pages opens little, and another rank's stray opens can fill a block.
       const bool silent_progress = r.presumed_in_block >= enough && r.mispredicted_in_block < r.expected_in_block;
-      if (r.live && r.expected_in_block < enough && !silent_progress)
+      // Nor when a reader known to follow it moved it lately: it started late in the block (a rank
+      // started after the others).
+      const bool reading = r.confirmed && r.followed_at != kNever && opens_ - r.followed_at <= stale_after_ / 4;
+      if (r.live && r.expected_in_block < enough && !silent_progress && !reading)
         lose(r, r.mispredicted_in_block > r.expected_in_block ? Lost::kOtherOrder : Lost::kIdle);
       r.expected_in_block = r.presumed_in_block = r.mispredicted_in_block = 0;
     }
@@ -647,8 +686,15 @@ void Planner::update_cursor() {
   cursor_ = c;
   // Epochs wholly behind the cursor are no longer needed.
   while (epochs_.size() > 1 && (base_[0] + epochs_[0].steps) * config_.ranks <= cursor_) {
-    for (uint64_t rank = 0; rank < config_.ranks; ++rank)
-      if (ranks_[rank].live) ranks_[rank].finished = {epochs_[0].epoch, epochs_[0].seq[rank].size()};
+    const uint64_t end = (base_[0] + epochs_[0].steps) * config_.ranks;
+    for (uint64_t rank = 0; rank < config_.ranks; ++rank) {
+      Rank& r = ranks_[rank];
+      const uint64_t total = epochs_[0].seq[rank].size();
+      if (total == 0 || r.next < base_[0] * config_.ranks) continue;  // (none: a shifted rank past its end)
+      // Finished, or stopped in it (idle: the others read on).
+      const uint64_t done = r.next >= end ? total : std::min(r.next / config_.ranks - base_[0], epochs_[0].read[rank]);
+      if (done > 0 || !r.left) r.left = Rank::Left{epochs_[0].epoch, done, total};  // (none: still the one before's)
+    }
     epochs_.pop_front();
     base_.pop_front();
   }
@@ -665,6 +711,15 @@ std::vector<std::pair<uint64_t, EntryId>> Planner::take_passed() {
 }
 
 Planner::RankProgress Planner::progress(uint64_t rank) const {
+  RankProgress p = plan_progress(rank);
+  const uint64_t s = shift(rank);
+  p.epoch += s;
+  p.next_epoch += s;
+  if (p.shifted_from) *p.shifted_from += s;
+  return p;
+}
+
+Planner::RankProgress Planner::plan_progress(uint64_t rank) const {
   const Rank& r = ranks_[rank];
   RankProgress p;
   p.next_key = r.next;
@@ -673,13 +728,30 @@ Planner::RankProgress Planner::progress(uint64_t rank) const {
   p.lost = r.lost;
   p.shifted_from = r.shifted_from;
   p.mispredicted = r.mispredicted;
+  if (!r.read_any && !r.live) {  // idle before its first open: at the start of the plan still
+    p.epoch = p.next_epoch = config_.start_epoch;
+    p.total = epochs_.front().seq[rank].size();
+    return p;
+  }
   size_t i = epoch_index(r.next);
   p.next_epoch = i < epochs_.size() ? epochs_[i].epoch : epochs_.back().epoch + 1;
-  if (i == epochs_.size()) {  // past the plan's end: finished
-    const EpochStreams& e = epochs_.back();
-    p.epoch = e.epoch;
-    p.total = p.done = e.seq[rank].size();
+  const auto left = [&] {
+    p.epoch = r.left->epoch;
+    p.done = r.left->done;
+    p.total = r.left->total;
     return p;
+  };
+  if (i == epochs_.size()) {
+    // Behind the plan: it stopped in, or at the end of, an epoch dropped since (the others read on).
+    if (r.next < base_.front() * config_.ranks && r.left) return left();
+    // Past the plan's end: finished, in its last epoch with items (a shifted rank's last ones are empty).
+    for (size_t j = epochs_.size(); j-- > 0;) {
+      if (epochs_[j].seq[rank].empty() && (j > 0 || r.left)) continue;
+      p.epoch = epochs_[j].epoch;
+      p.total = p.done = epochs_[j].seq[rank].size();
+      return p;
+    }
+    return left();
   }
   // Its next item opens an epoch it has read nothing of yet: it is still in (the end of) the one before.
   if (epochs_[i].read[rank] == 0 && r.next / config_.ranks == base_[i]) {
@@ -688,11 +760,7 @@ Planner::RankProgress Planner::progress(uint64_t rank) const {
       p.total = p.done = epochs_[i - 1].seq[rank].size();
       return p;
     }
-    if (r.finished) {
-      p.epoch = r.finished->first;
-      p.total = p.done = r.finished->second;
-      return p;
-    }
+    if (r.left) return left();
   }
   const EpochStreams& e = epochs_[i];
   p.epoch = e.epoch;
@@ -704,7 +772,8 @@ Planner::RankProgress Planner::progress(uint64_t rank) const {
 }
 
 size_t EpochStreams::memory_bytes() const {
-  size_t b = first.capacity() * sizeof(uint32_t) + sparse.capacity() * sizeof(sparse[0]) + read.capacity() * sizeof(uint64_t);
+  size_t b = first.capacity() * sizeof(uint32_t) + (sparse.capacity() + more.capacity()) * sizeof(sparse[0]) +
+             read.capacity() * sizeof(uint64_t);
   for (const auto& s : seq) b += s.capacity() * sizeof(EntryId);
   return b;
 }

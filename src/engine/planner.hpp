@@ -73,6 +73,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -99,9 +100,23 @@ struct EpochStreams {
   // rank of 64 needs 8 bytes per item rather than 4 per entry, for each epoch planned.
   std::vector<uint32_t> first;
   std::vector<std::pair<EntryId, uint32_t>> sparse;
+  // Later occurrences in the epoch, sorted: the same file in two ranks' sequences (DistributedSampler's
+  // padding; ranks at different epochs of their order, PlannerConfig::shift).
+  std::vector<std::pair<EntryId, uint32_t>> more;
   std::vector<uint64_t> read;  // per rank: its items opened or presumed read (filled by the planner)
   static constexpr uint32_t kAbsent = UINT32_MAX;
   uint32_t first_of(EntryId id) const;
+  // Calls f(offset) for each occurrence of id, first to last, until f returns true; whether one did.
+  template <class F>
+  bool each_use(EntryId id, F&& f) const {
+    const uint32_t off = first_of(id);
+    if (off == kAbsent) return false;
+    if (f(off)) return true;
+    for (auto it = std::lower_bound(more.begin(), more.end(), std::make_pair(id, uint32_t{0}));
+         it != more.end() && it->first == id; ++it)
+      if (f(it->second)) return true;
+    return false;
+  }
   size_t memory_bytes() const;
 };
 
@@ -113,6 +128,11 @@ struct PlannerConfig {
   uint64_t entries = 0;               // manifest size
   uint64_t start_epoch = 0;
   uint64_t start_item = 0;            // each rank's first item in start_epoch (a job resumed mid-epoch)
+  // Per rank (empty: all 0): its sequences in the plan's epoch e are those of its own epoch e + shift (the
+  // StreamSource's doing); progress and epoch_of say the rank's own epochs.
+  std::vector<uint64_t> shift;
+  std::vector<uint64_t> start_items;  // per rank, its first item (empty: start_item for each)
+  std::vector<bool> idle;             // per rank (empty: none): starts idle, not holding the cursor back
   uint64_t end_epoch = UINT64_MAX;    // exclusive
   uint64_t tolerance = 256;           // steps an open may lie from its rank's next key
   uint64_t stale_after = 0;           // node opens without an expected one before a rank is lost; 0: 2·tol·R + 64
@@ -196,14 +216,17 @@ class Planner {
   }
   bool live(uint64_t rank) const { return ranks_[rank].live; }
   bool confirmed(uint64_t rank) const { return ranks_[rank].confirmed; }
+  // Whether an open was ever placed in the rank (of this plan).
+  bool read_any(uint64_t rank) const { return ranks_[rank].read_any; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
-  // The epoch `key` lies in, if planned.
+  // The epoch `key` lies in, if planned: its rank's own (see PlannerConfig::shift).
   std::optional<uint64_t> epoch_of(uint64_t key) const {
     uint64_t base = 0;
     const EpochStreams* e = epoch_of_step(key / config_.ranks, &base);
-    return e ? std::optional<uint64_t>(e->epoch) : std::nullopt;
+    return e ? std::optional<uint64_t>(e->epoch + shift(key % config_.ranks)) : std::nullopt;
   }
+  uint64_t shift(uint64_t rank) const { return config_.shift.empty() ? 0 : config_.shift[rank]; }
   // The step of `key` within its epoch (its item's index in its rank's sequence), if planned.
   std::optional<uint64_t> step_in_epoch(uint64_t key) const {
     uint64_t base = 0;
@@ -228,8 +251,15 @@ class Planner {
     std::optional<uint64_t> shifted_from;
     uint64_t mispredicted = 0;  // unexpected opens from this rank's processes
   };
-  RankProgress progress(uint64_t rank) const;
+  RankProgress progress(uint64_t rank) const;  // in the rank's own epochs
   uint64_t mispredicted() const { return mispredicted_; }
+  // Whether process `pid` follows a rank of the plan: judged to (with every open told), or placed in a
+  // live rank by its expected opens.
+  bool follows(pid_t pid) const {
+    if (const auto it = readers_.find(pid); it != readers_.end()) return it->second.follows;
+    const auto it = rank_of_pid_.find(pid);
+    return !every_open_ && it != rank_of_pid_.end() && ranks_[it->second].live;
+  }
   // Whether process `pid` was judged to read in another order (with every open told).
   bool reads_other(pid_t pid) const {
     const auto it = readers_.find(pid);
@@ -268,6 +298,7 @@ class Planner {
     std::set<uint64_t> silent;    // presumed keys not yet passed
     std::set<uint64_t> tentative;  // keys opened by processes still judged: held (Reader::pending), counted as opened
     uint64_t reached = 0;         // the largest key opened (0: none since it was last placed)
+    bool read_any = false;        // an open was placed in it (a rank that never read may start late)
     uint64_t expected_in_block = 0;
     uint64_t presumed_in_block = 0;      // silent uses its opens counted as read
     uint64_t mispredicted_in_block = 0;  // unexpected opens by processes known to read for it
@@ -277,12 +308,19 @@ class Planner {
     uint64_t evidence_opens = 0; // opens that made it, since it was last placed
     bool confirmed = false;
     uint64_t followed_at = kNever;  // the node's opens when a reader known to follow it last opened its next items
-    std::optional<std::pair<uint64_t, uint64_t>> finished;  // the last epoch it finished, and its items
+    // Where it was in the latest epoch dropped from the plan that it had items in: that epoch, its items
+    // read, and its items (all of them, once it finished it).
+    struct Left {
+      uint64_t epoch = 0, done = 0, total = 0;
+    };
+    std::optional<Left> left;
     std::optional<uint64_t> shifted_from;  // came back in a later epoch than this one, most of it unread
     std::vector<uint64_t> resync;  // a lost rank's latest opens found ahead in its stream, close together
     uint64_t mispredicted = 0;
   };
 
+  // progress() in the plan's epochs.
+  RankProgress plan_progress(uint64_t rank) const;
   // The loaded epoch holding a step, or nullptr.
   const EpochStreams* epoch_of_step(uint64_t step, uint64_t* base) const;
   // The key of a rank's item after `key` (skipping holes, across epochs).

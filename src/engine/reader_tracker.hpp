@@ -78,6 +78,11 @@ class ReaderTracker {
   // The same of the processes judged to read in another order (Planner::reads_other): what a seed is
   // learned again from.
   std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const;
+  // The same of the processes that follow no rank of the plan (Planner::follows): what a rank that
+  // starts late reads is looked for in.
+  std::vector<std::pair<EntryId, pid_t>> opens_unplaced(uint64_t after, uint64_t* last) const {
+    return opens_of([&](pid_t pid) { return !planner_.follows(pid); }, after, last);
+  }
   // The latest kept opens of every process.
   std::vector<std::pair<EntryId, pid_t>> opens_all(uint64_t after, uint64_t* last) const {
     return opens_of([](pid_t) { return true; }, after, last);

@@ -876,40 +876,96 @@ TEST(Learning, ASeedIsLearnedAgainFromTheLatestEpochWhenTheKeptOpensSpanTwo) {
   EXPECT_TRUE(seed == "seed=43" || seed == "seed=42") << learned();
 }
 
+// A mount of 600 small files on disk told seed 42 (DistributedSampler over `world` ranks, all served here,
+// batches of 16, 2 workers; tolerance 64), re-planning on, with `ram` bytes of RAM (0: the data set's).
+struct ToldMount {
+  ToldMount(uint64_t world, uint64_t ram)
+      : tree(sizes(600, 100, 200)),
+        disk(tree),
+        told(tree.manifest.samples().size(), torch_schedule(world, 16, 2)),
+        e(disk.manifest, *disk.reader, told.schedule(), question(world), engine_config(world, ram ? ram : tree.total()),
+          &told, {}, Replanning{.on = true, .whole_node = true}) {}
+  static LearnQuestion question(uint64_t world) {
+    LearnQuestion q;
+    q.gap = 64;
+    q.world_size = world;
+    q.ranks.clear();
+    for (uint64_t r = 0; r < world; ++r) q.ranks.push_back(r);
+    return q;
+  }
+  static EngineConfig engine_config(uint64_t world, uint64_t ram) {
+    EngineConfig c = config(ram);
+    c.ranks = question(world).ranks;
+    c.tolerance = 64;
+    return c;
+  }
+  nlohmann::json stats() const { return nlohmann::json::parse(e.stats_json()); }
+  // Waits up to 10 s for done().
+  template <class Done>
+  static bool wait(Done done) {
+    for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  }
+  // Opens and reads a file of the rank's epoch as its DataLoader worker for item k does (pid 1000 + 100 ×
+  // epoch + 10 × rank + worker); whether the bytes were right.
+  bool read(uint64_t epoch, uint64_t rank, size_t k) {
+    const EntryId id = tree.manifest.samples()[told.epoch(epoch).rank_sequence(rank)[k]];
+    return read_file(e, id, nullptr, static_cast<pid_t>(1000 + 100 * epoch + 10 * rank + told.worker_of(k))) ==
+           tree.bytes(id);
+  }
+  const MemoryTree tree;
+  TreeOnDisk disk;
+  const Oracle told;
+  LearningEngine e;
+};
+
 TEST(Learning, AJobAtAnotherEpochOfTheToldSeedIsPlannedForFromThatEpoch) {
   // A mount told seed 42 from epoch 0; the job resumes at its epoch 5 (a restart from a checkpoint). Its
   // rank is found off the plan, the diagnosis names epoch 5 of seed 42, and the mount plans from epoch 5:
   // the rank follows it to the epoch's end.
-  const MemoryTree tree(sizes(600, 100, 200));
-  TreeOnDisk disk(tree);
-  const uint64_t n = tree.manifest.samples().size();
-  const Schedule mounted = torch_schedule(1, 16, 2);
-  const Oracle told(n, mounted);
-  LearnQuestion q;
-  q.gap = 64;
-  EngineConfig c = config(1 << 20);
-  c.tolerance = 64;
-  LearningEngine e(disk.manifest, *disk.reader, mounted, q, c, &told, {}, Replanning{.on = true});
-  const auto stats = [&e] { return nlohmann::json::parse(e.stats_json()); };
-  const auto wait = [&](auto done) {
-    for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return done();
-  };
-  const std::vector<uint32_t> seq = told.epoch(5).rank_sequence(0);
-  const auto read_from = [&](size_t from, size_t to) {
+  ToldMount m(1, 1 << 20);
+  const size_t items = m.told.epoch(5).rank_sequence(0).size();
+  for (size_t k = 0; k < 200; ++k) ASSERT_TRUE(m.read(5, 0, k));
+  ASSERT_TRUE(m.wait([&] { return m.stats()["plan"]["world"]["epoch"] == 5; }))
+      << m.stats()["plan"] << m.stats()["ranks"];
+  EXPECT_EQ(m.stats()["plan"]["world"]["replanned"], 1);
+  for (size_t k = 200; k < items; ++k) ASSERT_TRUE(m.read(5, 0, k));
+  EXPECT_TRUE(m.wait([&] {
+    const auto r = m.stats()["ranks"][0];
+    return r["epoch"] == 5 && r["done"] == r["total"] && r["verdict"] == "following";
+  })) << m.stats()["ranks"];
+}
+
+TEST(Learning, ARankThatStartsEpochsAfterTheOtherIsFollowed) {
+  // Two ranks on one node (world_size=2), seed 42 told from epoch 0. Rank 0 reads epochs 0 and 1 alone;
+  // rank 1 starts only then, at its epoch 0, while rank 0 reads its epoch 2 (ranks not held together, as
+  // DDP's rendezvous would hold them). The diagnosis finds rank 1 at epoch 0, and the mount plans again
+  // with each rank at its own epoch: both followed to the end of what they read, rank 1's files staged
+  // too (RAM holds the data set; before, 105 of the 472 opens after each rank's first 64 read SOURCE).
+  ToldMount m(2, 0);
+  const size_t items = m.told.epoch(0).rank_sequence(0).size();
+  for (uint64_t epoch = 0; epoch < 2; ++epoch)
+    for (size_t k = 0; k < items; ++k) ASSERT_TRUE(m.read(epoch, 0, k));
+  // Batch by batch, rank 0 in its epoch 2 and rank 1 in its epoch 0; `compute` between (the stager's turn).
+  const auto steps = [&](size_t from, size_t to, std::chrono::milliseconds compute) {
     for (size_t k = from; k < to; ++k) {
-      const EntryId id = tree.manifest.samples()[seq[k]];
-      ASSERT_EQ(read_file(e, id, nullptr, static_cast<pid_t>(1000 + told.worker_of(k))), tree.bytes(id));
+      ASSERT_TRUE(m.read(2, 0, k));
+      ASSERT_TRUE(m.read(0, 1, k));
+      if (k % 16 == 15) std::this_thread::sleep_for(compute);
     }
   };
-  read_from(0, 200);
-  ASSERT_TRUE(wait([&] { return stats()["plan"]["world"]["epoch"] == 5; })) << stats()["plan"] << stats()["ranks"];
-  EXPECT_EQ(stats()["plan"]["world"]["replanned"], 1);
-  read_from(200, seq.size());
-  EXPECT_TRUE(wait([&] {
-    const auto r = stats()["ranks"][0];
-    return r["epoch"] == 5 && r["done"] == r["total"] && r["verdict"] == "following";
-  })) << stats()["ranks"];
+  steps(0, 64, std::chrono::milliseconds(0));
+  ASSERT_TRUE(m.wait([&] { return m.stats()["plan"]["world"]["replanned"] == 1; }))
+      << m.stats()["plan"] << m.stats()["ranks"];
+  const auto source = [&] { return m.stats()["tiers"]["source"]["files"].get<uint64_t>(); };
+  const uint64_t before = source();
+  steps(64, items, std::chrono::milliseconds(20));
+  EXPECT_LT(source() - before, (items - 64) / 10) << m.stats()["tiers"];
+  EXPECT_TRUE(m.wait([&] {
+    const auto r = m.stats()["ranks"];
+    return r[1]["epoch"] == 0 && r[1]["done"] == r[1]["total"] && r[1]["verdict"] == "following" &&
+           r[0]["epoch"] == 2 && r[0]["done"] == r[0]["total"];
+  })) << m.stats()["ranks"];
 }
 
 TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {

@@ -684,3 +684,106 @@ TEST(Planner, AJobRestartedWithThreeRanksEndsItsEpochComplete) {
 
 }  // namespace
 }  // namespace clairfs
+
+namespace clairfs {
+namespace {
+
+// Each rank's sequences of `job` in the plan's epoch e are its own epoch e + shift's (none from `end` on).
+StreamSource shifted(StreamSource job, std::vector<uint64_t> shift, uint64_t end = UINT64_MAX) {
+  return [job = std::move(job), shift = std::move(shift), end](uint64_t e) {
+    std::vector<std::vector<EntryId>> seq(shift.size());
+    for (uint64_t r = 0; r < shift.size(); ++r)
+      if (e + shift[r] < end) seq[r] = job(e + shift[r])[r];
+    return seq;
+  };
+}
+
+// Two ranks of 300 items an epoch on one plan, rank 0 two epochs ahead of rank 1 (shift 2 and 0), every
+// open told, tolerance 64; opens made as a DataLoader's two workers make them (batches of 16 in turn).
+struct ShiftedPlan {
+  static constexpr uint64_t kFiles = 600, kRanks = 2, kBatch = 16, kItems = kFiles / kRanks;
+  explicit ShiftedPlan(uint64_t end = UINT64_MAX, std::vector<uint64_t> start_items = {})
+      : plan(shifted(job, shift, end)), p(configured(end, std::move(start_items)), plan) {
+    load_all_wanted(p, plan, kRanks, kFiles);
+  }
+  PlannerConfig configured(uint64_t end, std::vector<uint64_t> start_items) const {
+    auto c = every_open(config(kFiles, kRanks, 64));
+    c.shift = shift;
+    c.start_items = std::move(start_items);
+    c.end_epoch = end;
+    return c;
+  }
+  // Opens the rank's items [from, to) of its own epoch (pids 1000 + 100 × epoch + 10 × rank + worker);
+  // how many were expected.
+  size_t read(uint64_t rank, uint64_t epoch, size_t from, size_t to) {
+    const auto seq = job(epoch)[rank];
+    size_t expected = 0;
+    for (size_t k = from; k < to && k < seq.size(); ++k) {
+      expected += p.on_open(seq[k], static_cast<pid_t>(1000 + 100 * epoch + 10 * rank + (k / kBatch) % 2)).expected;
+      load_all_wanted(p, plan, kRanks, kFiles);
+    }
+    return expected;
+  }
+  // Both a batch at a time: rank 0 in its epoch 2, rank 1 in its epoch 0, from item `from`.
+  size_t read_together(size_t from) {
+    size_t expected = 0;
+    for (size_t k = from; k < kItems; k += kBatch) expected += read(0, 2, k, k + kBatch) + read(1, 0, k, k + kBatch);
+    return expected;
+  }
+  const StreamSource job = shuffled(kFiles, kRanks);
+  const std::vector<uint64_t> shift = {2, 0};
+  const StreamSource plan;
+  Planner p;
+};
+
+TEST(Planner, RanksAtTheirOwnEpochsAreFollowedInOnePlan) {
+  // Rank 0 at its epoch 2, item 64; rank 1 (started later) at its epoch 0: one plan from epoch 0, rank 0
+  // shifted by 2. Both end their epochs complete, every open expected.
+  ShiftedPlan s(UINT64_MAX, {64, 0});
+  EXPECT_EQ(s.read(1, 0, 0, 64), 64u);
+  EXPECT_EQ(s.read_together(64), 2 * (ShiftedPlan::kItems - 64));
+  for (uint64_t r = 0; r < ShiftedPlan::kRanks; ++r) {
+    const auto progress = s.p.progress(r);
+    EXPECT_EQ(progress.epoch, s.shift[r]) << r;
+    EXPECT_EQ(progress.done, progress.total) << r;
+    EXPECT_TRUE(s.p.confirmed(r)) << r;
+  }
+}
+
+TEST(Planner, AShiftedRankEndsAtTheLastEpochToldAndTheOtherReadsOn) {
+  // epochs=3: rank 0 at its epoch 2 (its last) ends complete there while rank 1 reads its epochs 1 and
+  // 2, each placed and ended complete.
+  const uint64_t end = 3;
+  ShiftedPlan s(end);
+  EXPECT_EQ(s.read_together(0), 2 * ShiftedPlan::kItems);
+  EXPECT_EQ(s.p.progress(0).epoch, 2u);
+  EXPECT_EQ(s.p.progress(0).done, s.p.progress(0).total);
+  for (uint64_t e = 1; e < end; ++e) {
+    EXPECT_EQ(s.read(1, e, 0, ShiftedPlan::kItems), ShiftedPlan::kItems);
+    EXPECT_EQ(s.p.progress(1).epoch, e);
+    EXPECT_EQ(s.p.progress(1).done, s.p.progress(1).total);
+    EXPECT_TRUE(s.p.live(1));
+  }
+  EXPECT_EQ(s.p.progress(0).epoch, 2u);
+  EXPECT_EQ(s.p.progress(0).done, s.p.progress(0).total);
+}
+
+TEST(Planner, ARankThatStoppedShowsTheEpochItFinishedWhileAnotherReadsOn) {
+  // No end told; rank 0 reads its epoch 2 and stops, rank 1 reads its epochs 0-3: rank 0 is taken as
+  // idle once a block of the others' opens (stale_after) has none of its, and shows its epoch 2 complete
+  // to the end (before: the plan's later epochs, or the one after it with nothing read).
+  ShiftedPlan s;
+  s.read_together(0);
+  for (uint64_t e = 1; e < 4; ++e) {
+    s.read(1, e, 0, ShiftedPlan::kItems);
+    EXPECT_EQ(s.p.progress(1).epoch, e);
+    if (e > 1) {
+      EXPECT_FALSE(s.p.live(0));
+    }
+    EXPECT_EQ(s.p.progress(0).epoch, 2u) << e;
+    EXPECT_EQ(s.p.progress(0).done, s.p.progress(0).total) << e;
+  }
+}
+
+}  // namespace
+}  // namespace clairfs
