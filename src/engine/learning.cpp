@@ -450,8 +450,8 @@ bool LearningEngine::follow_epoch() {
   using Is = ClairvoyantEngine::RankAt::Is;
   std::vector<ClairvoyantEngine::RankAt> at = old->ranks_at();
   // Each rank's own epoch: where it follows the plan, or where the diagnosis found it reads the planned
-  // order of another epoch; a rank that never read, where a process judged to read another order reads
-  // its items of an earlier (or later) epoch — a rank started after the others on its node.
+  // order of another epoch; a rank that never read, where a process that follows no rank reads its items
+  // of an earlier (or later) epoch — a rank started after the others on its node.
   std::optional<uint64_t> followed;  // the earliest epoch a following rank reads
   for (const auto& a : at)
     if (a.is == Is::kFollowing) followed = std::min(followed.value_or(UINT64_MAX), *a.epoch);
@@ -493,7 +493,7 @@ bool LearningEngine::follow_epoch() {
     found.push_back("rank " + std::to_string(r < ranks.size() ? ranks[r] : r) + " epoch " +
                     std::to_string(*at[r].epoch));
   }
-  if (found.empty()) return !unread && old->ranks_off() == 0;  // none found (yet): look again while off
+  if (found.empty()) return false;  // none found (yet): looked at again while a rank or a reader is off
   std::vector<uint64_t> shift(at.size(), 0);
   bool shifted = false;
   for (size_t r = 0; r < at.size(); ++r)
@@ -534,7 +534,7 @@ bool LearningEngine::follow_epoch() {
   if (!switch_plan(
           n, was->schedule(), ranks, from, words,
           [old, all](uint64_t after, uint64_t* last) {
-            return after == 0 && !all ? old->opens_other(after, last) : old->latest_opens(after, last);
+            return after == 0 && !all ? old->opens_unplaced(after, last) : old->latest_opens(after, last);
           },
           shift, start_items, idle))
     return true;
