@@ -206,7 +206,7 @@ std::optional<ControlAttr> ControlTree::getattr(uint64_t ino) const {
   if (ino == kRootIno) return dir_attr(ino);
   if (ino == kOrderIno) return dir_attr(ino, order_who_);
   if (is_live(ino)) {
-    std::lock_guard<std::mutex> lock(live_mutex_);
+    MutexLock lock(live_mutex_);
     const auto it = renderings_.find(ino);
     if (it == renderings_.end()) return std::nullopt;
     return rendering_attr(ino, it->second);
@@ -241,7 +241,7 @@ std::optional<std::vector<std::pair<std::string, ControlAttr>>> ControlTree::lis
 std::shared_ptr<const ControlFile> ControlTree::content(uint64_t ino) const {
   if (ino == kReadmeIno) return readme_;
   if (is_live(ino)) {
-    std::lock_guard<std::mutex> lock(live_mutex_);
+    MutexLock lock(live_mutex_);
     const auto it = renderings_.find(ino);
     return it == renderings_.end() ? nullptr : it->second.text;
   }
@@ -257,7 +257,7 @@ ControlAttr ControlTree::rendering_attr(uint64_t ino, const Rendering& r) const 
 }
 
 ControlAttr ControlTree::look_up_live(uint64_t which, Reader who) const {
-  std::lock_guard<std::mutex> lock(live_mutex_);
+  MutexLock lock(live_mutex_);
   Live& l = live_[which];
   const auto now = std::chrono::steady_clock::now();
   const auto every =
@@ -297,7 +297,7 @@ ControlAttr ControlTree::look_up_live(uint64_t which, Reader who) const {
 
 void ControlTree::forget(uint64_t ino, uint64_t n) const {
   if (!is_live(ino)) return;  // every other control inode is for good
-  std::lock_guard<std::mutex> lock(live_mutex_);
+  MutexLock lock(live_mutex_);
   const auto it = renderings_.find(ino);
   if (it == renderings_.end()) return;
   it->second.lookups -= std::min(n, it->second.lookups);
@@ -313,7 +313,7 @@ void ControlTree::drop(std::unordered_map<uint64_t, Rendering>::iterator it) con
 std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64_t rank) const {
   const uint64_t key = rank_file_ino(epoch, rank);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
       if (it->first == key) {
         cache_.splice(cache_.begin(), cache_, it);
@@ -323,7 +323,7 @@ std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64
   }
   // Built outside the lock: two threads may build the same file once each, which is harmless.
   auto file = std::make_shared<const RankOrderFile>(manifest_, this->order()->epoch(epoch).rank_sequence(rank));
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   cache_.emplace_front(key, file);
   size_t kept = 0;
   for (auto it = cache_.begin(); it != cache_.end();) {
@@ -334,7 +334,7 @@ std::shared_ptr<const ControlFile> ControlTree::rank_file(uint64_t epoch, uint64
 }
 
 size_t ControlTree::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   size_t bytes = rendering_bytes();
   for (const auto& [key, file] : cache_) bytes += file->memory_bytes();
   return bytes;

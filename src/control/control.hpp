@@ -34,7 +34,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +43,7 @@
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/oracle.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -98,17 +98,17 @@ class ControlTree {
   // A live file's name gives its latest rendering, and that rendering counts one lookup more: the caller
   // forgets it again (forget) if the kernel did not get the reply.
   std::optional<ControlAttr> lookup(uint64_t dir, std::string_view name, Reader who = Reader::kOwner) const;
-  std::optional<ControlAttr> getattr(uint64_t ino) const;
+  std::optional<ControlAttr> getattr(uint64_t ino) const EXCLUDES(live_mutex_);
   // A directory's entries (without "." and ".."), or nullopt if `ino` is no control directory.
   std::optional<std::vector<std::pair<std::string, ControlAttr>>> list(uint64_t dir) const;
   // True for a rendering of a live file (stats, metrics): its name's entry is never cached.
   static bool is_live(uint64_t ino);
   // The kernel let go of `n` lookups of `ino`: a rendering no longer held, and not the latest, is gone.
-  void forget(uint64_t ino, uint64_t n) const;
+  void forget(uint64_t ino, uint64_t n) const EXCLUDES(live_mutex_);
   // A file's contents; nullptr if `ino` is no control file (or a rendering gone).
-  std::shared_ptr<const ControlFile> content(uint64_t ino) const;
+  std::shared_ptr<const ControlFile> content(uint64_t ino) const EXCLUDES(live_mutex_, mutex_);
   // Bytes held by the rank files kept (open ones may hold more) and by the renderings held.
-  size_t cached_bytes() const;
+  size_t cached_bytes() const EXCLUDES(mutex_);
   // Renderings of the live files held (the latest ones included), and their bytes. Never waits: the
   // stats (rendered under the live files' lock) tell them.
   size_t renderings() const { return renderings_held_.load(std::memory_order_relaxed); }
@@ -117,7 +117,7 @@ class ControlTree {
   const ControlConfig& config() const { return config_; }
 
  private:
-  std::shared_ptr<const ControlFile> rank_file(uint64_t epoch, uint64_t rank) const;
+  std::shared_ptr<const ControlFile> rank_file(uint64_t epoch, uint64_t rank) const EXCLUDES(mutex_);
   // The oracle the order files follow: the learned one (nullptr until then) or the tree's own.
   const Oracle* order() const { return config_.learned ? config_.learned() : &oracle_; }
   std::optional<ControlAttr> file_attr(uint64_t ino) const;
@@ -128,11 +128,12 @@ class ControlTree {
   std::shared_ptr<const ControlFile> readme_;
   const mode_t order_who_;  // the permission classes that may read order/ (who could list all of SOURCE)
 
-  // Recently built rank files. Guards cache_; never held while the oracle computes.
-  mutable std::mutex mutex_;
-  mutable std::list<std::pair<uint64_t, std::shared_ptr<const ControlFile>>> cache_;  // most recent first
+  // Recently built rank files; never held while the oracle computes.
+  mutable Mutex mutex_;
+  mutable std::list<std::pair<uint64_t, std::shared_ptr<const ControlFile>>> cache_
+      GUARDED_BY(mutex_);  // most recent first
 
-  // A live file's renderings. live_mutex_ guards all below, and is held while they render.
+  // A live file's renderings. live_mutex_ is held while they render (neither mutex is taken under the other).
   struct Rendering {
     std::shared_ptr<const ControlFile> text;
     int64_t made_ns = 0;   // wall clock, strictly increasing: the rendering's mtime
@@ -145,14 +146,13 @@ class ControlTree {
   };
   // The latest rendering of live file `which` (0 stats, 1 metrics), made afresh if it is old enough for
   // `who`, with one lookup more.
-  ControlAttr look_up_live(uint64_t which, Reader who) const;
+  ControlAttr look_up_live(uint64_t which, Reader who) const EXCLUDES(live_mutex_);
   ControlAttr rendering_attr(uint64_t ino, const Rendering& r) const;
-  // REQUIRES: live_mutex_ held.
-  void drop(std::unordered_map<uint64_t, Rendering>::iterator it) const;
-  mutable std::mutex live_mutex_;
-  mutable Live live_[2];
-  mutable std::unordered_map<uint64_t, Rendering> renderings_;  // by inode
-  mutable uint64_t renderings_made_ = 0;
+  void drop(std::unordered_map<uint64_t, Rendering>::iterator it) const REQUIRES(live_mutex_);
+  mutable Mutex live_mutex_;
+  mutable Live live_[2] GUARDED_BY(live_mutex_);
+  mutable std::unordered_map<uint64_t, Rendering> renderings_ GUARDED_BY(live_mutex_);  // by inode
+  mutable uint64_t renderings_made_ GUARDED_BY(live_mutex_) = 0;
   // renderings_'s size and bytes, written under live_mutex_.
   mutable std::atomic<size_t> renderings_held_{0};
   mutable std::atomic<size_t> rendering_bytes_{0};

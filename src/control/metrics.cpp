@@ -207,7 +207,7 @@ MetricsFile::MetricsFile(std::string path, std::function<std::string()> text, st
 
 MetricsFile::~MetricsFile() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
@@ -216,11 +216,13 @@ MetricsFile::~MetricsFile() {
 }
 
 void MetricsFile::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, every_, [this] { return stop_; })) {
-    lock.unlock();
+  for (;;) {
+    {
+      MutexLock lock(mutex_);
+      if (!stop_) lock.wait_for(wake_, every_);  // (a wake-up before the time only writes sooner)
+      if (stop_) return;
+    }
     write_once();
-    lock.lock();
   }
 }
 

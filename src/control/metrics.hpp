@@ -21,11 +21,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
-#include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -39,16 +39,16 @@ class MetricsFile {
   ~MetricsFile();
 
  private:
-  void run();
+  void run() EXCLUDES(mutex_);
   bool write_once();
 
   const std::string path_;
   const std::function<std::string()> text_;
   const std::chrono::milliseconds every_;
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable wake_;
-  bool stop_ = false;  // guarded by mutex_
-  bool failing_ = false;
+  bool stop_ GUARDED_BY(mutex_) = false;
+  bool failing_ = false;  // the writing thread's
   std::thread thread_;
 };
 

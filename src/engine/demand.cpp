@@ -140,7 +140,7 @@ ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offse
   EngineCounters& counters = demand.counters();
   if (from_ram_ && !read_any_.exchange(true)) counters.served_file(from_);
   if (!ready_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!tried_) load(demand, t0);
   }
   if (data_) {

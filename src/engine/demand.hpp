@@ -16,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -89,16 +88,16 @@ class OpenFile {
   void close(DemandReader& demand);
 
  private:
-  void load(DemandReader& demand, Clock::time_point t0);  // REQUIRES: mutex_ held
+  void load(DemandReader& demand, Clock::time_point t0) REQUIRES(mutex_);
 
   const EntryId id_;
   const pid_t pid_;
   const bool from_ram_;
   std::atomic<bool> read_any_{false};  // a read reached us (else the kernel's cache served every byte)
-  std::mutex mutex_;                   // guards the lazy load below (the kernel may send reads in parallel)
-  // The lazy load is done (or was not needed): what it set may be read without the mutex.
+  Mutex mutex_;                        // taken by the lazy load (the kernel may send reads in parallel)
+  // The lazy load is done (or was not needed): what it set below may be read without the mutex.
   std::atomic<bool> ready_{false};
-  bool tried_ = false;
+  bool tried_ GUARDED_BY(mutex_) = false;
   FileBytes data_;                 // whole file from RAM, NVMe, a peer, or read whole from SOURCE
   Origin from_;                    // where data_ came from
   uint64_t source_handle_ = 0;     // piecewise from SOURCE

@@ -196,7 +196,8 @@ void Stager::run_drops() {
   {
     MutexLock lock(state_.mutex);
     // Only this thread adds to in_flight, so a file not staged now stays so until the drops are done.
-    drops = state_.window.take_drops([&](EntryId id) NO_THREAD_SAFETY_ANALYSIS { return state_.in_flight.count(id) != 0; });
+    drops =
+        state_.window.take_drops([&](EntryId id) REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0; });
   }
   if (drops.empty()) return;
   if (kernel_)
@@ -250,7 +251,7 @@ bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !
 bool Stager::make_ram_room(uint64_t size, uint64_t key, bool kept) {
   TierIndex& index = state_.policy.ram();
   const auto reserve = [&] { return ram_.reserve(size); };
-  const auto evict = [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); };
+  const auto evict = [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); };
   // Beyond the eviction window, free room only.
   const bool near = state_.policy.within_window(key);
   if (near ? StagingPolicy::make_room(index, key, false, reserve, evict) : reserve()) return true;
@@ -300,9 +301,8 @@ std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
   // The adopted files' NVMe writes, as the ring has room (it may be full of reads for a while): first
   // those RAM did not take, whose only copy is the one waiting here.
   if (!to_write_.empty())
-    std::stable_partition(to_write_.begin(), to_write_.end(), [&](const auto& w) NO_THREAD_SAFETY_ANALYSIS {
-      return !state_.policy.ram().contains(w.first);
-    });
+    std::stable_partition(to_write_.begin(), to_write_.end(),
+                          [&](const auto& w) REQUIRES(state_.mutex) { return !state_.policy.ram().contains(w.first); });
   std::vector<Write> writes;
   size_t w = 0;
   for (; w < to_write_.size() && writes.size() < room; ++w) {
@@ -341,7 +341,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     }
     if (state_.window.kernel_may_hold(id)) continue;
     const bool room_found = state_.policy.make_readahead_room(
-        [&] { return ram_.reserve(e.size); }, [&](EntryId victim) NO_THREAD_SAFETY_ANALYSIS { evict_ram(victim); });
+        [&] { return ram_.reserve(e.size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); });
     if (!room_found) break;  // the rest waits for room (read files make it)
     picks.push_back(Pick{id, kReadAheadKey, true, nvme_ && nvme_->find(id) ? Origin::kNvme : Origin::kSource});
     state_.in_flight.insert(id);
@@ -354,7 +354,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
 
 void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
-  auto busy = [&](EntryId id) NO_THREAD_SAFETY_ANALYSIS { return state_.in_flight.count(id) != 0; };
+  auto busy = [&](EntryId id) REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0; };
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;

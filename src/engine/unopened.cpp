@@ -6,7 +6,7 @@ namespace clairfs {
 
 int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, Origin* from) {
   {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     for (;;) {
       auto it = slots_.find(id);
       if (it == slots_.end()) break;
@@ -15,7 +15,7 @@ int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, Origin* fro
         *from = it->second.from;
         return 0;
       }
-      loaded_.wait(lock);  // another reader's load: it ends with a held slot, or none (then we try)
+      lock.wait(loaded_);  // another reader's load: it ends with a held slot, or none (then we try)
     }
     slots_[id];  // loading
   }
@@ -23,7 +23,7 @@ int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, Origin* fro
   Origin got_from = Origin::kSource;
   const int rc = load(&got, &got_from);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     slots_.erase(id);
     if (rc == 0 && got) hold(id, got, got_from);
   }
@@ -35,13 +35,13 @@ int RecentLoads::get(EntryId id, const Load& load, FileBytes* bytes, Origin* fro
 }
 
 void RecentLoads::put(EntryId id, FileBytes bytes, Origin from) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (slots_.count(id)) return;  // held already, or being loaded
   hold(id, std::move(bytes), from);
 }
 
 void RecentLoads::forget(EntryId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = slots_.find(id);
   if (it == slots_.end() || it->second.loading) return;
   held_bytes_ -= it->second.bytes->size();
@@ -66,7 +66,7 @@ void RecentLoads::hold(EntryId id, FileBytes bytes, Origin from) {
 }
 
 bool SourceHandles::holds(EntryId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return open_.count(id) != 0;
 }
 
@@ -81,7 +81,7 @@ ssize_t SourceHandles::read(EntryId id, pid_t pid, char* buf, size_t size, off_t
   *opened = false;
   std::shared_ptr<Open> file;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto it = open_.find(id); it != open_.end()) file = it->second;
   }
   if (!file) {
@@ -89,7 +89,7 @@ ssize_t SourceHandles::read(EntryId id, pid_t pid, char* buf, size_t size, off_t
     if (const int rc = source_.open(id, pid, &handle); rc < 0) return rc;
     *opened = true;
     file = std::make_shared<Open>(source_, handle);
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (open_.emplace(id, file).second) {
       order_.push_back(id);
       while (order_.size() > max_open_) {  // a reader still using one keeps it open until it is done

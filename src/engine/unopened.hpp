@@ -16,12 +16,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
 #include "tiers/ram.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -34,11 +34,11 @@ class RecentLoads {
 
   // The bytes of `id`: held, or being loaded by another caller (waited for), or loaded now with `load`.
   // Returns 0 or the load's -errno (not kept: the next read tries again).
-  int get(EntryId id, const Load& load, FileBytes* bytes, Origin* from);
+  int get(EntryId id, const Load& load, FileBytes* bytes, Origin* from) EXCLUDES(mutex_);
   // Holds `bytes` for the file's later pieces (its RAM copy, which RAM may evict meanwhile).
-  void put(EntryId id, FileBytes bytes, Origin from);
+  void put(EntryId id, FileBytes bytes, Origin from) EXCLUDES(mutex_);
   // The file's last piece was read: no longer held (a load in progress is left alone).
-  void forget(EntryId id);
+  void forget(EntryId id) EXCLUDES(mutex_);
 
  private:
   struct Slot {
@@ -48,13 +48,13 @@ class RecentLoads {
   };
   const size_t max_files_;
   const uint64_t max_bytes_;
-  std::mutex mutex_;  // guards slots_, order_, held_bytes_
+  Mutex mutex_;
   std::condition_variable loaded_;
-  void hold(EntryId id, FileBytes bytes, Origin from);  // REQUIRES: mutex_ held
+  void hold(EntryId id, FileBytes bytes, Origin from) REQUIRES(mutex_);
 
-  std::unordered_map<EntryId, Slot> slots_;
-  std::deque<EntryId> order_;  // held slots, oldest first
-  uint64_t held_bytes_ = 0;
+  std::unordered_map<EntryId, Slot> slots_ GUARDED_BY(mutex_);
+  std::deque<EntryId> order_ GUARDED_BY(mutex_);  // held slots, oldest first
+  uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;
 };
 
 class SourceHandles {
@@ -64,17 +64,17 @@ class SourceHandles {
 
   // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceReader::read;
   // *opened says whether SOURCE was opened for it.
-  ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened);
+  ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened) EXCLUDES(mutex_);
   // Whether a handle of `id` is kept (its reader reads it piece by piece).
-  bool holds(EntryId id);
+  bool holds(EntryId id) EXCLUDES(mutex_);
 
  private:
   struct Open;  // releases its SourceReader handle when the last reader lets go
   SourceStore& source_;
   const size_t max_open_;
-  std::mutex mutex_;  // guards open_, order_
-  std::unordered_map<EntryId, std::shared_ptr<Open>> open_;
-  std::deque<EntryId> order_;  // oldest first
+  Mutex mutex_;
+  std::unordered_map<EntryId, std::shared_ptr<Open>> open_ GUARDED_BY(mutex_);
+  std::deque<EntryId> order_ GUARDED_BY(mutex_);  // oldest first
 };
 
 }  // namespace clairfs

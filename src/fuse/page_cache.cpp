@@ -2,20 +2,19 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <mutex>
 
 #include "fuse/frontend.hpp"
 
 namespace clairfs {
 
 void FusePageCache::attach(fuse_session* session) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
+  WriterLock lock(mutex_);
   session_ = session;
 }
 
 void FusePageCache::detach() {
   {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
+    WriterLock lock(mutex_);
     session_ = nullptr;
   }
   // No reply comes any more: the files are taken as not held (staged as usual, if still needed).
@@ -28,7 +27,7 @@ void FusePageCache::detach() {
 }
 
 int FusePageCache::push(EntryId id, const char* data, size_t size) {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
+  ReaderLock lock(mutex_);
   if (!session_) return -ENODEV;
   // 1 MiB a message: the kernel copies each into pages as it reads it, and smaller messages keep one
   // push from holding /dev/fuse's write side for long.
@@ -52,13 +51,13 @@ int FusePageCache::push(EntryId id, const char* data, size_t size) {
 }
 
 int FusePageCache::drop(EntryId id) {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
+  ReaderLock lock(mutex_);
   if (!session_) return -ENODEV;
   return fuse_lowlevel_notify_inval_inode(session_, Frontend::ino_of(id), 0, 0);
 }
 
 int FusePageCache::probe(EntryId id, uint64_t size, std::function<void(int64_t)> answer) {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
+  ReaderLock lock(mutex_);
   if (!session_) return -ENODEV;
   const fuse_ino_t ino = Frontend::ino_of(id);
   const size_t want = static_cast<size_t>(std::min<uint64_t>(size, kProbeBytes));

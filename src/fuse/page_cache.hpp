@@ -8,7 +8,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <shared_mutex>
 #include <unordered_map>
 
 #include "tiers/page_cache.hpp"
@@ -51,9 +50,9 @@ class FusePageCache final : public PageCache {
   std::unique_ptr<std::atomic<uint64_t>[]> known_;  // a bit per entry; set once before the session starts
   size_t known_words_ = 0;
   std::atomic<uint64_t> introductions_{0};
-  std::shared_mutex mutex_;  // shared by pushes and drops, exclusive to attach/detach; guards session_
-  fuse_session* session_ = nullptr;
-  Mutex probes_mutex_;
+  SharedMutex mutex_;  // shared by pushes, drops and probes, exclusive to attach/detach
+  fuse_session* session_ GUARDED_BY(mutex_) = nullptr;
+  Mutex probes_mutex_ ACQUIRED_AFTER(mutex_);
   std::unordered_map<fuse_ino_t, Probe> probes_ GUARDED_BY(probes_mutex_);  // waiting for the kernel
 };
 

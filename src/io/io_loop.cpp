@@ -1,13 +1,14 @@
 #include "io/io_loop.hpp"
 
-#include <mutex>
 #include <utility>
+
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
 struct IoLoop::Mailbox {
-  std::mutex mutex;  // guards answers (a leaf: nothing else is taken while it is held)
-  std::vector<std::pair<Done, int64_t>> answers;
+  Mutex mutex;  // a leaf: nothing else is taken while it is held
+  std::vector<std::pair<Done, int64_t>> answers GUARDED_BY(mutex);
 };
 
 IoLoop::IoLoop(unsigned depth) : ring_(depth), mailbox_(std::make_shared<Mailbox>()) {}
@@ -40,7 +41,7 @@ IoLoop::Done IoLoop::external(Done done) {
   std::weak_ptr<Mailbox> box = mailbox_;
   return [box, done = std::move(done)](int64_t result) {
     if (auto b = box.lock()) {
-      std::lock_guard<std::mutex> lock(b->mutex);
+      MutexLock lock(b->mutex);
       b->answers.emplace_back(done, result);
     }
   };
@@ -51,7 +52,7 @@ size_t IoLoop::dispatch(const std::vector<Ring::Completion>& done) {
   // Answers from other threads first: they were waited for longest.
   std::vector<std::pair<Done, int64_t>> answers;
   {
-    std::lock_guard<std::mutex> lock(mailbox_->mutex);
+    MutexLock lock(mailbox_->mutex);
     answers.swap(mailbox_->answers);
   }
   for (auto& [callback, result] : answers) {

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -97,12 +96,12 @@ MpiWorld::~MpiWorld() {
 }
 
 void MpiWorld::finalize_within(std::chrono::seconds grace) {
-  std::mutex m;
+  Mutex m;
   std::condition_variable cv;
-  bool done = false;
+  bool done = false;  // under m
   std::thread watchdog([&] {
-    std::unique_lock<std::mutex> lock(m);
-    if (!cv.wait_for(lock, grace, [&] { return done; })) {
+    MutexLock lock(m);
+    if (!lock.wait_for(cv, grace, [&] { return done; })) {
       log_warning("MPI_Finalize did not return within " + std::to_string(grace.count()) +
                   " s; leaving without it (the mount is already gone)");
       std::fflush(nullptr);
@@ -111,7 +110,7 @@ void MpiWorld::finalize_within(std::chrono::seconds grace) {
   });
   MPI_Finalize();
   {
-    std::lock_guard<std::mutex> lock(m);
+    MutexLock lock(m);
     done = true;
   }
   cv.notify_one();
@@ -365,7 +364,7 @@ void MpiPeers::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> b
   f->buf = std::move(buf);
   f->done = std::move(done);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stop_) {
       f->done(-ECANCELED);
       return;
@@ -376,13 +375,13 @@ void MpiPeers::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> b
 }
 
 PeerTransport::Counters MpiPeers::counters() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return counters_;
 }
 
 void MpiPeers::stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
   }
@@ -425,7 +424,7 @@ void MpiPeers::loop() {
     --per_peer[static_cast<size_t>(f->owner)];
     liveness.ended(f->owner, f->buf->size());
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (result >= 0) counters_.hits++;
       else if (result == -ENOENT) counters_.refused++;
       else if (result == -ETIMEDOUT) counters_.timeouts++;
@@ -438,7 +437,7 @@ void MpiPeers::loop() {
     bool busy = false;
     bool stopping;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stopping = stop_;
     }
     if (stopping) break;
@@ -464,7 +463,7 @@ void MpiPeers::loop() {
           (!request && (asked_tag < kPeerFirstReplyTag || asked_tag > static_cast<uint64_t>(comm_->tag_ub)))) {
         // It left (nobody waits for an answer), or the request is too broken to answer at all.
         if (!request) {
-          std::lock_guard<std::mutex> lock(mutex_);
+          MutexLock lock(mutex_);
           counters_.refused_to_peers++;
         }
         MPI_Irecv(request_in, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kRequest, comm, &request_recv);
@@ -477,12 +476,12 @@ void MpiPeers::loop() {
         const uint64_t size = request->size;
         s.bytes = bytes;
         MPI_Isend(bytes->data(), static_cast<int>(size), MPI_BYTE, from, tag, comm, &s.request);
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         counters_.served++;
         counters_.served_bytes += size;
       } else {
         MPI_Isend(nullptr, 0, MPI_BYTE, from, tag, comm, &s.request);
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         counters_.refused_to_peers++;
       }
       sends.push_back(std::move(s));
@@ -510,7 +509,7 @@ void MpiPeers::loop() {
     // New fetches, within the bounds.
     std::vector<std::unique_ptr<Fetch>> refused;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       for (auto it = queued_.begin(); it != queued_.end() && active.size() < config_.max_in_flight;) {
         Fetch& f = **it;
         if (gone_[static_cast<size_t>(f.owner)]) {
@@ -616,8 +615,8 @@ void MpiPeers::loop() {
       }
     }
     if (!busy) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, kIdleNap, [&] { return stop_ || (!queued_.empty() && active.size() < config_.max_in_flight); });
+      MutexLock lock(mutex_);  // (a wake-up without news only turns the loop once more)
+      if (!stop_ && (queued_.empty() || active.size() >= config_.max_in_flight)) lock.wait_for(wake_, kIdleNap);
     }
   }
 
@@ -638,7 +637,7 @@ void MpiPeers::loop() {
   }
   active.clear();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     for (auto& f : queued_) f->done(-ECANCELED);
     queued_.clear();
   }

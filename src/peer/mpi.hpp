@@ -25,12 +25,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "clairfs/peer.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -118,15 +118,15 @@ class MpiPeers final : public PeerTransport {
   int node() const override { return node_; }
   int nodes() const override { return nodes_; }
   void start(Lookup lookup) override;
-  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override;
+  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override EXCLUDES(mutex_);
   bool usable(int owner) const override;
-  Counters counters() const override;
-  void stop() override;
+  Counters counters() const override EXCLUDES(mutex_);
+  void stop() override EXCLUDES(mutex_);
 
  private:
   struct Fetch;
   struct Send;
-  void loop();
+  void loop() EXCLUDES(mutex_);
 
   MpiWorld& world_;
   const Manifest& manifest_;
@@ -137,11 +137,11 @@ class MpiPeers final : public PeerTransport {
   std::unique_ptr<Comm> comm_;
   Lookup lookup_;
 
-  mutable std::mutex mutex_;        // guards queued_, stop_, counters_ (the thread owns everything else)
+  mutable Mutex mutex_;  // the thread owns everything else
   std::condition_variable wake_;
-  std::deque<std::unique_ptr<Fetch>> queued_;
-  bool stop_ = false;
-  Counters counters_;
+  std::deque<std::unique_ptr<Fetch>> queued_ GUARDED_BY(mutex_);
+  bool stop_ GUARDED_BY(mutex_) = false;
+  Counters counters_ GUARDED_BY(mutex_);
   std::vector<std::atomic<bool>> gone_;  // per node: left, failed or timed out
   std::thread thread_;
 };

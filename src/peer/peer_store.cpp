@@ -3,9 +3,9 @@
 #include <cerrno>
 #include <condition_variable>
 #include <memory>
-#include <mutex>
 
 #include "io/io_loop.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -20,21 +20,26 @@ bool PeerStore::may_hold(EntryId id) const {
 int PeerStore::fetch(EntryId id, const Buffer& buf) {
   if (buf->empty() || !may_hold(id)) return -ENOENT;
   struct Answer {
-    std::mutex mutex;
+    Mutex mutex;
     std::condition_variable cv;
-    bool done = false;
-    int64_t result = 0;
+    bool done GUARDED_BY(mutex) = false;
+    int64_t result GUARDED_BY(mutex) = 0;
   };
   auto answer = std::make_shared<Answer>();  // outlives a wait given up on
   transport_.fetch(owner_[id], id, buf, [answer](int64_t result) {
-    std::lock_guard<std::mutex> lock(answer->mutex);
+    MutexLock lock(answer->mutex);
     answer->result = result;
     answer->done = true;
     answer->cv.notify_all();
   });
   // The transport answers within its timeout; the bound here only guards against it hanging.
-  std::unique_lock<std::mutex> lock(answer->mutex);
-  if (!answer->cv.wait_for(lock, wait_, [&] { return answer->done; })) return -ETIMEDOUT;
+  MutexLock lock(answer->mutex);
+  const auto until = std::chrono::steady_clock::now() + wait_;
+  while (!answer->done) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return -ETIMEDOUT;
+    lock.wait_for(answer->cv, until - now);
+  }
   return answer->result == static_cast<int64_t>(buf->size()) ? 0 : -EIO;
 }
 

@@ -15,7 +15,7 @@ constexpr size_t kSettleEvery = 1024;
 }  // namespace
 
 bool RamTier::reserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (held_ + reserved_ + lingering_bytes_ + charge(bytes) > budget_) settle();
   if (held_ + reserved_ + lingering_bytes_ + charge(bytes) > budget_) return false;
   reserved_ += charge(bytes);
@@ -23,19 +23,19 @@ bool RamTier::reserve(uint64_t bytes) {
 }
 
 uint64_t RamTier::budget() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return budget_;
 }
 
 uint64_t RamTier::lower_budget_to_used() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   settle();
   budget_ = std::min(budget_, held_ + reserved_ + lingering_bytes_);
   return budget_;
 }
 
 void RamTier::unreserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   reserved_ -= std::min(reserved_, charge(bytes));
 }
 
@@ -56,7 +56,7 @@ uint32_t RamTier::small_size(const Small& s) {
 void RamTier::insert(EntryId id, FileBytes data) {
   const uint64_t bytes = data->size();
   Small small = bytes <= kSmallFile ? make_small(*data) : nullptr;  // allocated before the lock is taken
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   const uint64_t size = charge(bytes);
   reserved_ -= std::min(reserved_, size);
   if (small_.contains(id) || large_.contains(id)) return;
@@ -69,7 +69,7 @@ void RamTier::insert(EntryId id, FileBytes data) {
 }
 
 FileBytes RamTier::get(EntryId id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (auto it = small_.find(id); it != small_.end()) {
     const char* at = it->second.get() + sizeof(uint32_t);
     return std::make_shared<const std::vector<char>>(at, at + small_size(it->second));
@@ -79,13 +79,13 @@ FileBytes RamTier::get(EntryId id) const {
 }
 
 bool RamTier::contains(EntryId id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return small_.contains(id) || large_.contains(id);
 }
 
 uint64_t RamTier::erase(EntryId id) {
   Small gone;  // freed after the lock is let go
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (auto it = small_.find(id); it != small_.end()) {
     gone = std::move(it->second);
     small_.erase(it);
@@ -112,7 +112,7 @@ uint64_t RamTier::erase(EntryId id) {
 }
 
 void RamTier::settle() {
-  auto freed = [this](const Lingering& l) {
+  auto freed = [this](const Lingering& l) REQUIRES(mutex_) {
     if (!l.bytes.expired()) return false;
     lingering_bytes_ -= l.size;
     return true;
@@ -121,17 +121,17 @@ void RamTier::settle() {
 }
 
 uint64_t RamTier::used() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return held_ + reserved_ + lingering_bytes_;
 }
 
 uint64_t RamTier::files() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return small_.size() + large_.size();
 }
 
 std::vector<EntryId> RamTier::ids() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<EntryId> out;
   out.reserve(small_.size() + large_.size());
   for (const auto& [id, bytes] : small_) out.push_back(id);
@@ -140,7 +140,7 @@ std::vector<EntryId> RamTier::ids() const {
 }
 
 uint64_t RamTier::bookkeeping() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return held_ - held_bytes_;
 }
 

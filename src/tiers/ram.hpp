@@ -23,12 +23,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -50,27 +50,27 @@ class RamTier {
   explicit RamTier(uint64_t budget) : budget_(budget) {}
 
   // Reserves `bytes` for a read about to start; false if that would pass the budget.
-  bool reserve(uint64_t bytes);
+  bool reserve(uint64_t bytes) EXCLUDES(mutex_);
   // Gives back a reservation whose read failed or was dropped.
-  void unreserve(uint64_t bytes);
+  void unreserve(uint64_t bytes) EXCLUDES(mutex_);
   // Turns a reservation into a held file. REQUIRES: reserve(data->size()) succeeded.
-  void insert(EntryId id, FileBytes data);
+  void insert(EntryId id, FileBytes data) EXCLUDES(mutex_);
   // The held file (a small one copied), or nullptr.
-  FileBytes get(EntryId id) const;
-  bool contains(EntryId id) const;
+  FileBytes get(EntryId id) const EXCLUDES(mutex_);
+  bool contains(EntryId id) const EXCLUDES(mutex_);
   // Drops a held file; returns the bytes freed (0 if it was not held).
-  uint64_t erase(EntryId id);
+  uint64_t erase(EntryId id) EXCLUDES(mutex_);
 
-  uint64_t budget() const;
+  uint64_t budget() const EXCLUDES(mutex_);
   // The budget comes down to what is held now (reserved and lingering bytes included): the process
   // could not allocate more (an address-space limit, overcommit off). Returns the new budget.
-  uint64_t lower_budget_to_used();
-  uint64_t used() const;  // held + reserved + evicted but not yet freed
-  uint64_t files() const;
+  uint64_t lower_budget_to_used() EXCLUDES(mutex_);
+  uint64_t used() const EXCLUDES(mutex_);  // held + reserved + evicted but not yet freed
+  uint64_t files() const EXCLUDES(mutex_);
   // The files held, by id.
-  std::vector<EntryId> ids() const;
+  std::vector<EntryId> ids() const EXCLUDES(mutex_);
   // What the held files count besides their bytes (the sum of charge(size) - size).
-  uint64_t bookkeeping() const;
+  uint64_t bookkeeping() const EXCLUDES(mutex_);
 
  private:
   struct Lingering {
@@ -85,17 +85,17 @@ class RamTier {
   static Small make_small(const std::vector<char>& bytes);
   static uint32_t small_size(const Small& s);
 
-  void settle();  // REQUIRES: mutex_ held. Stops counting lingering files that have been freed.
+  void settle() REQUIRES(mutex_);  // Stops counting lingering files that have been freed.
 
-  mutable std::mutex mutex_;  // guards everything below; never held across I/O
-  uint64_t budget_;
-  absl::flat_hash_map<EntryId, Small> small_;
-  absl::flat_hash_map<EntryId, FileBytes> large_;
-  uint64_t held_ = 0;         // charge() of the held files
-  uint64_t held_bytes_ = 0;   // their bytes
-  uint64_t reserved_ = 0;
-  std::vector<Lingering> lingering_;  // evicted while held elsewhere
-  uint64_t lingering_bytes_ = 0;
+  mutable Mutex mutex_;  // a leaf: never held across I/O, nothing taken under it
+  uint64_t budget_ GUARDED_BY(mutex_);
+  absl::flat_hash_map<EntryId, Small> small_ GUARDED_BY(mutex_);
+  absl::flat_hash_map<EntryId, FileBytes> large_ GUARDED_BY(mutex_);
+  uint64_t held_ GUARDED_BY(mutex_) = 0;        // charge() of the held files
+  uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;  // their bytes
+  uint64_t reserved_ GUARDED_BY(mutex_) = 0;
+  std::vector<Lingering> lingering_ GUARDED_BY(mutex_);  // evicted while held elsewhere
+  uint64_t lingering_bytes_ GUARDED_BY(mutex_) = 0;
 };
 
 class DemandAllowance {

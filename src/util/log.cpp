@@ -18,13 +18,13 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "util/fs.hpp"
 #include "util/text.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -43,22 +43,22 @@ struct Sink {
   std::string path;
 };
 
-std::mutex g_mutex;
+Mutex g_mutex;
 std::string g_name = "clairfs";  // written at start-up, before other threads
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
-Sink g_target;  // after log_detached()
-Sink g_now;     // where lines go now
-bool g_stamps = false;
-std::string g_last;  // the last line written, its level and when
-LogLevel g_last_level = LogLevel::kInfo;
-Clock::time_point g_last_at;
-size_t g_repeats = 0;  // the same line since, not written
+Sink g_target GUARDED_BY(g_mutex);  // after log_detached()
+Sink g_now GUARDED_BY(g_mutex);     // where lines go now
+bool g_stamps GUARDED_BY(g_mutex) = false;
+std::string g_last GUARDED_BY(g_mutex);  // the last line written, its level and when
+LogLevel g_last_level GUARDED_BY(g_mutex) = LogLevel::kInfo;
+Clock::time_point g_last_at GUARDED_BY(g_mutex);
+size_t g_repeats GUARDED_BY(g_mutex) = 0;  // the same line since, not written
 // Warnings and errors said on stderr before the daemon detached: written to its log too once it does
 // (a warning at start-up, say of an nvme_size= beyond the disk, would otherwise reach only the terminal
 // that ran the mount). At most kEarlyLines.
 constexpr size_t kEarlyLines = 64;
-std::vector<std::pair<LogLevel, std::string>> g_early;
-bool g_detached = false;
+std::vector<std::pair<LogLevel, std::string>> g_early GUARDED_BY(g_mutex);
+bool g_detached GUARDED_BY(g_mutex) = false;
 
 std::string utc_now() {
   const auto now = std::chrono::system_clock::now();
@@ -72,7 +72,7 @@ std::string utc_now() {
   return buf;
 }
 
-void write_line(LogLevel level, const std::string& message) {
+void write_line(LogLevel level, const std::string& message) REQUIRES(g_mutex) {
   if (g_now.kind == Kind::kSyslog) {
     const int priority = level == LogLevel::kError     ? LOG_ERR
                          : level == LogLevel::kNotice  ? LOG_NOTICE
@@ -95,7 +95,7 @@ void write_line(LogLevel level, const std::string& message) {
   }
 }
 
-void flush_repeats() {
+void flush_repeats() REQUIRES(g_mutex) {
   if (g_repeats == 0) return;
   const size_t n = g_repeats;
   g_repeats = 0;
@@ -147,7 +147,7 @@ std::string default_log_file(const std::string& mountpoint) {
 }
 
 std::string set_log_target(const std::string& target, const std::string& mountpoint) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   if (target == "stderr") {
     g_target = Sink{};
     return "";
@@ -178,7 +178,7 @@ std::string set_log_target(const std::string& target, const std::string& mountpo
 }
 
 void log_detached() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   flush_repeats();
   if (g_target.kind == Kind::kSyslog) ::openlog("clairfs", LOG_PID, LOG_DAEMON);
   g_now = g_target;
@@ -190,17 +190,17 @@ void log_detached() {
 }
 
 void log_serving() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   g_stamps = true;
 }
 
 std::string log_destination() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   return g_now.kind == Kind::kSyslog ? "syslog" : g_now.kind == Kind::kFile ? g_now.path : "stderr";
 }
 
 void log_flush() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   flush_repeats();
 }
 
@@ -208,7 +208,7 @@ void log_reopen() {
   std::string why;
   bool failed = false;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);
+    MutexLock lock(g_mutex);
     if (g_now.kind != Kind::kFile) {
       why =
           "SIGHUP: the log (" + std::string(g_now.kind == Kind::kSyslog ? "syslog" : "stderr") + ") needs no reopening";
@@ -263,7 +263,7 @@ void LogReopener::run() {
 
 void log_line(LogLevel level, const std::string& message) {
   if (!log_enabled(level)) return;
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   const auto now = Clock::now();
   if (message == g_last && level == g_last_level && now - g_last_at < kFoldFor) {
     ++g_repeats;

@@ -4,12 +4,14 @@
 // macros; one CI build compiles with clang and -Werror=thread-safety so a slip fails the build.
 //
 // std::mutex carries no annotations in libstdc++, hence Mutex and MutexLock below: the same mutex and
-// lock, declared as a capability and a scoped capability.
+// lock, declared as a capability and a scoped capability; and SharedMutex with ReaderLock and
+// WriterLock for std::shared_mutex.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 // Abseil's containers bring its own unprefixed GUARDED_BY & co. (the same attributes): included first,
 // so that its include guard keeps it from coming back, and replaced by the definitions below.
@@ -36,6 +38,8 @@
 #define EXCLUDES(...) CLAIRFS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define ACQUIRE(...) CLAIRFS_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) CLAIRFS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define ACQUIRE_SHARED(...) CLAIRFS_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+#define RELEASE_SHARED(...) CLAIRFS_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 #define NO_THREAD_SAFETY_ANALYSIS CLAIRFS_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace clairfs {
@@ -75,6 +79,40 @@ class SCOPED_CAPABILITY MutexLock {
 
  private:
   std::unique_lock<std::mutex> lock_;
+};
+
+// A std::shared_mutex: many readers (ReaderLock) or one writer (WriterLock).
+class CAPABILITY("shared mutex") SharedMutex {
+ public:
+  void lock() ACQUIRE() { mutex_.lock(); }
+  void unlock() RELEASE() { mutex_.unlock(); }
+  void lock_shared() ACQUIRE_SHARED() { mutex_.lock_shared(); }
+  void unlock_shared() RELEASE_SHARED() { mutex_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mutex_;
+};
+
+class SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex& mutex) ACQUIRE_SHARED(mutex) : mutex_(mutex) { mutex_.lock_shared(); }
+  ~ReaderLock() RELEASE() { mutex_.unlock_shared(); }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  SharedMutex& mutex_;
+};
+
+class SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex& mutex) ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
+  ~WriterLock() RELEASE() { mutex_.unlock(); }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  SharedMutex& mutex_;
 };
 
 }  // namespace clairfs
