@@ -185,7 +185,11 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
   p.seen = state_.tracker.on_open(id, pid, handle);
   for (uint64_t r : p.seen.diagnose) {
     const Planner::RankProgress rp = state_.planner.progress(r);
-    p.evidence.push_back({served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r)});
+    // Read by another job's processes than the plan's readers (started again from scratch), or never read:
+    // the start epoch read now is a start, not an epoch repeated for want of set_epoch.
+    const bool fresh = !state_.planner.read_any(r) || (r == p.seen.open.rank && state_.planner.new_lineage(pid));
+    p.evidence.push_back(
+        {served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r), fresh});
   }
   if (p.seen.again) return p;
   if (!p.seen.open.expected && log_enabled(LogLevel::kDebug))

@@ -227,6 +227,9 @@ std::optional<std::string> explain(const Manifest& manifest, const MountedOrder&
       std::string epoch_words;
       if (!first)
         epoch_words = "as epoch " + e + " of seed=" + seed_text(m.seed) + " where the plan is at epoch " + plan_epoch;
+      else if (l.epoch < e_plan && l.epoch == m.start_epoch && ev.unread)
+        epoch_words = "reads epoch " + e + "'s order where the plan is at epoch " + plan_epoch +
+                      " (the job started again, or the rank after the others?)";
       else if (l.epoch < e_plan && l.epoch == m.start_epoch)
         epoch_words = "repeats epoch " + e + "'s order in epoch " + plan_epoch +
                       " (the job does not call sampler.set_epoch(epoch)?)";

@@ -51,8 +51,8 @@ struct Evidence {
   uint64_t rank = 0;   // the training rank
   uint64_t epoch = 0;  // the epoch the plan had it in
   std::vector<EntryId> opens;
-  // The rank never read in the plan: the start epoch read later is a late start, not an epoch repeated
-  // for want of set_epoch.
+  // The rank never read in the plan, or its opens are another job's processes' (started again from
+  // scratch): the start epoch read later is a start, not an epoch repeated for want of set_epoch.
   bool unread = false;
 };
 

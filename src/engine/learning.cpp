@@ -456,7 +456,6 @@ bool LearningEngine::follow_epoch() {
   for (const auto& a : at)
     if (a.is == Is::kFollowing) followed = std::min(followed.value_or(UINT64_MAX), *a.epoch);
   const bool unread = std::any_of(at.begin(), at.end(), [](const auto& a) { return a.is == Is::kUnread; });
-  bool late_found = false;
   if (unread) {
     uint64_t seen = 0;
     std::vector<std::pair<EntryId, pid_t>> others = old->opens_unplaced(0, &seen);
@@ -471,7 +470,7 @@ bool LearningEngine::follow_epoch() {
       std::vector<std::optional<uint64_t>> late;
       run_niced([&] { late = old->late_epochs(others, followed.value_or(old->reading_epoch())); });
       for (size_t r = 0; r < at.size(); ++r)
-        if (late[r]) at[r] = {Is::kOff, late[r]}, late_found = true;
+        if (late[r]) at[r] = {Is::kOff, late[r]};
     }
   }
   // A plan from the earliest of those epochs, each rank shifted to its own; an idle rank at the plan's.
@@ -520,8 +519,8 @@ bool LearningEngine::follow_epoch() {
     if (n > 0 && plan_.epoch == from && plan_.shift == shift) return false;  // planned so already: would not help
   }
   // Ranks that follow start where they are, idle ones idle; the rest are placed by the opens of the
-  // processes that read for them (all opens, where none follows or started late), then by the opens made
-  // while the plan is built.
+  // processes that follow no rank (those reading for them: not the opens of a job before, on the same
+  // ranks, started again since), then by the opens made while the plan is built.
   std::vector<uint64_t> start_items;
   std::vector<bool> idle;
   for (const auto& a : at) {
@@ -530,11 +529,10 @@ bool LearningEngine::follow_epoch() {
   }
   if (!followed) start_items.clear();
   if (std::none_of(idle.begin(), idle.end(), [](bool i) { return i; })) idle.clear();
-  const bool all = !followed && !late_found;
   if (!switch_plan(
           n, was->schedule(), ranks, from, words,
-          [old, all](uint64_t after, uint64_t* last) {
-            return after == 0 && !all ? old->opens_unplaced(after, last) : old->latest_opens(after, last);
+          [old](uint64_t after, uint64_t* last) {
+            return after == 0 ? old->opens_unplaced(after, last) : old->latest_opens(after, last);
           },
           shift, start_items, idle))
     return true;

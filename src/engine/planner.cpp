@@ -265,6 +265,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   if (readers_.size() > kMaxReaders) {  // (forgets the judgments too: they are made again)
     readers_.clear();
     lineage_.clear();
+    followed_parents_.clear();
     other_readers_ = 0;
   }
   // The opener, judged by its own opens when every open is told; one judged off reads another order.
@@ -591,6 +592,7 @@ void Planner::weigh_reader(Reader& reader, uint64_t rank, Lay lay) {
   const bool leaning = reader.weighed >= 2 * kMinEvidence && reader.evidence > 0 && reader.strays > 0;
   if (((reader.evidence >= kDecide && reader.strays >= 0) || leaning) && !reader.follows) {
     reader.follows = true;
+    if (reader.parent > 0) followed_parents_.insert(reader.parent);
     settle_pending(reader, true);
   }
   if (std::min(reader.evidence, reader.strays) <= -kDecide && reader.weighed >= kMinEvidence) {
@@ -619,6 +621,7 @@ void Planner::judge_afresh(Reader& back) {
   if (back.off) --other_readers_;
   back.off = false;
   back.follows = true;
+  if (back.parent > 0) followed_parents_.insert(back.parent);
   back.evidence = kDecide;
   back.strays = 0;
   back.weighed = std::max<uint32_t>(back.weighed, kMinEvidence);

@@ -81,6 +81,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -260,6 +261,14 @@ class Planner {
     const auto it = rank_of_pid_.find(pid);
     return !every_open_ && it != rank_of_pid_.end() && ranks_[it->second].live;
   }
+  // Whether process `pid` is of another job than the plan's readers so far: it does not follow, and no
+  // child of its parent ever followed (a job started again from scratch has new rank processes; a job
+  // without set_epoch has the next epoch's workers of the same rank process). False where not known.
+  bool new_lineage(pid_t pid) const {
+    const auto it = readers_.find(pid);
+    return it != readers_.end() && !it->second.follows && it->second.parent > 0 &&
+           followed_parents_.count(it->second.parent) == 0;
+  }
   // Whether process `pid` was judged to read in another order (with every open told).
   bool reads_other(pid_t pid) const {
     const auto it = readers_.find(pid);
@@ -399,6 +408,7 @@ class Planner {
     uint32_t weighed = 0;
   };
   std::unordered_map<pid_t, Lineage> lineage_;
+  std::unordered_set<pid_t> followed_parents_;  // parents of readers that followed
   static constexpr uint32_t kSureOpens = 4;
   static constexpr size_t kMaxReaders = 1 << 16;  // beyond, both maps start again
   static constexpr uint64_t kManyRanks = UINT64_MAX;

@@ -2,7 +2,7 @@
 DistributedSampler, DataLoader with 2 workers, batch 16) make the mistakes users make against a mount told
 seed=42, world_size=1. For each, within a few batches the first rank's verdict in .clairfs/stats is right,
 the diagnosis names the mistake, `clairfs status` says it — and a job at another epoch of the seed is
-planned for from there and followed —, and SOURCE is read no more than by a plain mount
+planned for from there and followed, as is the same job started again from scratch —, and SOURCE is read no more than by a plain mount
 (ram=0) for the same job plus one staging window (the RAM budget and the pages pushed ahead; over two
 epochs, than direct reads plus the window: a plain mount's pages all stay in the kernel's cache). Bytes are
 checked by the job against SOURCE's digests. Also: a right job ends its epoch at 100%, an idle mount
@@ -151,6 +151,26 @@ with h.tempdir() as tmp:
         window = s["ram"]["budget"] + s["pagecache"]["budget"]
         h.check(h.source_bytes(s) <= len(epochs) * total + window, "%s: SOURCE %.2fx the data set over %d epoch(s) "
                 "(ceiling: direct reads + one window of %.2fx)" % (name, h.source_bytes(s) / total, len(epochs), window / total))
+    # The same job started again from scratch on a mount that followed it through epoch 1 (issue 32): its
+    # new processes read epoch 0 where the plan is at epoch 2 — not a job without set_epoch (whose next
+    # epoch's workers are of the same rank process) — so the mount plans again from epoch 0 and follows
+    # it to the end of its last epoch.
+    log = tmp + "/again.log"
+    with h.mounted(data, mnt, (BASE % ram) + ",log=" + log):
+        ok1 = run_job(mnt, digests, ["--epochs", "2"] + step)[0]
+        ok2, _, epochs, err = run_job(mnt, digests, ["--epochs", "2"] + step)
+        s = h.settled_stats(mnt, 4 * 3000)
+    with open(log) as f:
+        lines = [line[25:] for line in f.read().splitlines()]
+    os.unlink(log)
+    said = [line for line in lines if "planned again" in line]
+    r = s["ranks"][0]
+    h.check(ok1 and ok2 and s["plan"]["world"]["replanned"] == 1 and len(said) == 1
+            and "planned again from epoch 0" in said[0] and (r["epoch"], r["done"], r["total"], r["verdict"]) ==
+            (1, 3000, 3000, "following"),
+            "the job started again from scratch: planned again from epoch 0 %s, followed to %s; SOURCE %.2fx the data "
+            "set over both jobs' 4 epochs %s" % (said, (r["epoch"], r["done"], r["total"], r["verdict"]),
+                                                h.source_bytes(s) / total, err or [x for x in lines if "warning" in x][:4]))
     got = case("no sampler.set_epoch", "", ["--epochs", "2", "--no-set-epoch"], "off", "repeats epoch 0's order in epoch 1",
                compare=True)
     if got:

@@ -541,6 +541,23 @@ TEST(Planner, TwoJobsOnOneMountAreTwo) {
   EXPECT_LT(o.theirs_placed, o.theirs / 10);
 }
 
+TEST(Planner, ANewJobsProcessesAreOfANewLineageTheNextEpochsWorkersAreNot) {
+  // The mounted job (rank processes 1000 and 1001, workers of each epoch their children) over 2 epochs:
+  // a next-epoch worker of rank process 1000 is of the plan's lineage (a job without set_epoch reads
+  // its first epoch again from such), a worker of a new rank process (the job started again) is not.
+  const uint64_t n = 1500, ranks = 2;
+  const StreamSource plan = shuffled(n, ranks);
+  Planner p(every_open(config(n, ranks, 576)), plan);
+  const Job mine{plan, 1000};
+  run_jobs(p, plan, mine, nullptr, ranks, n, 2);
+  const EntryId some = plan(0)[0][0];
+  p.on_open(some, 5000, 1000);  // a worker of the job's rank process
+  p.on_open(some, 6000, 3000);  // a worker of a rank process never seen
+  EXPECT_FALSE(p.new_lineage(5000));
+  EXPECT_TRUE(p.new_lineage(6000));
+  EXPECT_FALSE(p.new_lineage(7000));  // not seen: not known
+}
+
 TEST(Planner, TwoJobsOnOneMountAreTwoWhateverTheOtherOrder) {
   // As above, without an end to the plan (as a mount without epochs=), the other job reading only the
   // first epoch, starting a batch after the mounted one, in 40 other orders: the mounted job's ranks end
