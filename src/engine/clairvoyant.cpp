@@ -588,12 +588,12 @@ bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   FileBytes held;  // let go after the lock
   Origin from = Origin::kRam;
   MutexLock lock(state_.mutex);
-  state_.window.released(id);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  if (!take_unread(id, &held, &from)) return false;
-  counters_.served_file(Origin::kPageCache);
-  return true;
+  const bool counted = take_unread(id, &held, &from);
+  if (counted) counters_.served_file(Origin::kPageCache);
+  state_.window.released(id);
+  return counted;
 }
 
 bool ClairvoyantEngine::unread_open(EntryId id) const {

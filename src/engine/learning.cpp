@@ -581,6 +581,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
   MutexLock lock(mutex_);
   if (watched_.load()) e->watching_opens();
   e->catch_up(meanwhile);
+  late_tried_ = 0;  // the new plan's opens are counted from 0
   oracles_[n + 1] = std::move(oracle);
   engines_[n + 1] = std::move(e);
   publish(n + 1, oracles_[n + 1].get());
