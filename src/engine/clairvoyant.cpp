@@ -357,22 +357,6 @@ uint64_t ClairvoyantEngine::ranks_off() const {
   return off_ranks().size();
 }
 
-std::optional<uint64_t> ClairvoyantEngine::epoch_read_as() const {
-  if (!diagnoser_) return std::nullopt;
-  std::vector<uint64_t> off;
-  {
-    MutexLock lock(state_.mutex);
-    off = off_ranks();
-  }
-  std::optional<uint64_t> epoch;
-  for (uint64_t r : off) {
-    const std::optional<uint64_t> e = diagnoser_->epoch(r);
-    if (!e || (epoch && *epoch != *e)) return std::nullopt;
-    epoch = e;
-  }
-  return epoch;
-}
-
 std::vector<ClairvoyantEngine::RankAt> ClairvoyantEngine::ranks_at() const {
   std::vector<RankAt> at;
   {

@@ -139,9 +139,6 @@ class ClairvoyantEngine final : public Engine {
   // Ranks off the plan for reading another order (not idle), and the latest opens of every process.
   uint64_t ranks_off() const EXCLUDES(state_.mutex);
   std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
-  // The epoch of the planned order that every rank off the plan reads, as the diagnosis found it (a job
-  // started at another epoch than the plan's); nullopt while none is off, or one has no such answer.
-  std::optional<uint64_t> epoch_read_as() const EXCLUDES(state_.mutex);
   // Where each served rank reads, for a plan that follows them all (LearningEngine::follow_epoch).
   struct RankAt {
     enum class Is { kFollowing, kOff, kIdle, kUnread };  // kUnread: idle, and never read in this plan
