@@ -45,6 +45,8 @@ class FusePageCache final : public PageCache {
   };
   void answer(fuse_ino_t ino, size_t bytes);
 
+  // The file's bytes into the kernel's pages of it, in messages of at most 1 MiB.
+  int store(EntryId id, const char* data, size_t size) REQUIRES_SHARED(mutex_);
   void forgot(EntryId id);
 
   std::unique_ptr<std::atomic<uint64_t>[]> known_;  // a bit per entry; set once before the session starts

@@ -204,6 +204,43 @@ def forget_pages(root, rels):
             os.close(fd)
 
 
+def active_pages(path):
+    """(pages of the file in the kernel's cache, how many of them on its active list), read through a
+    mapping of the file: /proc/self/pagemap gives each mapped page's frame, /proc/kpageflags its flags
+    (root). Mapping a page does not mark it used, as a read does."""
+    import ctypes
+    import struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+    finally:
+        os.close(fd)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap " + path)
+    present = active = 0
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap, open("/proc/kpageflags", "rb") as flags:
+            for page in range((size + 4095) // 4096):
+                ctypes.string_at(addr + page * 4096, 1)  # mapped (a page not held is read in: not counted)
+                pagemap.seek((addr // 4096 + page) * 8)
+                entry = struct.unpack("Q", pagemap.read(8))[0]
+                if not entry >> 63:
+                    continue
+                flags.seek((entry & ((1 << 55) - 1)) * 8)
+                f = struct.unpack("Q", flags.read(8))[0]
+                if f >> 5 & 1:  # KPF_LRU: a page-cache page
+                    present += 1
+                    active += f >> 6 & 1  # KPF_ACTIVE
+    finally:
+        libc.munmap(addr, size)
+    return present, active
+
+
 def drop_page_cache():
     """The kernel drops every clean cached page (root; no file is opened, so no open is seen)."""
     with open("/proc/sys/vm/drop_caches", "w") as f:
