@@ -28,10 +28,16 @@ def main():
     for c in range(args.classes):
         os.makedirs(os.path.join(args.out, "c%04d" % c), exist_ok=True)
     for i in range(args.files):
-        size = min(int(rnd.lognormvariate(mu, args.sigma)), len(block))
-        start = rnd.randrange(0, len(block) - size + 1)
+        size = int(rnd.lognormvariate(mu, args.sigma))
+        start = rnd.randrange(0, max(len(block) - size, 0) + 1)
         with open(os.path.join(args.out, "c%04d" % (i % args.classes), "%07d.jpg" % i), "wb") as f:
-            f.write(block[start:start + size])
+            # A file larger than the block (UNet3D-like sets of ~140 MB) is the block again and again.
+            left = size
+            while left > 0:
+                piece = block[start:start + left] if start else block[:left]
+                f.write(piece)
+                left -= len(piece)
+                start = 0
         total += size
     print("wrote %d files, %.1f MB, under %s" % (args.files, total / 1e6, args.out))
 

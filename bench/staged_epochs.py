@@ -28,7 +28,7 @@ def read_files(build, root, order, threads):
                         "--seed", "0", "--in-order"], capture_output=True, text=True, check=True)
     out = json.loads(r.stdout)
     assert out["errors"] == 0, out
-    return out["files_per_s"]
+    return out["files_per_s"], out["bytes"] / out["seconds"] / 1e9
 
 
 def mounted_run(clairfs, build, data, mnt, work, threads):
@@ -43,14 +43,14 @@ def mounted_run(clairfs, build, data, mnt, work, threads):
             with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, epoch)) as f, open(path, "w") as out:
                 out.write(f.read())
             orders.append(path)
-        deadline, last, since = time.monotonic() + 60, None, time.monotonic()
+        deadline, last, since = time.monotonic() + 120, None, time.monotonic()
         while time.monotonic() < deadline:
             with open(mnt + "/.clairfs/stats") as f:
                 s = json.load(f)
             now = (s["ram"]["files"], s["pagecache"]["pushes"])
             if now != last:
                 last, since = now, time.monotonic()
-            elif time.monotonic() - since > 1.0:
+            elif time.monotonic() - since > 1.0 and now[0] > 0:
                 break
             time.sleep(0.1)
         pagecache = dict(s["pagecache"])
@@ -86,22 +86,24 @@ def main():
             got, orders, counters[name] = mounted_run(clairfs, build, data, mnt, work, a.threads)
             tmpfs = [read_files(build, data, order, a.threads) for order in orders]
             for epoch in (0, 1):
-                rates.setdefault((name, epoch), []).append(got[epoch])
-                rates.setdefault((name + " tmpfs", epoch), []).append(tmpfs[epoch])
+                rates.setdefault((name, epoch), []).append(got[epoch][0])
+                rates.setdefault((name + " tmpfs", epoch), []).append(tmpfs[epoch][0])
+                rates.setdefault((name, epoch, "GB/s"), []).append(got[epoch][1])
             print("rep %d %s: epoch 0 %.0f (tmpfs %.0f), epoch 1 %.0f (tmpfs %.0f) files/s" % (
-                rep, name, got[0], tmpfs[0], got[1], tmpfs[1]), file=sys.stderr)
+                rep, name, got[0][0], tmpfs[0][0], got[1][0], tmpfs[1][0]), file=sys.stderr)
     os.rmdir(mnt)
     for name in os.listdir(work):
         os.unlink(os.path.join(work, name))
     os.rmdir(work)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print("| system | epoch 0 files/s | ÷ tmpfs | epoch 1 files/s | ÷ tmpfs | pushes, refused (last run) |")
+    print("| system | epoch 0 files/s (GB/s) | ÷ tmpfs | epoch 1 files/s (GB/s) | ÷ tmpfs | pushes, refused (last run) |")
     print("|---|---:|---:|---:|---:|---|")
     for name, _ in systems:
-        print("| %s | %.0f | **%.2f×** | %.0f | **%.2f×** | %d, %d |" % (
-            name, med[(name, 0)], med[(name, 0)] / med[(name + " tmpfs", 0)], med[(name, 1)],
-            med[(name, 1)] / med[(name + " tmpfs", 1)], counters[name]["pushes"], counters[name]["push_failures"]))
+        print("| %s | %.0f (%.2f) | **%.2f×** | %.0f (%.2f) | **%.2f×** | %d, %d |" % (
+            name, med[(name, 0)], med[(name, 0, "GB/s")], med[(name, 0)] / med[(name + " tmpfs", 0)],
+            med[(name, 1)], med[(name, 1, "GB/s")], med[(name, 1)] / med[(name + " tmpfs", 1)],
+            counters[name]["pushes"], counters[name]["push_failures"]))
 
 
 if __name__ == "__main__":

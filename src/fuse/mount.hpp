@@ -32,6 +32,7 @@ class MountedSession {
 
  private:
   void start(const Options& options, Frontend& frontend);
+  void answer_init();
   void stop();
 
   fuse_session* session_ = nullptr;

@@ -63,6 +63,7 @@ void each_mount(Fn fn) {
     std::istringstream tail(line.substr(dash + 3));
     MountEntry e;
     e.id = id;
+    e.device = dev;
     e.mountpoint = unescape(point);
     tail >> e.fstype >> e.source >> e.super_options;
     e.source = unescape(e.source);

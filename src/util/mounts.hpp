@@ -20,6 +20,7 @@ struct MountEntry {
   std::string source;      // the fsname
   std::string super_options;  // the file system's own: FUSE's say user_id= (who mounted it)
   long id = -1;               // the mount's id (unique while it is mounted)
+  std::string device;         // its file system's device, "MAJOR:MINOR" (a FUSE mount's names its bdi)
 };
 
 // The topmost mount whose mount point is exactly `abs_path`, if any.

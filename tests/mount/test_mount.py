@@ -128,6 +128,13 @@ with h.tempdir() as tmp:
         h.check(sorted(os.listdir(mnt + "/ünï cødé/dir-link")) == sorted(os.listdir(src + "/cls a")),
                 "a symlinked directory lists through the mount")
 
+        # Root's mount reads through the daemon in requests of up to 1 MiB (the mount's own readahead
+        # window, set after INIT; the kernel's default is 128 KiB).
+        dev = os.stat(mnt).st_dev
+        with open("/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(dev), os.minor(dev))) as f:
+            readahead = int(f.read())
+        h.check(readahead == 1024, "the mount's readahead window is 1024 KiB: %d" % readahead)
+
         # The big sparse file: size, both ends, and a read that straddles 4 GiB.
         with open(mnt + "/big.bin", "rb") as fm, open(src + "/big.bin", "rb") as fs:
             ok = os.fstat(fm.fileno()).st_size == BIG
