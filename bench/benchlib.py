@@ -1,9 +1,12 @@
 """Helpers shared by the benchmark scripts: generated data sets kept between runs, waiting for a FUSE
-mount to appear and taking it down, the peak memory of the daemon serving a mount."""
+mount to appear and taking it down, the peak memory of the daemon serving a mount, the slow-source
+stand-in (bench/slowfs) mounted over a data set."""
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,3 +61,22 @@ def daemon_peak(mnt):
         except OSError:
             continue
     return 0
+
+
+class SlowSource:
+    """A fresh slowfs mount of the data set; stats() after close() gives what it served."""
+
+    def __init__(self, build, data, work, p):
+        self.mnt = tempfile.mkdtemp(prefix="slow-", dir=work)
+        self.stats_file = self.mnt + ".json"
+        self.proc = subprocess.Popen(
+            [build + "/bench/slowfs", data, self.mnt, "--open-latency-ms", str(p.latency_ms), "--bandwidth-mbps",
+             str(p.bandwidth_mbps), "--max-inflight", str(p.inflight), "--stats", self.stats_file],
+            stdout=subprocess.PIPE, text=True)
+        self.proc.stdout.readline()
+        wait_mounted(self.mnt)
+
+    def close(self):
+        unmount(self.mnt, self.proc, lazy=True)
+        with open(self.stats_file) as f:
+            return json.load(f)

@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import cached_dataset, daemon_peak, unmount, wait_mounted  # noqa: E402
+from benchlib import SlowSource, cached_dataset, daemon_peak, unmount  # noqa: E402
 
 
 class Params:
@@ -47,25 +47,6 @@ class Params:
         self.inflight = 16
         self.torch = True
         self.sim_files = 2000 if quick else 10000
-
-
-class SlowSource:
-    """A fresh slowfs mount of the data set; stats() after close() gives what it served."""
-
-    def __init__(self, build, data, work, p):
-        self.mnt = tempfile.mkdtemp(prefix="slow-", dir=work)
-        self.stats_file = self.mnt + ".json"
-        self.proc = subprocess.Popen(
-            [build + "/bench/slowfs", data, self.mnt, "--open-latency-ms", str(p.latency_ms), "--bandwidth-mbps",
-             str(p.bandwidth_mbps), "--max-inflight", str(p.inflight), "--stats", self.stats_file],
-            stdout=subprocess.PIPE, text=True)
-        self.proc.stdout.readline()
-        wait_mounted(self.mnt)
-
-    def close(self):
-        unmount(self.mnt, self.proc, lazy=True)
-        with open(self.stats_file) as f:
-            return json.load(f)
 
 
 def run_loop(build, p, root, order_root, stalls=None, torch=False):

@@ -138,7 +138,8 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
-                                                 counters_, streams_, config_.page_cache, config_.depth, config_.idle});
+                                                 counters_, streams_, config_.page_cache, config_.depth,
+                                                 config_.bytes_in_flight, config_.idle});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {

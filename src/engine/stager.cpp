@@ -59,6 +59,7 @@ Stager::Stager(StagerParts p)
       counters_(p.counters),
       streams_(p.streams),
       kernel_(p.kernel),
+      max_bytes_in_flight_(p.bytes_in_flight),
       idle_after_(p.idle),
       io_(p.depth) {
   thread_ = std::thread([this] { run(); });
@@ -340,11 +341,12 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
       continue;
     }
     if (state_.window.kernel_may_hold(id)) continue;
+    if (!room_in_flight(e.size)) break;
     const bool room_found = state_.policy.make_readahead_room(
         [&] { return ram_.reserve(e.size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); });
     if (!room_found) break;  // the rest waits for room (read files make it)
     picks.push_back(Pick{id, kReadAheadKey, true, nvme_ && nvme_->find(id) ? Origin::kNvme : Origin::kSource});
-    state_.in_flight.insert(id);
+    take_off(id, e.size);
   }
   queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
   // Readers that went elsewhere leave their samples behind: the oldest go first.
@@ -381,6 +383,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
         break;
       }
     }
+    if (!room_in_flight(c->size)) break;  // comes once those in flight are in
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     if (!make_ram_room(c->size, c->key, kept)) {
       if (c->key != said_wait_at_ && log_enabled(LogLevel::kDebug))
@@ -404,7 +407,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       }
     }
     picks.push_back(Pick{c->id, c->key, false, first, first == Origin::kPeer && may_defer(soon)});
-    state_.in_flight.insert(c->id);
+    take_off(c->id, c->size);
     policy.take();
   }
 }
@@ -491,11 +494,12 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
     }
     if (!policy.needed_soon(key)) return;  // nor are the others, needed later
     const uint64_t size = manifest_.entry(id).size;
+    if (!room_in_flight(size)) return;
     // Full of files needed sooner, or beyond the eviction window and no free room: wait for the readers.
     if (!make_ram_room(size, key, kept_in_ram(id))) return;
     pop_deferred();
     picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
-    state_.in_flight.insert(id);
+    take_off(id, size);
   }
 }
 
@@ -593,10 +597,19 @@ void Stager::written(EntryId id, uint64_t key, int rc) {
     if (auto k = policy.ram().key(id)) policy.ram().set(id, *k == kKeptForPeers ? kNever : *k, false);
 }
 
+bool Stager::room_in_flight(uint64_t size) const {
+  return bytes_in_flight_ == 0 || bytes_in_flight_ + size <= max_bytes_in_flight_;
+}
+
+void Stager::take_off(EntryId id, uint64_t size) {
+  state_.in_flight.insert(id);
+  bytes_in_flight_ += size;
+}
+
 void Stager::finish(EntryId id) {
   {
     MutexLock lock(state_.mutex);
-    state_.in_flight.erase(id);
+    if (state_.in_flight.erase(id)) bytes_in_flight_ -= manifest_.entry(id).size;
   }
   state_.staged.notify_all();
 }

@@ -45,6 +45,7 @@ struct StagerParts {
   const StreamSource& streams;
   PageCache* kernel;     // nullptr: no pushes or drops
   unsigned depth;        // reads and writes in flight
+  uint64_t bytes_in_flight;       // bytes of staging reads in flight at most (one file at least)
   std::chrono::nanoseconds idle;  // RAM given back after this long without a read; zero: never
 };
 
@@ -122,6 +123,9 @@ class Stager {
   void write(EntryId id, FileBytes bytes, uint64_t key);
   void written(EntryId id, uint64_t key, int rc) EXCLUDES(state_.mutex);
   void finish(EntryId id) EXCLUDES(state_.mutex);  // no longer in flight: opens waiting for it go on
+  // Whether a staging read of `size` bytes may start (StagerParts::bytes_in_flight), and its start.
+  bool room_in_flight(uint64_t size) const REQUIRES(state_.mutex);
+  void take_off(EntryId id, uint64_t size) REQUIRES(state_.mutex);
 
   const Manifest& manifest_;
   EngineState& state_;
@@ -134,6 +138,7 @@ class Stager {
   const StreamSource& streams_;
   PageCache* kernel_;
   uint64_t introductions_seen_ = 0;  // kernel_->introductions() at the last look
+  const uint64_t max_bytes_in_flight_;
   const std::chrono::nanoseconds idle_after_;
   // The stager thread's own.
   IoLoop io_;
@@ -156,6 +161,7 @@ class Stager {
   // for the next.
   std::priority_queue<std::pair<uint64_t, EntryId>, std::vector<std::pair<uint64_t, EntryId>>, std::greater<>> deferred_;
   absl::flat_hash_set<EntryId> deferred_ids_;  // the files in deferred_
+  uint64_t bytes_in_flight_ GUARDED_BY(state_.mutex) = 0;  // of the files in state_.in_flight
   void pop_deferred();
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);

@@ -34,9 +34,10 @@ int FusePageCache::push(EntryId id, const char* data, size_t size) {
   // referenced, a referenced one active), so the second store moves the pages to its active list here,
   // on this thread, and not on the reader's at its first read (a lock taken and a list move a page, a
   // tenth of the time a 100 KB file's first read took). Active pages are also the last memory pressure
-  // takes: these are pages a reader asks for next. A failure now leaves the pages stored: pushed still.
-  store(id, data, size);
-  return 0;
+  // takes: these are pages a reader asks for next. A failure now leaves the pages stored, unless the
+  // kernel forgot the inode in between (and its pages with it).
+  const int rc = store(id, data, size);
+  return rc == -ENOENT ? rc : 0;
 }
 
 int FusePageCache::store(EntryId id, const char* data, size_t size) {

@@ -594,6 +594,29 @@ TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   EXPECT_EQ(read_epoch(e, tree, order), 0u);
 }
 
+TEST(Engine, LargeFilesAreStagedAFewAtATimeNotAllSharingTheSource) {
+  // Every staging read shares the source's bandwidth: 8 large files at once would each come 8 times
+  // later than alone, the first a reader waits for too. Within bytes_in_flight (one file at least) they
+  // come in the order needed, and still every byte right and the source read once.
+  MemoryTree tree(sizes(40, 20000, 30000));
+  const auto streams = one_rank(tree);
+  const std::vector<EntryId> order = streams(0)[0];
+  uint64_t peak[2] = {0, 0};
+  for (int capped = 0; capped < 2; ++capped) {
+    MemorySource source(tree);
+    source.answer_late(std::chrono::milliseconds(5));
+    EngineConfig c = config(1 << 22);
+    if (capped) c.bytes_in_flight = 50000;
+    ClairvoyantEngine e(tree.manifest, streams, source, c);
+    ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["staged"]["files"] == 40u; })) << e.stats_json();
+    EXPECT_EQ(read_epoch(e, tree, order), 0u);
+    EXPECT_EQ(source.bytes_read(), tree.total());
+    peak[capped] = source.peak_fetching();
+  }
+  EXPECT_GT(peak[0], 100000u);  // the ring's 8 slots at once
+  EXPECT_LE(peak[1], 50000u);
+}
+
 TEST(Engine, APlanThatCannotBeBuiltStopsStagingNotTheDaemon) {
   MemoryTree tree(sizes(40, 1000, 2000));
   MemorySource source(tree);
