@@ -743,8 +743,10 @@ std::string ClairvoyantEngine::stats_json() const {
     j["peers"]["gone"] = gone;
   }
   // Whole files held outside the RAM budget (read on demand), and files read piecewise for want of room.
-  j["demand"] = {{"limit", demand_.allowance().limit()}, {"used", demand_.allowance().used()},
-                 {"piecewise_files", counters_.piecewise_files.load()}};
+  j["demand"] = {{"limit", demand_.allowance().limit()},
+                 {"used", demand_.allowance().used()},
+                 {"piecewise_files", counters_.piecewise_files.load()},
+                 {"left_to_readers", counters_.left_to_readers.load()}};
   MutexLock lock(state_.mutex);
   ranks_json(j);
   // idle=: after how long without a read RAM is given back (0: never), whether it is now, how often it was.

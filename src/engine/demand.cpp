@@ -25,6 +25,9 @@ constexpr size_t kRecentFiles = 64;
 constexpr uint64_t kRecentBytes = 16 << 20;
 constexpr uint64_t kRecentFileMax = 8 << 20;
 constexpr size_t kSourceHandles = 16;
+// A file read from SOURCE piece by piece this lately is being read still (a reader asks for its pieces
+// back to back; the next epoch's use of it comes far later).
+constexpr auto kReadingNow = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -43,13 +46,29 @@ std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
   return std::exchange(adopted_, {});
 }
 
+bool DemandReader::reading(EntryId id) {
+  {
+    MutexLock lock(mutex_);
+    if (loading_.count(id)) return true;
+  }
+  return source_handles_.read_since(id, Clock::now() - kReadingNow);
+}
+
 int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   const uint64_t size = manifest_.entry(id).size;
   auto buf = allowance_.allocate(size);
   if (!buf) return -EFBIG;
   const auto t0 = Clock::now();
   *from = Origin::kSource;
+  {
+    MutexLock lock(mutex_);
+    loading_[id]++;
+  }
   const int rc = chain_.fetch(id, buf, from);
+  {
+    MutexLock lock(mutex_);
+    if (--loading_[id] == 0) loading_.erase(id);
+  }
   if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += nanoseconds_since(t0);  // a peer or SOURCE: a stall
   if (rc < 0) return rc;
   if (*from == Origin::kPeer) counters_.demand_peer_files++;

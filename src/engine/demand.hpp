@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,9 @@ class DemandReader {
 
   // Files read whole on demand since the last call, for the stager to keep.
   std::vector<std::pair<EntryId, FileBytes>> take_adopted();
+  // Whether a reader is reading `id` from the stores itself right now (a whole-file miss being loaded, or
+  // pieces read from SOURCE within the last second): a staging read of it would read it a second time.
+  bool reading(EntryId id);
 
   SourceStore& source() { return source_; }
   uint64_t source_changed() const { return source_.changed(); }
@@ -72,6 +76,7 @@ class DemandReader {
   SourceHandles source_handles_;
   Mutex mutex_;
   std::vector<std::pair<EntryId, FileBytes>> adopted_ GUARDED_BY(mutex_);
+  std::unordered_map<EntryId, unsigned> loading_ GUARDED_BY(mutex_);  // load_whole under way, by file
 };
 
 // A file opened through a handle. NVMe and SOURCE are read only when the first read arrives: a file

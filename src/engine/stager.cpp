@@ -383,6 +383,12 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
         break;
       }
     }
+    // Its reader reads it from the stores itself right now (a miss): staged too, it would be read twice.
+    if (policy.needed_soon(c->key) && demand_.reading(c->id)) {
+      counters_.left_to_readers++;
+      policy.take();
+      continue;
+    }
     if (!room_in_flight(c->size)) break;  // comes once those in flight are in
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     if (!make_ram_room(c->size, c->key, kept)) {

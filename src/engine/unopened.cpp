@@ -75,7 +75,16 @@ struct SourceHandles::Open {
   ~Open() { source.release(handle); }
   SourceStore& source;
   const uint64_t handle;
+  std::atomic<int64_t> last_read_ns{0};  // steady_clock, since its epoch
 };
+
+bool SourceHandles::read_since(EntryId id, std::chrono::steady_clock::time_point since) {
+  MutexLock lock(mutex_);
+  auto it = open_.find(id);
+  return it != open_.end() &&
+         it->second->last_read_ns.load(std::memory_order_relaxed) >=
+             std::chrono::duration_cast<std::chrono::nanoseconds>(since.time_since_epoch()).count();
+}
 
 ssize_t SourceHandles::read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened) {
   *opened = false;
@@ -98,6 +107,9 @@ ssize_t SourceHandles::read(EntryId id, pid_t pid, char* buf, size_t size, off_t
       }
     }
   }
+  file->last_read_ns.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count(),
+      std::memory_order_relaxed);
   return source_.read(file->handle, buf, size, offset);
 }
 

@@ -67,6 +67,8 @@ class SourceHandles {
   ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened) EXCLUDES(mutex_);
   // Whether a handle of `id` is kept (its reader reads it piece by piece).
   bool holds(EntryId id) EXCLUDES(mutex_);
+  // Whether a kept handle of `id` was read from at `since` or later (its reader is at it now).
+  bool read_since(EntryId id, std::chrono::steady_clock::time_point since) EXCLUDES(mutex_);
 
  private:
   struct Open;  // releases its SourceReader handle when the last reader lets go
