@@ -31,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import SlowSource, cached_dataset, unmount  # noqa: E402
+from benchlib import SlowSource, cached_dataset, unmount, write_section  # noqa: E402
 
 SYSTEMS = ("direct", "stage-in", "clairfs", "tmpfs")
 TARGET = 0.9
@@ -212,14 +212,8 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines)
     print(text)
-    doc = os.path.join(a.out, "benchmarks.md")
-    begin, end = "<!-- au:begin -->", "<!-- au:end -->"
-    content = open(doc).read() if os.path.exists(doc) else ""
-    if begin in content and end in content and not a.quick:
-        head, rest = content.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        with open(doc, "w") as f:
-            f.write(head + begin + "\n```\nscripts/bench --au\n```\n\n" + text + "\n" + end + tail)
+    if not a.quick:
+        write_section(a.out, "au", "scripts/bench --au", text)
 
 
 if __name__ == "__main__":

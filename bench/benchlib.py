@@ -80,3 +80,17 @@ class SlowSource:
         unmount(self.mnt, self.proc, lazy=True)
         with open(self.stats_file) as f:
             return json.load(f)
+
+
+def write_section(out_dir, name, command, text):
+    """Puts `command` (as a code block) and `text` between the markers <!-- NAME:begin --> and
+    <!-- NAME:end --> of OUT_DIR/benchmarks.md, if it has them."""
+    doc = os.path.join(out_dir, "benchmarks.md")
+    begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+    content = open(doc).read() if os.path.exists(doc) else ""
+    if begin not in content or end not in content:
+        return
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(doc, "w") as f:
+        f.write(head + begin + "\n```\n" + command + "\n```\n\n" + text + "\n" + end + tail)

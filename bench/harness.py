@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import SlowSource, cached_dataset, daemon_peak, unmount  # noqa: E402
+from benchlib import SlowSource, cached_dataset, daemon_peak, unmount, write_section  # noqa: E402
 
 
 class Params:
@@ -358,17 +358,8 @@ def main():
     print(text)
 
     # Into docs/benchmarks.md between the markers.
-    doc = os.path.join(args.out, "benchmarks.md")
-    begin, end = "<!-- harness:begin -->", "<!-- harness:end -->"
-    content = open(doc).read() if os.path.exists(doc) else ""
-    if begin in content and end in content:
-        head, rest = content.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        command = "scripts/bench" + (" --quick" if args.quick else "") + (
-            " --dataset fashion-mnist" if args.dataset == "fashion-mnist" else "")
-        content = head + begin + "\n```\n" + command + "\n```\n\n" + text + "\n" + end + tail
-        with open(doc, "w") as f:
-            f.write(content)
+    write_section(args.out, "harness", "scripts/bench" + (" --quick" if args.quick else "") + (
+        " --dataset fashion-mnist" if args.dataset == "fashion-mnist" else ""), text)
     shutil.rmtree(work, ignore_errors=True)
 
 
