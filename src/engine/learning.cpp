@@ -471,6 +471,16 @@ bool LearningEngine::follow_epoch() {
       run_niced([&] { late = old->late_epochs(others, followed.value_or(old->reading_epoch())); });
       for (size_t r = 0; r < at.size(); ++r)
         if (late[r]) at[r] = {Is::kOff, late[r]};
+      if (replanning_.after_late_diagnosis) replanning_.after_late_diagnosis();
+      // The places of the ranks that follow, taken again: they read on while the diagnosis ran (seconds
+      // under a sanitizer), and a rank started where it was then, more than the tolerance behind where
+      // it reads now, would be off the new plan from its first open.
+      const std::vector<ClairvoyantEngine::RankAt> now = old->ranks_at();
+      followed.reset();
+      for (size_t r = 0; r < at.size(); ++r) {
+        if (at[r].is == Is::kFollowing && now[r].is == Is::kFollowing) at[r] = now[r];
+        if (at[r].is == Is::kFollowing) followed = std::min(followed.value_or(UINT64_MAX), *at[r].epoch);
+      }
     }
   }
   // A plan from the earliest of those epochs, each rank shifted to its own; an idle rank at the plan's.

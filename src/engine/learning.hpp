@@ -72,6 +72,9 @@ struct Replanning {
   bool on = false;          // a torch order on a node alone (with peers, every node's plan would have to change)
   bool whole_node = false;  // the node serves every rank of its world, and so of the world planned for next
   bool world_auto = false;  // world_size=auto: the first plan (world_size=1) is a stand-in, its change expected
+  // Called on the re-planning thread once a rank started late was looked for, before the plan is built
+  // (tests: the ranks that follow read on meanwhile, as they do while a slow diagnosis runs).
+  std::function<void()> after_late_diagnosis;
 };
 
 class LearningEngine final : public Engine {

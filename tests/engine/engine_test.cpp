@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -909,12 +911,13 @@ TEST(Learning, ASeedIsLearnedAgainFromTheLatestEpochWhenTheKeptOpensSpanTwo) {
 // A mount of 600 small files on disk told seed 42 (DistributedSampler over `world` ranks, all served here,
 // batches of 16, 2 workers; tolerance 64), re-planning on, with `ram` bytes of RAM (0: the data set's).
 struct ToldMount {
-  ToldMount(uint64_t world, uint64_t ram)
+  ToldMount(uint64_t world, uint64_t ram, std::function<void()> after_late_diagnosis = {})
       : tree(sizes(600, 100, 200)),
         disk(tree),
         told(tree.manifest.samples().size(), torch_schedule(world, 16, 2)),
         e(disk.manifest, *disk.reader, told.schedule(), question(world), engine_config(world, ram ? ram : tree.total()),
-          &told, {}, Replanning{.on = true, .whole_node = true}) {}
+          &told, {},
+          Replanning{.on = true, .whole_node = true, .after_late_diagnosis = std::move(after_late_diagnosis)}) {}
   static LearnQuestion question(uint64_t world) {
     LearnQuestion q;
     q.gap = 64;
@@ -996,6 +999,45 @@ TEST(Learning, ARankThatStartsEpochsAfterTheOtherIsFollowed) {
     return r[1]["epoch"] == 0 && r[1]["done"] == r[1]["total"] && r[1]["verdict"] == "following" &&
            r[0]["epoch"] == 2 && r[0]["done"] == r[0]["total"];
   })) << m.stats()["ranks"];
+}
+
+TEST(Learning, ARankThatReadsOnWhileTheLateOneIsDiagnosedIsPlacedWhereItIsThen) {
+  // As above, but rank 0 reads 150 more items (beyond the tolerance, 64) while the diagnosis of rank 1
+  // runs, as it does when the diagnosis is slow (seconds, under a sanitizer): the new plan starts rank 0
+  // where it is then, not where it was when the diagnosis began (once in CI: rank 0 off the new plan
+  // from its first open, never followed again).
+  std::atomic<bool> stepped{false};
+  std::atomic<size_t> ahead{0};
+  ToldMount* mount = nullptr;
+  ToldMount m(2, 0, [&] {
+    if (ahead.load() || !ToldMount::wait([&] { return stepped.load(); })) return;
+    for (size_t k = 64; k < 64 + 150; ++k) ASSERT_TRUE(mount->read(2, 0, k));
+    ahead = 150;
+  });
+  mount = &m;
+  const size_t items = m.told.epoch(0).rank_sequence(0).size();
+  for (uint64_t epoch = 0; epoch < 2; ++epoch)
+    for (size_t k = 0; k < items; ++k) ASSERT_TRUE(m.read(epoch, 0, k));
+  for (size_t k = 0; k < 64; ++k) {
+    ASSERT_TRUE(m.read(2, 0, k));
+    ASSERT_TRUE(m.read(0, 1, k));
+  }
+  stepped = true;
+  ASSERT_TRUE(m.wait([&] { return m.stats()["plan"]["world"]["replanned"] == 1; }))
+      << m.stats()["plan"] << m.stats()["ranks"];
+  ASSERT_EQ(ahead.load(), 150u);
+  for (size_t k = 64; k < items; ++k) {
+    if (k + 150 < items) ASSERT_TRUE(m.read(2, 0, k + 150));
+    ASSERT_TRUE(m.read(0, 1, k));
+    if (k % 16 == 15) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(m.wait([&] {
+    const auto r = m.stats()["ranks"];
+    return r[0]["epoch"] == 2 && r[0]["done"] == r[0]["total"] && r[0]["verdict"] == "following" &&
+           r[1]["epoch"] == 0 && r[1]["done"] == r[1]["total"] && r[1]["verdict"] == "following";
+  })) << m.stats()["ranks"]
+      << m.stats()["mispredicted_opens"];
+  EXPECT_EQ(m.stats()["mispredicted_opens"], 0) << m.stats()["ranks"];
 }
 
 TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {
