@@ -66,7 +66,11 @@ with h.tempdir() as tmp:
     with open(digests, "w") as f:
         json.dump(want, f)
     ram = 2 * total  # everything fits: SOURCE once, for the told mount and the learning one alike
-    job = ["--seed", "7", "--epochs", "2"]
+    # Under a sanitizer the job takes 10 ms a training step: the epoch-0 stalls compared below are a race
+    # between the stager and the job, and a job reading a local tree at full speed (2,000 files/s) beside a
+    # daemon slowed 5-15x won it by chance (after the engine was there: 9-44 stalls in quiet runs here,
+    # 160 once in CI; with the step, 1-10).
+    job = ["--seed", "7", "--epochs", "2"] + (["--compute", "0.01"] if os.environ.get("CLAIRFS_SANITIZED") else [])
 
     # Told the seed: what the learning mount is measured against.
     with h.mounted(data, mnt, (BASE % ram) + ",seed=7"):
@@ -128,10 +132,10 @@ with h.tempdir() as tmp:
             "plain %.2fx" % (a / total, before / total, t / total, p / total))
     # Epoch 0's opens served from SOURCE (a stall each, for a job that waits on them): those before the
     # engine was there, and the few the job reads while staging gets ahead of it (this job reads a local
-    # tree at full speed; under a sanitizer the stager is several times slower to get ahead: TSan, 49).
+    # tree at full speed; under a sanitizer, paced by its step, above).
     a0, t0 = auto[0]["stats"]["stalls"]["opens"], told[0]["stats"]["stalls"]["opens"]
     p0 = plain[0]["stats"]["tiers"]["source"]["files"]
-    slack = 128 if os.environ.get("CLAIRFS_SANITIZED") else 32
+    slack = 64 if os.environ.get("CLAIRFS_SANITIZED") else 32
     h.check(a0 <= t0 + before_files + slack, "epoch 0's opens served by SOURCE: seed=auto %d (%d before the engine was "
             "there), told %d, plain %d" % (a0, before_files, t0, p0))
     print("seed=auto: found after %d opens; epoch 0 opens from SOURCE %d (told: %d, plain: %d); "
