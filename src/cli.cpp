@@ -445,8 +445,9 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
                       "reads of them fail (EIO)");
       } else {
         log_info("mounting once SOURCE's names are listed (" + std::to_string(d.manifest->attributes_pending()) +
-                 " files, stat_later=" + std::to_string(o.stat_later) + "); their attributes are read after, "
-                 "staging starts then");
+                 " files, stat_later=" + std::to_string(o.stat_later) +
+                 "); their attributes are read after, "
+                 "those of the files staged first first");
         d.fill.emplace(*d.manifest);
       }
     }

@@ -124,9 +124,13 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
   }
   if (j.contains("waited")) {
     const std::string state = j["waited"].value("state", std::string());
+    if (const uint64_t pending = get(j, {"attributes_pending"}))
+      std::printf(
+          "  reading the files' sizes after the mount (%llu to go); staging reads those of the files it comes "
+          "to first\n",
+          static_cast<unsigned long long>(pending));
     if (state == "waiting")
-      std::printf("  reading the files' sizes after the mount (%llu to go); staging starts then, reads go to SOURCE until then\n",
-                  static_cast<unsigned long long>(get(j, {"attributes_pending"})));
+      std::printf("  staging starts in a moment; reads go to SOURCE until then\n");
     else if (state == "failed")
       std::printf("  staging could not start (see the log); reads go to SOURCE\n");
   }

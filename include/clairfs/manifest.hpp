@@ -195,6 +195,12 @@ class Manifest {
   uint64_t attributes_pending() const;
   // Whether the entry's attributes are known now (false for one gone).
   bool known(EntryId id) const { return entries_.late_state(id) == EntryTable::kKnown; }
+  // Whether they are still to be read (neither known nor found gone).
+  bool pending(EntryId id) const { return entries_.late_state(id) == EntryTable::kUnknown; }
+  // Asks the fill to read these entries' attributes before the rest's (the files a job reads next);
+  // those known by then are passed over. At most kWantedFirst wait: the oldest go beyond.
+  static constexpr size_t kWantedFirst = 65536;
+  void want_first(const std::vector<EntryId>& ids) const;
   // Makes the entry's attributes known, stat-ing it now if the fill has not reached it. False if it is
   // gone from SOURCE or no longer the type listed (its attributes are then the type alone, size 0).
   bool ensure(EntryId id) const;

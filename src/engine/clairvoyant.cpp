@@ -56,7 +56,7 @@ StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std:
       reserve_huge(seq[i], order.loaded(ranks[i]));
       for (uint64_t k = 0; k < order.loaded(ranks[i]); ++k) {
         const EntryId id = samples[order.at(ranks[i], k)];
-        if (!check || S_ISREG(manifest.entry(id).mode)) seq[i].push_back(id);
+        if (!check || S_ISREG(manifest.mode(id))) seq[i].push_back(id);
       }
     }
     return seq;

@@ -9,9 +9,13 @@ void EngineCounters::to_json(nlohmann::json& j) const {
     j["tiers"][origin_name(o)] = {{"files", files(o)}, {"bytes", bytes(o)}};
   // Without opens, files read from pushed pages are presumed read once their reader reads past them.
   j["tiers"]["pagecache"] = {{"files", files(Origin::kPageCache)}};
-  j["staged"] = {{"files", staged_files.load()},       {"bytes", staged_bytes.load()},
-                 {"from_nvme", staged_from_nvme.load()}, {"from_peer", staged_from_peer.load()},
-                 {"failures", stage_failures.load()},    {"source_bytes", staged_source_bytes.load()}};
+  j["staged"] = {{"files", staged_files.load()},
+                 {"bytes", staged_bytes.load()},
+                 {"from_nvme", staged_from_nvme.load()},
+                 {"from_peer", staged_from_peer.load()},
+                 {"failures", stage_failures.load()},
+                 {"source_bytes", staged_source_bytes.load()},
+                 {"attributes_read", attributes_read.load()}};
   // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
   j["source_traffic"] = {{"bytes", staged_source_bytes.load() + bytes(Origin::kSource)}};
   j["stalls"] = {{"opens", files(Origin::kSource)},

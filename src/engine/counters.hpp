@@ -28,6 +28,9 @@ struct EngineCounters {
   // Files a peer keeps that staging read from SOURCE instead, the peer being far slower (PeerModel).
   std::atomic<uint64_t> source_over_peer{0}, source_over_peer_bytes{0};
   std::atomic<uint64_t> readahead_files{0};
+  // Files whose attributes the stager read itself, its walk waiting on them (a mount up before the fill
+  // had read them all; the next ones are asked of the fill first).
+  std::atomic<uint64_t> attributes_read{0};
   // Tiers.
   std::atomic<uint64_t> ram_evictions{0}, nvme_evictions{0};
   std::atomic<uint64_t> idle_releases{0};  // idle=: times RAM was given back

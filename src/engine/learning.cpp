@@ -337,11 +337,10 @@ void LearningEngine::run() {
 }
 
 bool LearningEngine::start(const Oracle& oracle, std::vector<std::pair<EntryId, pid_t>> kept) {
-  // The engine stages by the files' sizes: with a scan that left them for later, it starts once the
-  // fill has read them all (reads go to SOURCE meanwhile).
+  // With a scan that left the files' attributes for later, the engine starts while the fill reads them:
+  // its staging walk reads those of the files it comes to first (Stager::know_now).
   {
     MutexLock lock(mutex_);
-    while (!stop_ && manifest_.attributes_pending() != 0) lock.wait_for(wake_, std::chrono::milliseconds(50));
     if (stop_) return false;
     if (told_) kept = opens_;
   }

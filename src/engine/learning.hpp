@@ -8,10 +8,10 @@
 // When no seed fits the first kMaxOpens opens, it stops trying, says so once, and the mount stays plain:
 // never more SOURCE reads than a plain mount's.
 //
-// With the seed told (`told`, the oracle of the mount), there is nothing to learn: the engine waits only
-// for the files' attributes, which a scan that left them for later (Manifest::Attributes::kLater) has
-// read in the background, and starts as above with the opens kept meanwhile. The same waiting applies
-// after a seed is learned.
+// With the seed told (`told`, the oracle of the mount), there is nothing to learn. With files whose
+// attributes a scan left for later (Manifest::Attributes::kLater, read in the background), the engine is
+// built on this class's thread (it reads a spread of sizes for their mean) and starts as above with the
+// opens kept meanwhile; its stager reads the attributes of the files it comes to before the fill does.
 //
 // Only the job's readers teach it: an open counts when its process runs as one of `learn_from`'s users
 // (any user when that is empty), so another user's reads in some order cannot choose the seed.
@@ -74,7 +74,7 @@ struct Replanning {
   bool world_auto = false;  // world_size=auto: the first plan (world_size=1) is a stand-in, its change expected
   // Called on the re-planning thread once a rank started late was looked for, before the plan is built
   // (tests: the ranks that follow read on meanwhile, as they do while a slow diagnosis runs).
-  std::function<void()> after_late_diagnosis;
+  std::function<void()> after_late_diagnosis = nullptr;
 };
 
 class LearningEngine final : public Engine {

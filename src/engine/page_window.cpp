@@ -33,7 +33,10 @@ PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier
     // whose pages the kernel keeps (a passed file's, kept for this use), read from them without a word
     // to us as a pushed one is: its reader's next news counts it as read. Beacons never.
     planner_.set_unseen([this](uint64_t key, EntryId id) {
-      return manifest_.entry(id).size == 0 || (config_.kernel && kernel_may_hold(id) && !beacon(key));
+      // (A file whose attributes are still to be read was never looked up: its reads reach us.)
+      if (manifest_.pending(id)) return false;
+      return !manifest_.known(id) || manifest_.entry(id).size == 0 ||
+             (config_.kernel && kernel_may_hold(id) && !beacon(key));
     });
   }
   push_key_ = planner_.cursor();
@@ -169,7 +172,12 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now,
   const uint64_t end = planner_.planned_end();
   for (; push_key_ < end; ++push_key_) {
     const auto item = planner_.item(push_key_);
-    if (!item || !planner_.live(planner_.rank_of(push_key_)) || manifest_.entry(*item).size == 0) continue;
+    if (!item || !planner_.live(planner_.rank_of(push_key_))) continue;
+    if (manifest_.pending(*item)) {  // its attributes to be read: not staged yet, and not looked up
+      unknown_stepped_over_ = true;
+      continue;
+    }
+    if (!manifest_.known(*item) || manifest_.entry(*item).size == 0) continue;
     if (config_.no_open && beacon(push_key_)) {
       // Left for its reader to ask the daemon; pages still there from an earlier use go (and if the
       // reader is quicker than that, it read them: presumed) — unless a use before this one is still to

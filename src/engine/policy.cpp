@@ -12,13 +12,20 @@ namespace {
 constexpr uint64_t kWarmUp = 16;
 // Fetches from peers that count as "busy" in the choice between a peer and SOURCE.
 constexpr double kPeerParallel = 8;
+// Samples whose sizes give the mean while the attributes are still being read.
+constexpr size_t kMeanSpread = 256;
 
 }  // namespace
 
 uint64_t mean_sample_size(const Manifest& manifest) {
-  uint64_t bytes = 0;
-  for (EntryId id : manifest.samples()) bytes += manifest.entry(id).size;
-  return std::max<uint64_t>(1, bytes / std::max<size_t>(1, manifest.samples().size()));
+  const auto& samples = manifest.samples();
+  uint64_t bytes = 0, files = 0;
+  // Attributes still being read (a mount up once SOURCE's names were listed): the mean of a spread of
+  // samples, read now where the fill has not come yet.
+  const size_t step = manifest.attributes_pending() == 0 ? 1 : std::max<size_t>(1, samples.size() / kMeanSpread);
+  for (size_t i = 0; i < samples.size(); i += step)
+    if (manifest.ensure(samples[i])) bytes += manifest.entry(samples[i]).size, ++files;
+  return std::max<uint64_t>(1, bytes / std::max<uint64_t>(1, files));
 }
 
 StagingPolicy::StagingPolicy(const Manifest& manifest, const Planner& planner, PolicyConfig config)
@@ -75,6 +82,10 @@ std::optional<StagingPolicy::Candidate> StagingPolicy::next_candidate(const std:
     const uint64_t key = stage_key_;
     if (!upcoming(key)) continue;  // a hole, a rank off the plan, or opened already (read on demand)
     const auto item = planner_.item(key);
+    if (!manifest_.known(*item)) {
+      if (manifest_.pending(*item)) return Candidate{key, *item, 0, true};
+      continue;  // gone from SOURCE: read on demand (and refused there)
+    }
     const uint64_t size = manifest_.entry(*item).size;
     // There already, on its way, or never fits (read on demand).
     if (ram_.contains(*item) || busy(*item) || size > config_.ram) continue;

@@ -85,12 +85,15 @@ class StagingPolicy {
   void passed(EntryId id, uint64_t key, uint64_t next);
 
   // The walk over the plan. next_candidate() skips holes, ranks off the plan, uses already opened,
-  // files held, `busy` ones (in flight) and files larger than the budget, and returns the next file to
-  // stage; take() moves past it once it is staged (or room for it was found).
+  // files held, `busy` ones (in flight), files gone from SOURCE and files larger than the budget, and
+  // returns the next file to stage; take() moves past it once it is staged (or room for it was found).
+  // A file whose attributes are still to be read (a mount up before they all were) is returned as
+  // `pending`, size unknown: the walk waits there until they are.
   struct Candidate {
     uint64_t key;
     EntryId id;
     uint64_t size;
+    bool pending = false;
   };
   std::optional<Candidate> next_candidate(const std::function<bool(EntryId)>& busy);
   void take() { ++stage_key_; }

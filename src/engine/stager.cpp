@@ -41,6 +41,8 @@ constexpr size_t kMaxDeferred = 65536;
 // finds most of its answers there when it comes.
 constexpr uint64_t kAskAhead = 256;
 constexpr size_t kAsksInFlight = 64;
+// Steps ahead of the walk whose files' attributes are asked of the fill first, while it reads them.
+constexpr uint64_t kKnowAhead = 1024;
 // RAM residents needed last that are looked at for a copy of a file NVMe holds (make_ram_room).
 constexpr size_t kCopyScan = 256;
 // A question not answered within this long is taken as "not held".
@@ -125,7 +127,7 @@ bool Stager::turn() {
     pick_readahead(room, picks);
     pick_deferred(room, picks);
     pick_planned(room, picks);
-    if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting())) {
+    if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting()) && !know_first_) {
       to_write_.clear();
       // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
       // per open would cost every open a context switch.
@@ -138,6 +140,7 @@ bool Stager::turn() {
   }
   for (Write& w : writes) write(w.id, std::move(w.bytes), w.key);
   for (const Pick& pick : picks) stage(pick);
+  know_now();
   const bool idle = picks.empty() && writes.empty();
   if (io_.external_in_flight() > 0) io_.run(idle ? kPeerPoll : std::chrono::milliseconds(0));
   else if (idle) io_.run_waiting();
@@ -332,6 +335,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
   size_t n = 0;
   for (; n < queue.size() && picks.size() < room; ++n) {
     const EntryId id = queue[n];
+    if (!manifest_.known(id)) continue;  // its attributes not read yet (or gone): not read ahead
     const Entry& e = manifest_.entry(id);
     if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id)) continue;
     if (kernel_ && state_.window.should_ask(id)) {  // read ahead only if the kernel no longer holds it
@@ -360,6 +364,10 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
+    if (c->pending) {
+      wait_for_attributes(c->key, c->id);
+      break;
+    }
     if (deferred_ids_.contains(c->id)) {  // waiting for its keeper, for an earlier use
       policy.take();
       continue;
@@ -418,6 +426,24 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   }
 }
 
+void Stager::wait_for_attributes(uint64_t key, EntryId id) {
+  know_first_ = id;
+  const uint64_t end = std::min(state_.planner.planned_end(), key + kKnowAhead);
+  for (uint64_t k = std::max(key + 1, known_ahead_to_); k < end; ++k)
+    if (state_.policy.upcoming(k))
+      if (const EntryId next = *state_.planner.item(k); manifest_.pending(next)) to_know_.push_back(next);
+  known_ahead_to_ = std::max(known_ahead_to_, end);
+}
+
+void Stager::know_now() {
+  if (!know_first_) return;
+  manifest_.want_first(to_know_);
+  to_know_.clear();
+  manifest_.ensure(*know_first_);  // (gone: the walk passes over it)
+  counters_.attributes_read++;
+  know_first_.reset();
+}
+
 void Stager::ask_kernel() {
   if (!kernel_) return;
   std::vector<EntryId> ask;
@@ -441,7 +467,8 @@ void Stager::ask_kernel() {
       for (; key < end && asking_.size() + ask.size() < kAsksInFlight; ++key) {
         if (!policy.upcoming(key)) continue;
         const EntryId id = *state_.planner.item(key);
-        if (policy.owned(id) || policy.ram().contains(id) ||
+        // (Its attributes not read yet: never looked up, so the kernel holds none of its pages.)
+        if (!manifest_.known(id) || policy.owned(id) || policy.ram().contains(id) ||
             !(again ? state_.window.should_ask_again(id) : state_.window.should_ask(id)))
           continue;
         state_.window.asking(id);

@@ -100,6 +100,10 @@ class Stager {
   std::vector<Write> pick_writes(unsigned room) REQUIRES(state_.mutex);
   void pick_readahead(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   void pick_planned(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  // The walk met a file whose attributes are still to be read: the next ones are asked of the fill
+  // first (to_know_), and this one is read now, off the lock (know_now()).
+  void wait_for_attributes(uint64_t key, EntryId id) REQUIRES(state_.mutex);
+  void know_now();
   void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   // Whether a pick going to the keeper first may wait for it (not needed `soon`, room in deferred_).
   bool may_defer(bool soon) const;
@@ -148,6 +152,9 @@ class Stager {
   uint64_t left_up_to_ = 0;      // uses below it left to the kernel's pages are counted
   uint64_t said_wait_at_ = UINT64_MAX;  // the step staging last waited at (log_level=debug says it once)
   std::vector<EntryId> to_ask_;  // read-ahead's questions, asked at the next turn
+  std::optional<EntryId> know_first_;            // the file the walk waits on, its attributes to be read
+  std::vector<EntryId> to_know_;                 // the next ones after it, for the fill to read first
+  uint64_t known_ahead_to_ = 0;                  // the keys up to which they were asked for
   absl::flat_hash_set<EntryId> readahead_asks_;  // read ahead once the kernel says it does not hold them
   absl::flat_hash_map<EntryId, std::chrono::steady_clock::time_point> asking_;  // questions unanswered, since
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file

@@ -328,7 +328,19 @@ struct Manifest::LateFill {
   Mutex mutex;  // serializes set_late()
   std::atomic<uint64_t> pending{0};  // entries whose attributes are not known yet
   std::atomic<uint64_t> gone{0};     // found gone (or of another type) when stat-ed
+  Mutex wanted_mutex;
+  std::deque<EntryId> wanted GUARDED_BY(wanted_mutex);  // want_first()'s, in the order asked
+  std::atomic<bool> any_wanted{false};
 };
+
+void Manifest::want_first(const std::vector<EntryId>& ids) const {
+  if (!late_ || ids.empty()) return;
+  MutexLock lock(late_->wanted_mutex);
+  late_->wanted.insert(late_->wanted.end(), ids.begin(), ids.end());
+  if (late_->wanted.size() > kWantedFirst)
+    late_->wanted.erase(late_->wanted.begin(), late_->wanted.end() - static_cast<std::ptrdiff_t>(kWantedFirst));
+  late_->any_wanted.store(true, std::memory_order_release);
+}
 
 Manifest::Manifest() = default;
 Manifest::~Manifest() = default;
@@ -378,8 +390,24 @@ void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) 
   // Each directory opened once and its late files stat-ed by name beneath it: listing it again, to have
   // a FUSE SOURCE hand the attributes over with the names, made a 200,000-file fill slower here.
   std::atomic<size_t> next{0};
+  // The entries asked for first (want_first), one by one, before each directory and between its files.
+  auto wanted = [&] {
+    while (late_->any_wanted.load(std::memory_order_acquire) && !stop.load(std::memory_order_relaxed)) {
+      EntryId id = 0;
+      {
+        MutexLock lock(late_->wanted_mutex);
+        if (late_->wanted.empty()) {
+          late_->any_wanted.store(false, std::memory_order_relaxed);
+          return;
+        }
+        id = late_->wanted.front();
+        late_->wanted.pop_front();
+      }
+      ensure(id);
+    }
+  };
   auto work = [&] {
-    for (size_t k; !stop.load(std::memory_order_relaxed) && (k = next.fetch_add(1)) < dirs.size();) {
+    for (size_t k; !stop.load(std::memory_order_relaxed) && (wanted(), k = next.fetch_add(1)) < dirs.size();) {
       UniqueFd dir(open_beneath(late_->root.get(), components(dirs[k]), O_RDONLY | O_DIRECTORY));
       if (!dir)
         log_warning("cannot open directory '" + path(dirs[k]) + "' in SOURCE again: " + std::strerror(-dir.get()) +
@@ -387,6 +415,7 @@ void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) 
       const Entry d = entries_[dirs[k]];
       for (EntryId c = d.first_child; c < d.first_child + d.child_count && !stop.load(std::memory_order_relaxed); ++c) {
         if (entries_.late_state(c) != EntryTable::kUnknown) continue;
+        wanted();
         struct stat st {};
         const bool ok = dir && ::fstatat(dir.get(), std::string(name(c)).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
         set_late(c, ok ? &st : nullptr);

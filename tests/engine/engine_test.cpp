@@ -850,13 +850,13 @@ TEST(Engine, AnotherOrderInTheOpensCaughtUpIsToldToo) {
 
 // The tree written to a folder and scanned, as a mount does: a LearningEngine reads SOURCE itself.
 struct TreeOnDisk {
-  explicit TreeOnDisk(const MemoryTree& tree) : tree(tree) {
+  explicit TreeOnDisk(const MemoryTree& tree, Manifest::Attributes files = Manifest::Attributes::kNow) : tree(tree) {
     if (!::mkdtemp(dir)) throw std::runtime_error("mkdtemp");
     std::filesystem::create_directory(std::string(dir) + "/c");
     for (size_t i = 0; i < tree.files(); ++i)
       std::ofstream(std::string(dir) + "/" + tree.manifest.path(tree.file(i)), std::ios::binary)
           << tree.bytes(tree.file(i));
-    manifest = Manifest::scan(dir, default_extensions());
+    manifest = Manifest::scan(dir, default_extensions(), 0, files);
     reader = std::make_unique<SourceReader>(manifest, dir);
   }
   ~TreeOnDisk() { std::filesystem::remove_all(dir); }
@@ -1027,7 +1027,9 @@ TEST(Learning, ARankThatReadsOnWhileTheLateOneIsDiagnosedIsPlacedWhereItIsThen) 
       << m.stats()["plan"] << m.stats()["ranks"];
   ASSERT_EQ(ahead.load(), 150u);
   for (size_t k = 64; k < items; ++k) {
-    if (k + 150 < items) ASSERT_TRUE(m.read(2, 0, k + 150));
+    if (k + 150 < items) {
+      ASSERT_TRUE(m.read(2, 0, k + 150));
+    }
     ASSERT_TRUE(m.read(0, 1, k));
     if (k % 16 == 15) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -1038,6 +1040,54 @@ TEST(Learning, ARankThatReadsOnWhileTheLateOneIsDiagnosedIsPlacedWhereItIsThen) 
   })) << m.stats()["ranks"]
       << m.stats()["mispredicted_opens"];
   EXPECT_EQ(m.stats()["mispredicted_opens"], 0) << m.stats()["ranks"];
+}
+
+TEST(Learning, StagingStartsBeforeTheFilesAttributesAreAllRead) {
+  // A mount up once SOURCE's names are listed (a scan that left the files' attributes for later), seed
+  // told, no fill running: the engine starts at once, and its stager reads the attributes of the files
+  // it comes to (the reader's lookups read those of the files it opens, as the kernel's do): the epoch
+  // is read from RAM, every byte right, the attributes of files far beyond the reader still unread.
+  const MemoryTree tree(sizes(600, 100, 200));
+  TreeOnDisk disk(tree, Manifest::Attributes::kLater);
+  ASSERT_EQ(disk.manifest.attributes_pending(), tree.files());
+  const Oracle told(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
+  EngineConfig c = config(tree.total());
+  c.tolerance = 64;
+  LearningEngine e(disk.manifest, *disk.reader, told.schedule(), LearnQuestion{}, c, &told, {}, Replanning{});
+  const auto s = [&] { return nlohmann::json::parse(e.stats_json()); };
+  ASSERT_TRUE(ToldMount::wait([&] { return s()["waited"]["state"] == "told"; })) << s()["waited"];
+  const std::vector<uint32_t> order = told.epoch(0).rank_sequence(0);
+  const size_t half = order.size() / 2;
+  for (size_t k = 0; k < half; ++k) {
+    const EntryId id = disk.manifest.samples()[order[k]];
+    ASSERT_TRUE(disk.manifest.ensure(id));  // the reader's lookup
+    ASSERT_EQ(read_file(e, id, nullptr, 1000 + static_cast<pid_t>(told.worker_of(k))), tree.bytes(id)) << k;
+    if (k % 16 == 15) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto t = s();
+  EXPECT_GE(t["tiers"]["ram"]["files"].get<uint64_t>(), half * 9 / 10) << t["tiers"];
+  EXPECT_GT(t["staged"]["attributes_read"].get<uint64_t>(), 0u) << t["staged"];
+  // Read ahead of the reader, not all: the last quarter of the epoch is beyond the stager's lead.
+  size_t unread = 0;
+  for (size_t k = order.size() * 3 / 4; k < order.size(); ++k)
+    unread += disk.manifest.pending(disk.manifest.samples()[order[k]]);
+  EXPECT_GT(unread, 0u) << disk.manifest.attributes_pending();
+}
+
+TEST(Manifest, TheFillReadsTheAttributesAskedForFirst) {
+  // want_first(): the fill reads those entries' attributes before the rest (in directory order, those
+  // of the last directory come last): stopped after its first few, they are known.
+  const MemoryTree tree(sizes(600, 100, 200));
+  TreeOnDisk disk(tree, Manifest::Attributes::kLater);
+  const auto& samples = disk.manifest.samples();
+  std::vector<EntryId> last(samples.end() - 8, samples.end());
+  disk.manifest.want_first(last);
+  std::atomic<bool> stop{false};
+  std::thread fill([&] { disk.manifest.fill_attributes(stop, 1); });
+  while (disk.manifest.attributes_pending() > samples.size() - 8) std::this_thread::yield();
+  stop = true;
+  fill.join();
+  for (EntryId id : last) EXPECT_TRUE(disk.manifest.known(id)) << id;
 }
 
 TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {

@@ -2,7 +2,7 @@
 bench/synthfs): clairfs mounts it
 from a walk (stat_later=0: up once the names are listed, the files' attributes read after, staging then)
 and from a manifest, eight ranks read in their order at once (files stat-ed as they are asked for), the
-stager stages once the attributes are read, and every byte read through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64 MiB + 100 B per file.
+stager stages while the attributes are read, and every byte read through clairfs equals synthfs's; the daemon's peak memory stays within ram + 64 MiB + 100 B per file.
 Then that index broadcast to a second MPI process (bench/index_bcast) arrives whole, and the cluster
 simulation (bench/cluster_sim, the engine's planner and policy on every node) at 200,000 samples on 16
 and 64 nodes reads SOURCE once in epoch 0 and, with room, never after. Last, a SOURCE that answers each
