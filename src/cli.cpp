@@ -32,6 +32,7 @@
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
+#include "commands.hpp"
 #include "control/control.hpp"
 #include "control/metrics.hpp"
 #include "engine/clairvoyant.hpp"
@@ -45,7 +46,6 @@
 #include "fuse/page_cache.hpp"
 #include "oracle/schedule.hpp"
 #include "peer/mpi.hpp"
-#include "status.hpp"
 #include "util/clock.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
@@ -57,8 +57,6 @@ namespace clairfs {
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
 // Files compared with SOURCE when mounting from a manifest: enough to catch a stale manifest of another
 // data set version, few enough to cost well under a second on a loaded parallel file system.
 constexpr size_t kManifestSpotChecks = 64;
@@ -146,15 +144,6 @@ void detach_from_terminal(bool keep_stderr) {
   }
   (void)!::chdir("/");
   log_detached();
-}
-
-// The scan holds one descriptor per directory level and the daemon one per open file: use the hard limit.
-void raise_fd_limit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-  }
 }
 
 // The signals that end a mount. libfuse's handler for them wakes only the thread that takes one, and its
@@ -751,144 +740,6 @@ int run_mount(int argc, char** argv) {
   log_flush();
   if (world) world->leave(rc);  // everything but MPI is gone by now
   return rc;
-}
-
-// The subcommands' "-o GROUP" or "-oGROUP" at argv[i]: the group (i moves past it), or nullopt if
-// argv[i] is something else. Throws UsageError when -o ends the command line.
-std::optional<std::string> option_group(int& i, int argc, char** argv) {
-  const std::string a = argv[i];
-  if (a.rfind("-o", 0) != 0) return std::nullopt;
-  if (a.size() > 2) return a.substr(2);
-  if (i + 1 >= argc) throw UsageError("-o needs a value");
-  return std::string(argv[++i]);
-}
-
-int run_index(int argc, char** argv) {
-  // clairfs index SOURCE FILE [-o extensions=LIST,mode=OCTAL]
-  const char* usage = "usage: clairfs index SOURCE FILE [-o extensions=LIST,mode=OCTAL]";
-  std::vector<std::string> positional;
-  std::vector<std::string> extensions = default_extensions();
-  // 0600: the index names every file of SOURCE; mode= widens it for daemons that run as other users.
-  mode_t mode = 0600;
-  try {
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "-h" || a == "--help") {
-        std::printf(
-            "%s\nScans SOURCE once and writes its index to FILE, for 'clairfs SOURCE MOUNTPOINT -o manifest=FILE'.\n"
-            "FILE is made 0600 (it names every file of SOURCE); mode=0640 or 0644 lets other users' daemons read it.\n",
-            usage);
-        return 0;
-      }
-      if (const auto group = option_group(i, argc, argv)) {
-        for (const auto& opt : split_option_string(*group)) {
-          if (opt.rfind("extensions=", 0) == 0) {
-            extensions = parse_extensions(opt.substr(11));
-          } else if (opt.rfind("mode=", 0) == 0) {
-            const std::string v = opt.substr(5);
-            if (v.empty() || v.size() > 4 || v.find_first_not_of("01234567") != std::string::npos ||
-                (std::stoul(v, nullptr, 8) & ~0666UL) != 0)
-              throw UsageError("mode=" + v + ": give an octal mode of read and write bits only, such as 0600 or 0644");
-            mode = static_cast<mode_t>(std::stoul(v, nullptr, 8));
-          } else {
-            throw UsageError("unknown option '" + opt + "' for clairfs index (extensions= or mode=)");
-          }
-        }
-      } else if (!a.empty() && a[0] == '-') {
-        throw UsageError("unknown flag '" + a + "' for clairfs index");
-      } else {
-        positional.push_back(a);
-      }
-    }
-    if (positional.size() != 2) throw UsageError(usage);
-    struct stat st {};
-    if (::stat(positional[0].c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw UsageError("SOURCE '" + positional[0] + "' is not a directory");
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "clairfs: %s\n", e.what());
-    return kExitUsage;
-  }
-  raise_fd_limit();
-  try {
-    char* abs = ::realpath(positional[0].c_str(), nullptr);
-    std::string source = abs ? abs : positional[0];
-    std::free(abs);
-    const auto t0 = std::chrono::steady_clock::now();
-    Manifest m = Manifest::scan(source, extensions);
-    const double scan_s = seconds_since(t0);
-    for (const auto& w : m.warnings()) log_warning(w);
-    m.save(positional[1], mode);
-    std::printf("clairfs: indexed %zu entries (%zu samples in %zu classes) of %s in %.2f s into %s\n", m.size(),
-                m.samples().size(), m.classes().size(), source.c_str(), scan_s, positional[1].c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "clairfs: %s\n", e.what());
-    return kExitUsage;
-  }
-}
-
-// clairfs cleanup [--stop] [-o nvme=DIR] [MOUNTPOINT...]: what a daemon that died left on this node — a
-// dead mount, a cache folder — removed; a clairfs mount still served at MOUNTPOINT is unmounted (its
-// daemon then ends by itself, cleanly, and removes its own folder). One line per thing found, naming
-// the host; with --stop, live mounts are what is expected and not named (the way to stop every node's
-// daemon without a launcher that passes signals on). Exit 0 when nothing of it stays, 1 when something
-// does, 2 for a bad command line.
-int run_cleanup(int argc, char** argv) {
-  const std::string usage = "usage: clairfs cleanup [--stop] [-o nvme=DIR] [MOUNTPOINT...]";
-  bool stop = false;
-  std::vector<std::string> mountpoints, nvmes;
-  try {
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "-h" || a == "--help") {
-        std::printf("%s\nRemoves what clairfs daemons that died left on this node: a dead mount at MOUNTPOINT, cache\n"
-                    "folders in DIR. Unmounts MOUNTPOINT if a daemon still serves it (--stop: quietly, to stop it).\n"
-                    "Exit 0 when this node is clean.\n",
-                    usage.c_str());
-        return 0;
-      }
-      if (a == "--stop") {
-        stop = true;
-      } else if (const auto group = option_group(i, argc, argv)) {
-        // The mount's own option string may be passed whole: only nvme= matters here.
-        for (const auto& opt : split_option_string(*group))
-          if (opt.rfind("nvme=", 0) == 0) nvmes.push_back(opt.substr(5));
-      } else if (!a.empty() && a[0] == '-') {
-        throw UsageError("unknown flag '" + a + "' for clairfs cleanup");
-      } else {
-        mountpoints.push_back(a);
-      }
-    }
-    if (mountpoints.empty() && nvmes.empty()) throw UsageError(usage);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "clairfs: %s\n", e.what());
-    return kExitUsage;
-  }
-  const std::string host = host_name();
-  auto say = [&](const std::string& line) { std::printf("clairfs cleanup on %s: %s\n", host.c_str(), line.c_str()); };
-  bool stayed = false;
-  for (const auto& given : mountpoints) {
-    const std::string mnt = lexically_absolute(given);
-    switch (detach_clairfs_mount(mnt)) {
-      case Detached::kNotClairfs: break;
-      case Detached::kSymlink:
-        say(mnt + " not looked at: a symlink in its path (give the path with none)");
-        stayed = true;
-        break;
-      case Detached::kFailed:
-        say("clairfs mount at " + mnt + " stays: cannot unmount it: " + std::strerror(errno));
-        stayed = true;
-        break;
-      case Detached::kDead: say("removed the dead clairfs mount at " + mnt + " (its daemon had died)"); break;
-      case Detached::kLive:
-        if (!stop) say("unmounted " + mnt + ", still served by a live daemon (it ends by itself now)");
-        break;
-    }
-  }
-  for (const auto& nvme : nvmes)
-    for (const std::string& line : remove_stale_caches(nvme, &stayed)) say(line);
-  std::fflush(stdout);
-  return stayed ? kExitFailure : 0;
 }
 
 }  // namespace

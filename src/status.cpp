@@ -1,8 +1,6 @@
 // `clairfs status MOUNTPOINT [--watch [SECONDS]]`: .clairfs/stats made readable for people — where the
 // readers are in the epoch, how far staging leads them, how full the RAM budget is, and where the
 // files came from.
-#include "status.hpp"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -15,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "commands.hpp"
 #include "util/mounts.hpp"
 #include "util/text.hpp"
 
@@ -315,7 +314,7 @@ int run_status(int argc, char** argv) {
         every = std::strtod(v.c_str(), &end);
         if (*end != '\0' || !(every >= 0.1) || every > 86400) {
           std::fprintf(stderr, "clairfs: --watch %s: the interval is seconds from 0.1 to 86400\n", v.c_str());
-          return 2;
+          return kExitUsage;
         }
       }
     } else if (a == "-h" || a == "--help") {
@@ -326,12 +325,12 @@ int run_status(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "clairfs: unexpected argument '%s' (usage: clairfs status MOUNTPOINT [--watch [SECONDS]])\n",
                    a.c_str());
-      return 2;
+      return kExitUsage;
     }
   }
   if (mountpoint.empty()) {
     std::fprintf(stderr, "clairfs: missing MOUNTPOINT (usage: clairfs status MOUNTPOINT [--watch [SECONDS]])\n");
-    return 2;
+    return kExitUsage;
   }
   if (every == 0) return show(mountpoint) ? 0 : 1;
   // On a terminal each screen replaces the last; into a pipe or file they follow each other, blank-line
