@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "clairfs/manifest.hpp"
+#include "clairfs/types.hpp"
 
 namespace clairfs {
 

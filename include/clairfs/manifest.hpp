@@ -29,12 +29,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clairfs/types.hpp"
 #include "util/realloc_array.hpp"
 
 namespace clairfs {
-
-using EntryId = uint32_t;
-constexpr EntryId kNoEntry = 0xffffffffu;
 
 struct Entry {
   uint64_t size = 0;       // bytes; for symlinks the target's length

@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "clairfs/manifest.hpp"
+#include "clairfs/types.hpp"
 
 namespace clairfs {
 

@@ -85,7 +85,7 @@
 #include <utility>
 #include <vector>
 
-#include "clairfs/manifest.hpp"
+#include "clairfs/types.hpp"
 
 namespace clairfs {
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "clairfs/engine.hpp"
+#include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
 #include "util/fs.hpp"
 

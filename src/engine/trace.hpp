@@ -6,6 +6,7 @@
 #include <string>
 
 #include "clairfs/engine.hpp"
+#include "clairfs/manifest.hpp"
 #include "util/fs.hpp"
 
 namespace clairfs {

@@ -18,8 +18,8 @@
 #include <memory>
 #include <unordered_map>
 
-#include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
+#include "clairfs/types.hpp"
 #include "tiers/ram.hpp"
 #include "util/thread_annotations.hpp"
 

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "clairfs/manifest.hpp"
 #include "clairfs/peer.hpp"
 #include "util/thread_annotations.hpp"
 

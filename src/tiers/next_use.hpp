@@ -12,7 +12,7 @@
 #include <optional>
 #include <utility>
 
-#include "clairfs/manifest.hpp"
+#include "clairfs/types.hpp"
 #include "util/flat_map.hpp"
 
 namespace clairfs {

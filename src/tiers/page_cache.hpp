@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "clairfs/manifest.hpp"
+#include "clairfs/types.hpp"
 
 namespace clairfs {
 

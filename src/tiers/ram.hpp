@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
+#include "clairfs/types.hpp"
 #include "util/thread_annotations.hpp"
 
 namespace clairfs {
