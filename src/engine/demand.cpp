@@ -54,6 +54,12 @@ bool DemandReader::reading(EntryId id) {
   return source_handles_.read_since(id, Clock::now() - kReadingNow);
 }
 
+bool DemandReader::loading_whole(EntryId id) {
+  MutexLock lock(mutex_);
+  return loading_.count(id) != 0 ||
+         std::any_of(adopted_.begin(), adopted_.end(), [id](const auto& a) { return a.first == id; });
+}
+
 int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   const uint64_t size = manifest_.entry(id).size;
   auto buf = allowance_.allocate(size);
@@ -65,6 +71,9 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
     loading_[id]++;
   }
   const int rc = chain_.fetch(id, buf, from);
+  // Handed over to be kept before it stops counting as loading: no moment when a staging read of it
+  // would start (loading_whole).
+  if (rc >= 0 && *from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
   {
     MutexLock lock(mutex_);
     if (--loading_[id] == 0) loading_.erase(id);
@@ -73,7 +82,6 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   if (rc < 0) return rc;
   if (*from == Origin::kPeer) counters_.demand_peer_files++;
   if (*from == Origin::kSource) counters_.served_bytes(Origin::kSource, size);  // counted whole here
-  if (*from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
   *bytes = std::move(buf);
   return 0;
 }

@@ -55,6 +55,10 @@ class DemandReader {
   // Whether a reader is reading `id` from the stores itself right now (a whole-file miss being loaded, or
   // pieces read from SOURCE within the last second): a staging read of it would read it a second time.
   bool reading(EntryId id);
+  // Whether a reader is loading `id` whole right now, or loaded it since the stager last took the files
+  // to keep: its bytes are in RAM by the stager's next turn (if room is found), a staging read of it
+  // would be a second read of SOURCE.
+  bool loading_whole(EntryId id);
 
   SourceStore& source() { return source_; }
   uint64_t source_changed() const { return source_.changed(); }

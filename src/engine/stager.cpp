@@ -43,6 +43,8 @@ constexpr uint64_t kAskAhead = 256;
 constexpr size_t kAsksInFlight = 64;
 // Steps ahead of the walk whose files' attributes are asked of the fill first, while it reads them.
 constexpr uint64_t kKnowAhead = 1024;
+// How long the walk waits on a file whose attributes could not be read (no descriptor free, say).
+constexpr auto kKnowAgain = std::chrono::milliseconds(100);
 // RAM residents needed last that are looked at for a copy of a file NVMe holds (make_ram_room).
 constexpr size_t kCopyScan = 256;
 // A question not answered within this long is taken as "not held".
@@ -365,7 +367,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
     if (c->pending) {
-      wait_for_attributes(c->key, c->id);
+      if (Clock::now() >= know_again_at_) wait_for_attributes(c->key, c->id);
       break;
     }
     if (deferred_ids_.contains(c->id)) {  // waiting for its keeper, for an earlier use
@@ -397,6 +399,9 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
+    // Read whole on demand for an earlier use, its copy to be kept at the next turn: staged for this one
+    // meanwhile, SOURCE read it twice (TSan's test_readers, once: 1.001x). Looked at again then.
+    if (demand_.loading_whole(c->id)) break;
     if (!room_in_flight(c->size)) break;  // comes once those in flight are in
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     if (!make_ram_room(c->size, c->key, kept)) {
@@ -439,7 +444,8 @@ void Stager::know_now() {
   if (!know_first_) return;
   manifest_.want_first(to_know_);
   to_know_.clear();
-  manifest_.ensure(*know_first_);  // (gone: the walk passes over it)
+  // (Gone: the walk passes over it.)
+  if (!manifest_.ensure(*know_first_) && manifest_.pending(*know_first_)) know_again_at_ = Clock::now() + kKnowAgain;
   counters_.attributes_read++;
   know_first_.reset();
 }

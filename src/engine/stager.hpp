@@ -12,6 +12,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -155,6 +156,9 @@ class Stager {
   std::optional<EntryId> know_first_;            // the file the walk waits on, its attributes to be read
   std::vector<EntryId> to_know_;                 // the next ones after it, for the fill to read first
   uint64_t known_ahead_to_ = 0;                  // the keys up to which they were asked for
+  // A file whose attributes could not be read now (out of descriptors or memory): the walk waits as it
+  // does for room, and the stager reads them again from then on.
+  std::chrono::steady_clock::time_point know_again_at_{};
   absl::flat_hash_set<EntryId> readahead_asks_;  // read ahead once the kernel says it does not hold them
   absl::flat_hash_map<EntryId, std::chrono::steady_clock::time_point> asking_;  // questions unanswered, since
   std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
