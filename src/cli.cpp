@@ -644,7 +644,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   const LogReopener reopener;  // SIGHUP, for log rotation; never an end
   pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
-  const int rc = session->serve();
+  const int rc = session->serve([&d] { d.serving->low_on_memory(); });
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");
   // The cleanup below (unmount, the cache folder, goodbyes to peers) must not be cut short by a second
   // signal: from here on they stay pending, and the process ends by itself.

@@ -47,6 +47,11 @@ class Engine {
   virtual void closed(EntryId /*id*/, pid_t /*pid*/) {}
   // The watch lost events (its queue overflowed): which files are open is no longer known.
   virtual void opens_lost() {}
+
+  // The process could not allocate memory where requests are served (libfuse's buffers: an
+  // address-space limit, overcommit off): memory held for later reads is given back soon, so that
+  // reading goes on. Any thread; never waits. By default nothing is held.
+  virtual void low_on_memory() {}
 };
 
 }  // namespace clairfs

@@ -586,6 +586,14 @@ bool ClairvoyantEngine::unread_open(EntryId id) const {
   return state_.unread.count(id) != 0;
 }
 
+void ClairvoyantEngine::low_on_memory() {
+  {
+    MutexLock lock(state_.mutex);
+    state_.short_of_memory = true;
+  }
+  state_.progress.notify_all();
+}
+
 void ClairvoyantEngine::opens_lost() {
   counters_.watch_losses++;
   MutexLock lock(state_.mutex);

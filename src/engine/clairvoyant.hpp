@@ -124,6 +124,7 @@ class ClairvoyantEngine final : public Engine {
   // Whether an open of `id` told here has had no read yet (its close counts it).
   bool unread_open(EntryId id) const EXCLUDES(state_.mutex);
   void opens_lost() override EXCLUDES(state_.mutex);
+  void low_on_memory() override EXCLUDES(state_.mutex);
 
   // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
   // order, as if made now, so that it starts where the readers are.

@@ -295,6 +295,10 @@ void LearningEngine::closed(EntryId id, pid_t pid) {
   e->closed(id, pid);
 }
 
+void LearningEngine::low_on_memory() {
+  if (ClairvoyantEngine* e = current()) e->low_on_memory();
+}
+
 void LearningEngine::opens_lost() {
   if (ClairvoyantEngine* e = current()) e->opens_lost();
 }

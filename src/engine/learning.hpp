@@ -101,6 +101,7 @@ class LearningEngine final : public Engine {
   void opened(EntryId id, pid_t pid) override EXCLUDES(mutex_);
   void closed(EntryId id, pid_t pid) override;
   void opens_lost() override;
+  void low_on_memory() override;
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
   std::string stats_json() const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <utility>
 
 #include "util/clock.hpp"
 #include "util/log.hpp"
@@ -108,6 +109,12 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
 }
 
 bool Stager::turn() {
+  bool short_of_memory;
+  {
+    MutexLock lock(state_.mutex);
+    short_of_memory = std::exchange(state_.short_of_memory, false);
+  }
+  if (short_of_memory) give_back_memory(0);
   plan_ahead();
   run_drops();
   push_ahead();
@@ -547,21 +554,38 @@ void Stager::stage(const Pick& pick) {
   try {
     buf = std::make_shared<std::vector<char>>(manifest_.entry(pick.id).size);
   } catch (const std::bad_alloc&) {
-    // ram= is more than this process may allocate (an address-space limit, overcommit off): the budget
-    // comes down to what is held, once said; the file is left to SOURCE like a failed read.
+    // ram= is more than this process may allocate (an address-space limit, overcommit off): the file is
+    // left to SOURCE like a failed read, and RAM is given back.
     const uint64_t size = manifest_.entry(pick.id).size;
     ram_.unreserve(size);
-    const uint64_t now = ram_.lower_budget_to_used();
-    if (out_of_memory_said_++ == 0)  // once: the stats show the budget as it comes down further
-      log_warning("staging could not allocate " + human_bytes(static_cast<double>(size)) +
-                  " (ram= is more than this process may allocate: an address-space limit?); the RAM budget is now " +
-                  human_bytes(static_cast<double>(now)) + ", what it holds");
     counters_.stage_failures++;
     finish(pick.id);
+    give_back_memory(size);
     return;
   }
   chain_.start_fetch(io_, pick.id, std::move(buf), pick.first,
                      [this, pick](const StoreChain::Result& r) { staged(pick, r); }, pick.peer_only);
+}
+
+void Stager::give_back_memory(uint64_t bytes) {
+  const uint64_t budget = ram_.lower_budget_below_used(bytes + kServingRoom);
+  unsigned let_go = 0;
+  {
+    MutexLock lock(state_.mutex);
+    TierIndex& index = state_.policy.ram();
+    while (ram_.used() > budget) {
+      const auto victim = index.farthest();
+      if (!victim) break;
+      index.erase(*victim);
+      evict_ram(*victim);
+      let_go++;
+    }
+  }
+  if (out_of_memory_said_++ == 0)  // once: the stats show the budget as it comes down further
+    log_warning(std::string(bytes ? "staging" : "serving") + " could not allocate memory (ram= is more than this " +
+                "process may allocate: an address-space limit?); the RAM budget is now " +
+                human_bytes(static_cast<double>(budget)) + ", " + std::to_string(let_go) +
+                " files let go for reads to go on");
 }
 
 void Stager::staged(const Pick& pick, const StoreChain::Result& r) {

@@ -120,6 +120,14 @@ class Stager {
   // kept in RAM meanwhile: trading one for the other would lose a file the others count on.
   bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(state_.mutex);
   void evict_ram(EntryId id) REQUIRES(state_.mutex);
+  // The process could not allocate `bytes` (an address-space limit, overcommit off), here or where
+  // requests are served (EngineState::short_of_memory): the RAM budget comes down to kServingRoom more
+  // than that below what is held, and the files needed last are let go until RAM is within it, so that
+  // reading goes on. Said once; the stats show the budget.
+  void give_back_memory(uint64_t bytes) EXCLUDES(state_.mutex);
+  // What is left free for serving besides: libfuse's request buffers (1 MiB a thread) and the reads of
+  // files nobody staged.
+  static constexpr uint64_t kServingRoom = uint64_t{32} << 20;
   // The I/O of a pick, and its end.
   void stage(const Pick& pick);
   void staged(const Pick& pick, const StoreChain::Result& result);
@@ -177,7 +185,7 @@ class Stager {
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
-  unsigned out_of_memory_said_ = 0;     // allocations that failed (said in the log once)
+  std::atomic<unsigned> out_of_memory_said_ = 0;  // allocations that failed (said in the log once)
   std::atomic<bool> finishing_{false};
   std::thread thread_;
 };

@@ -25,6 +25,7 @@ class TraceEngine final : public Engine {
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override {
     return inner_.read_unopened(id, pid, buf, size, offset);
   }
+  void low_on_memory() override { inner_.low_on_memory(); }
 
  private:
   Engine& inner_;

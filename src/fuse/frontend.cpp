@@ -33,7 +33,8 @@ constexpr fuse_ino_t to_ino(EntryId id) { return Frontend::ino_of(id); }
 }  // namespace
 
 // A request handler whose allocation fails (the address space limited under the daemon) answers ENOMEM
-// rather than let std::bad_alloc unwind through libfuse's C frames, which ends the daemon.
+// rather than let std::bad_alloc unwind through libfuse's C frames, which ends the daemon; the engine
+// gives memory back for the next requests.
 template <auto F>
 struct Guarded;
 template <class... A, void (*F)(fuse_req_t, A...)>
@@ -42,7 +43,9 @@ struct Guarded<F> {
     try {
       F(req, a...);
     } catch (const std::bad_alloc&) {
+      Frontend& fe = self(req);
       fuse_reply_err(req, ENOMEM);
+      fe.engine_.low_on_memory();
     }
   }
 };

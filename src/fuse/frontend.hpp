@@ -54,6 +54,8 @@ class Frontend {
 
  private:
   friend struct Handlers;
+  template <auto>
+  friend struct Guarded;
   const Manifest& manifest_;
   Engine& engine_;
   const ControlTree& control_;

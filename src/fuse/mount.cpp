@@ -13,10 +13,14 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <stdexcept>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "util/fs.hpp"
@@ -40,6 +44,27 @@ std::string escape(const std::string& s) {
 // 16 threads: enough that a slow SOURCE read does not hold up lookups and cached reads; requests are
 // short, so more would only add contention on 2-core nodes.
 constexpr unsigned kMaxThreads = 16;
+
+// libfuse's own errors (a worker's buffer it could not allocate, which ends the session) go where the
+// daemon's lines go: once detached, its stderr is gone. Its debug lines (-d) stay on stderr.
+void forward_fuse_log(enum fuse_log_level level, const char* format, va_list args) {
+  if (level > FUSE_LOG_NOTICE) {
+    std::vfprintf(stderr, format, args);
+    return;
+  }
+  char line[512];  // on the stack: the message may be about memory that ran out
+  std::vsnprintf(line, sizeof line, format, args);
+  std::string_view text(line);
+  while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  if (text.substr(0, 6) == "fuse: ") text.remove_prefix(6);
+  try {
+    log_line(level <= FUSE_LOG_ERR       ? LogLevel::kError
+             : level == FUSE_LOG_WARNING ? LogLevel::kWarning
+                                         : LogLevel::kNotice,
+             "libfuse: " + std::string(text));
+  } catch (const std::bad_alloc&) {  // the line is lost; libfuse's C frames must not see an exception
+  }
+}
 
 // A file the kernel holds no pages of is read through the daemon in requests as large as the mount's
 // readahead window: 128 KiB by default, which INIT can lower but not raise. 1 MiB, FUSE's largest
@@ -221,6 +246,7 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   if (o.debug) argv.push_back("-d");
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
+  fuse_set_log_func(forward_fuse_log);
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(cargv.size()), cargv.data());
   session_ = fuse_session_new(&args, &Frontend::ops(), sizeof(fuse_lowlevel_ops), &frontend);
   fuse_opt_free_args(&args);
@@ -273,11 +299,29 @@ void MountedSession::stop() {
   session_ = nullptr;
 }
 
-int MountedSession::serve() {
+int MountedSession::serve(const std::function<void()>& low_on_memory) {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, kMaxThreads);
   fuse_loop_cfg_set_clone_fd(config, 0);
-  const int rc = fuse_session_loop_mt(session_, config);
+  // libfuse ends its loop when a new thread cannot allocate its request buffer (-ENOMEM), or its first
+  // thread cannot start (-1). No request is lost then (the kernel keeps them queued): memory is given
+  // back and the loop starts again, while that helps.
+  int rc;
+  unsigned restarts = 0;
+  std::chrono::steady_clock::time_point first_failure;
+  while ((rc = fuse_session_loop_mt(session_, config)) == -ENOMEM || rc == -1) {
+    const auto now = std::chrono::steady_clock::now();
+    if (restarts++ == 0 || now - first_failure > 2 * kShortOfMemoryFor) {
+      first_failure = now;
+      log_warning("libfuse could not allocate memory for a thread; memory is given back and serving goes on");
+    } else if (now - first_failure > kShortOfMemoryFor) {
+      log_error("libfuse could not allocate memory for a thread for " + std::to_string(kShortOfMemoryFor.count()) +
+                " s (an address-space limit?); the mount ends");
+      break;
+    }
+    low_on_memory();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   fuse_loop_cfg_destroy(config);
   // libfuse's handler leaves the signal's number as the loop's result: a stop asked for, not a failure.
   if (rc == SIGTERM || rc == SIGINT) {

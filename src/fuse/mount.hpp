@@ -3,6 +3,8 @@
 
 #include <fuse_lowlevel.h>
 
+#include <chrono>
+#include <functional>
 #include <string>
 
 #include "clairfs/options.hpp"
@@ -27,8 +29,11 @@ class MountedSession {
   MountedSession(const MountedSession&) = delete;
   MountedSession& operator=(const MountedSession&) = delete;
 
-  // Serves requests until unmounted or a SIGTERM/SIGINT arrives. Returns 0 on a clean end.
-  int serve();
+  // Serves requests until unmounted or a SIGTERM/SIGINT arrives. Returns 0 on a clean end. When libfuse
+  // cannot allocate a thread's request buffer (the process near an address-space limit), it stops
+  // serving: `low_on_memory` is called and serving starts again, for up to kShortOfMemoryFor.
+  int serve(const std::function<void()>& low_on_memory);
+  static constexpr std::chrono::seconds kShortOfMemoryFor{30};
 
  private:
   void start(const Options& options, Frontend& frontend);

@@ -102,6 +102,12 @@ class TierIndex {
       if (auto far = owned_.farthest(); far && far->first > key) return far->second;
     return std::nullopt;
   }
+  // The resident needed last, of the rest first.
+  std::optional<EntryId> farthest() const {
+    if (auto far = rest_.farthest()) return far->second;
+    if (auto far = owned_.farthest()) return far->second;
+    return std::nullopt;
+  }
   // The resident needed last of the rest (for read-ahead, which takes only what no plan needs).
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned() const { return rest_.farthest(); }
   std::optional<std::pair<uint64_t, EntryId>> farthest_unowned_below(uint64_t limit) const { return rest_.farthest_below(limit); }

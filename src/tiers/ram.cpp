@@ -27,10 +27,11 @@ uint64_t RamTier::budget() const {
   return budget_;
 }
 
-uint64_t RamTier::lower_budget_to_used() {
+uint64_t RamTier::lower_budget_below_used(uint64_t less) {
   MutexLock lock(mutex_);
   settle();
-  budget_ = std::min(budget_, held_ + reserved_ + lingering_bytes_);
+  const uint64_t used = held_ + reserved_ + lingering_bytes_;
+  budget_ = std::min(budget_, used - std::min(used, less));
   return budget_;
 }
 

@@ -62,9 +62,10 @@ class RamTier {
   uint64_t erase(EntryId id) EXCLUDES(mutex_);
 
   uint64_t budget() const EXCLUDES(mutex_);
-  // The budget comes down to what is held now (reserved and lingering bytes included): the process
-  // could not allocate more (an address-space limit, overcommit off). Returns the new budget.
-  uint64_t lower_budget_to_used() EXCLUDES(mutex_);
+  // The budget comes down to `less` bytes below what is held now (reserved and lingering bytes
+  // included), or to 0: the process could not allocate more (an address-space limit, overcommit off).
+  // Files are not let go here (the stager picks which). Returns the new budget.
+  uint64_t lower_budget_below_used(uint64_t less) EXCLUDES(mutex_);
   uint64_t used() const EXCLUDES(mutex_);  // held + reserved + evicted but not yet freed
   uint64_t files() const EXCLUDES(mutex_);
   // The files held, by id.

@@ -573,6 +573,28 @@ TEST(Engine, AnIdleMountGivesRamBackAndStagesAgainAtTheNextRead) {
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 20, order.end())), 0u);
 }
 
+TEST(Engine, ShortOfMemoryWhereItServesTheEngineLetsGoOfTheFilesNeededLast) {
+  // 80 files of 1 MiB under a 64 MiB budget; then libfuse could not allocate a buffer (low_on_memory).
+  MemoryTree tree(sizes(80, 1 << 20, 1 << 20));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(64 << 20));
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] >= 60u; })) << e.stats_json();
+  const uint64_t held = stats(e)["ram"]["used"];
+  e.low_on_memory();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["budget"] < held; })) << e.stats_json();
+  const auto s = stats(e);
+  // The budget is 32 MiB (Stager::kServingRoom) below what was held, and RAM is within it.
+  EXPECT_EQ(s["ram"]["budget"], held - (32 << 20));
+  EXPECT_LE(s["ram"]["used"], s["ram"]["budget"]);
+  EXPECT_GE(s["ram"]["files"], 20u);
+  // What goes is needed last: the first files of the order are still there, and every byte reads right.
+  const std::vector<EntryId> order = streams(0)[0];
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
+  EXPECT_EQ(stats(e)["tiers"]["source"]["files"], 0u);
+  EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.end())), 0u);
+}
+
 TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   // The kernel holds the first file's pages locked for a read request no request thread is free to serve
   // (each waits for a staging, as here), so the stager's push of it waits. An open of a file whose
