@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -306,15 +307,18 @@ int MountedSession::serve(const std::function<void()>& low_on_memory) {
   // libfuse ends its loop when a new thread cannot allocate its request buffer (-ENOMEM), or its first
   // thread cannot start (-1). No request is lost then (the kernel keeps them queued): memory is given
   // back and the loop starts again, while that helps.
+  using Clock = std::chrono::steady_clock;
   int rc;
-  unsigned restarts = 0;
-  std::chrono::steady_clock::time_point first_failure;
-  while ((rc = fuse_session_loop_mt(session_, config)) == -ENOMEM || rc == -1) {
-    const auto now = std::chrono::steady_clock::now();
-    if (restarts++ == 0 || now - first_failure > 2 * kShortOfMemoryFor) {
-      first_failure = now;
+  std::optional<Clock::time_point> failing_since;  // loops that ended so, one after the other
+  for (;;) {
+    const auto started = Clock::now();
+    rc = fuse_session_loop_mt(session_, config);
+    if (rc != -ENOMEM && rc != -1) break;
+    const auto now = Clock::now();
+    if (!failing_since || now - started > std::chrono::seconds(1)) {  // it served a while: a new spell
+      failing_since = now;
       log_warning("libfuse could not allocate memory for a thread; memory is given back and serving goes on");
-    } else if (now - first_failure > kShortOfMemoryFor) {
+    } else if (now - *failing_since > kShortOfMemoryFor) {
       log_error("libfuse could not allocate memory for a thread for " + std::to_string(kShortOfMemoryFor.count()) +
                 " s (an address-space limit?); the mount ends");
       break;
