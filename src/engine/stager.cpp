@@ -369,7 +369,11 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
 
 void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
-  auto busy = [&](EntryId id) REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0; };
+  // On its way: a staging read, or a reader's load of the whole file for an earlier use, whose copy is
+  // kept for the next use at the stager's next turn (keep_adopted). Staged too, SOURCE would read it
+  // twice (TSan's test_readers, once: 1.001x); waited for, the walk would stand still for the load.
+  auto busy = [&](EntryId id)
+                  REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0 || demand_.loading_whole(id); };
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
@@ -406,9 +410,6 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
-    // Read whole on demand for an earlier use, its copy to be kept at the next turn: staged for this one
-    // meanwhile, SOURCE read it twice (TSan's test_readers, once: 1.001x). Looked at again then.
-    if (demand_.loading_whole(c->id)) break;
     if (!room_in_flight(c->size)) break;  // comes once those in flight are in
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
     if (!make_ram_room(c->size, c->key, kept)) {
