@@ -57,10 +57,12 @@ void print_peers(const nlohmann::json& p) {
     std::string gone;
     for (const auto& n : p["gone"])
       gone += (gone.empty() ? "" : ", ") + std::to_string(n.is_number() ? n.get<uint64_t>() : 0);
-    std::printf(
-        "                no longer asked (left, failed or timed out): node %s; what they keep comes from SOURCE\n",
-        gone.c_str());
+    std::printf("                no longer asked (left, failed or silent): node %s; what they keep comes from SOURCE\n",
+                gone.c_str());
   }
+  if (const uint64_t returned = get(p, {"returned"}))
+    std::printf("                %llu times a peer given up for silence answered again and was asked again\n",
+                static_cast<unsigned long long>(returned));
   std::printf(
       "  from peers    %llu files staged (%s) and %llu read on demand; asked %llu: %llu served, %llu refused, "
       "%llu timed out, %llu failed; %llu put off until needed soon\n",

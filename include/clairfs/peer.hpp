@@ -34,18 +34,20 @@ class PeerTransport {
 
   // Asks node `owner` for file `id` into `buf` (sized to the file). `done` runs once, on the transport's
   // thread: with buf->size() when the bytes arrived, or -errno: -ENOENT (the peer does not hold it),
-  // -ETIMEDOUT (no answer in time; that peer is then asked nothing more), -EHOSTDOWN (the peer left or is
-  // not asked any more), -ECANCELED (shutting down).
+  // -ETIMEDOUT (no answer in time; that peer is then asked nothing more until it is heard from again), -EHOSTDOWN (the
+  // peer left or is not asked any more), -ECANCELED (shutting down).
   using Done = std::function<void(int64_t)>;
   virtual void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) = 0;
 
-  // True if `owner` may be asked (it has not left, failed or timed out).
+  // True if `owner` may be asked (it has not left or failed, and is not silent: given up for a ping or
+  // a fetch not answered in time, until it is heard from again).
   virtual bool usable(int owner) const = 0;
 
   // Counters for .clairfs/stats.
   struct Counters {
     uint64_t requests = 0, hits = 0, refused = 0, timeouts = 0, failures = 0;
     uint64_t served = 0, served_bytes = 0, refused_to_peers = 0;
+    uint64_t returned = 0;  // peers given up for silence that answered again
   };
   virtual Counters counters() const = 0;
 

@@ -171,6 +171,8 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
   w.single("clairfs_peer_refusals", "counter", "Requests to peer nodes they refused (not held there).", j,
            {"peers", "refused"});
   w.single("clairfs_peer_failures", "counter", "Requests to peer nodes that failed.", j, {"peers", "failures"});
+  w.single("clairfs_peer_returns", "counter", "Times a peer node given up for silence answered again.", j,
+           {"peers", "returned"});
   w.single("clairfs_peer_staged_bytes", "counter", "Bytes staged from peer nodes.", j, {"peers", "staged_bytes"});
   w.single("clairfs_peer_source_instead_bytes", "counter",
            "Bytes of files a peer keeps that staging read from SOURCE instead (the peer far slower).", j,
@@ -181,10 +183,10 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
            {"peers", "served_bytes"});
   w.single("clairfs_peer_refused_to_peers", "counter", "Peer nodes' requests this node refused (not held here).", j,
            {"peers", "refused_to_peers"});
-  w.single("clairfs_peers_asked", "gauge", "Peer nodes still asked (not left, failed or timed out).", j,
+  w.single("clairfs_peers_asked", "gauge", "Peer nodes still asked (not left, failed or silent).", j,
            {"peers", "usable"});
   if (j.contains("peers")) {
-    w.family("clairfs_peers_gone", "gauge", "Peer nodes no longer asked: left, failed or timed out.");
+    w.family("clairfs_peers_gone", "gauge", "Peer nodes no longer asked: left, failed or silent.");
     w.sample("clairfs_peers_gone", "",
              j["peers"].contains("gone") ? static_cast<double>(j["peers"]["gone"].size()) : 0);
   }

@@ -732,6 +732,7 @@ std::string ClairvoyantEngine::stats_json() const {
                   {"source_instead_bytes", counters_.source_over_peer_bytes.load()},
                   {"timeouts", c.timeouts},
                   {"failures", c.failures},
+                  {"returned", c.returned},
                   {"served_files", c.served},
                   {"served_bytes", c.served_bytes},
                   {"refused_to_peers", c.refused_to_peers},
@@ -739,7 +740,7 @@ std::string ClairvoyantEngine::stats_json() const {
                    {{"peer", stager_ ? stager_->seconds_per_file(true) : 0.0},
                     {"source", stager_ ? stager_->seconds_per_file(false) : 0.0}}}};
     int usable = 0;
-    nlohmann::json gone = nlohmann::json::array();  // nodes no longer asked: left, failed or timed out
+    nlohmann::json gone = nlohmann::json::array();  // nodes no longer asked: left, failed or silent
     for (int n = 0; n < t.nodes(); ++n) {
       if (n == t.node()) continue;
       if (t.usable(n))

@@ -18,10 +18,14 @@ void PeerLiveness::ended(int peer, uint64_t bytes) {
   if (p.owed == 0) p.owed_bytes = 0;
 }
 
-void PeerLiveness::heard(int peer, Clock::time_point now) {
+bool PeerLiveness::heard(int peer, Clock::time_point now) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   p.heard = now;
   p.pinged.reset();
+  if (!p.dead) return false;
+  p.dead = false;
+  ++p.returns;
+  return true;
 }
 
 void PeerLiveness::answered(int peer, Clock::duration took) {
@@ -37,9 +41,12 @@ PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
     if (p.pinged) {
       const auto queued =
           std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
-      const Clock::duration within = p.slowest == Clock::duration{0}
-                                         ? Clock::duration{config_.unproven_within}
-                                         : std::max<Clock::duration>(config_.answer_within, 4 * p.slowest);
+      Clock::duration within = p.slowest == Clock::duration{0}
+                                   ? Clock::duration{config_.unproven_within}
+                                   : std::max<Clock::duration>(config_.answer_within, 4 * p.slowest);
+      if (p.returns > 0)
+        within = std::min<Clock::duration>(std::max<Clock::duration>(within, config_.longest_within),
+                                           within * (int64_t{1} << std::min(p.returns, 16u)));
       if (now - *p.pinged >= within + std::chrono::duration_cast<Clock::duration>(queued)) {
         p.dead = true;
         t.dead.push_back(static_cast<int>(i));

@@ -10,6 +10,11 @@
 // `link_bytes_per_second` (a pong may queue behind them on the connection). A peer this node waits on for nothing is
 // not pinged: its death costs nothing until asked.
 //
+// Silence is not proof of death: a node stalled longer than that (a swap storm, a stopped process, a
+// compile beside it) answers again later. A peer given up for silence that is heard from again is
+// alive again (heard() says so), and its pings are given twice as long each time that happens, up to
+// `longest_within`, so that a peer slow by nature is not given up and taken back over and over.
+//
 // Thread-compatible: the progress thread's alone.
 #pragma once
 
@@ -28,14 +33,15 @@ class PeerLiveness {
     std::chrono::milliseconds answer_within{600};
     std::chrono::milliseconds unproven_within{2500};  // for a peer that has not answered a request yet
     double link_bytes_per_second = 100e6;
+    std::chrono::milliseconds longest_within{5000};  // a ping's wait, however often the peer came back
   };
   PeerLiveness(int nodes, Config config) : config_(config), peers_(static_cast<size_t>(nodes)) {}
 
   // A fetch of `bytes` asked of `peer`, and its end (answered, refused, failed or given up).
   void asked(int peer, uint64_t bytes, Clock::time_point now);
   void ended(int peer, uint64_t bytes);
-  // Any message from `peer`.
-  void heard(int peer, Clock::time_point now);
+  // Any message from `peer`. True if it had been given up for silence: it is alive again.
+  bool heard(int peer, Clock::time_point now);
   // An answer from `peer` came `took` after its request: a peer slow to answer (a busy node, a sanitized
   // build) gets a ping as long to answer, 4 × its slowest answer if that is longer than answer_within.
   void answered(int peer, Clock::duration took);
@@ -53,6 +59,7 @@ class PeerLiveness {
     Clock::time_point heard;                  // the latest message, or when it began to owe
     std::optional<Clock::time_point> pinged;  // an unanswered ping, sent then
     Clock::duration slowest{0};               // its slowest answer to a request
+    unsigned returns = 0;                     // times it was heard from again after being given up
     bool dead = false;
   };
   const Config config_;

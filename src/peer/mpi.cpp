@@ -325,6 +325,90 @@ struct MpiPeers::Fetch {
   std::chrono::steady_clock::time_point deadline;
 };
 
+// Fetches given up on (timed out, or their peer given up) whose answer may still come, or whose request
+// may still be on its way: each is kept until both have ended, and its reply tag is not used again for
+// that peer until the answer is taken, so that a late answer never lands in a later fetch's buffer.
+// The progress thread's alone.
+class MpiPeers::LateAnswers {
+ public:
+  // `answer_due`: the receive was cancelled (the answer, if it comes, waits unmatched: taken by probing)
+  // or still runs (into the fetch's buffer, which it keeps).
+  void expect(std::unique_ptr<Fetch> f, bool answer_due) {
+    if (f->recv == MPI_REQUEST_NULL) f->buf.reset();  // no receive writes into it
+    const uint64_t key = key_of(f->owner, f->tag);
+    given_up_[key] = Given{std::move(f), answer_due};
+  }
+  bool awaited(int owner, int tag) const {
+    const auto it = given_up_.find(key_of(owner, tag));
+    return it != given_up_.end() && it->second.answer_due;
+  }
+  // Takes what came (at most every kLook), and lets go of fetches whose messages have all ended.
+  void take(MPI_Comm comm, std::chrono::steady_clock::time_point now) {
+    if (given_up_.empty() || now < next_look_) return;
+    next_look_ = now + kLook;
+    for (auto it = given_up_.begin(); it != given_up_.end();) {
+      Given& g = it->second;
+      Fetch& f = *g.fetch;
+      int done = 0;
+      if (f.send != MPI_REQUEST_NULL && (MPI_Test(&f.send, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done))
+        f.send = MPI_REQUEST_NULL;
+      if (g.answer_due && f.recv != MPI_REQUEST_NULL) {
+        if (MPI_Test(&f.recv, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) g.answer_due = false;
+      } else if (g.answer_due) {
+        // Probed first, so that no memory is held for an answer that may never come; then received
+        // into a buffer of its own without waiting (a large answer takes a while).
+        MPI_Status st;
+        if (MPI_Iprobe(f.owner, f.tag, comm, &done, &st) != MPI_SUCCESS) {
+          g.answer_due = false;  // the peer broke: nothing more comes from it
+        } else if (done) {
+          int count = 0;
+          MPI_Get_count(&st, MPI_BYTE, &count);
+          try {
+            f.buf = std::make_shared<std::vector<char>>(static_cast<size_t>(std::max(count, 0)));
+            MPI_Irecv(f.buf->data(), count, MPI_BYTE, f.owner, f.tag, comm, &f.recv);
+          } catch (const std::bad_alloc&) {  // taken at a later look
+          }
+        }
+      }
+      if (!g.answer_due && f.send == MPI_REQUEST_NULL)
+        it = given_up_.erase(it);
+      else
+        ++it;
+    }
+  }
+  // At the end: what still runs is cancelled; what cannot be keeps its memory for good (the process is
+  // leaving). True if nothing was left so.
+  bool leave() {
+    bool clean = true;
+    for (auto& [key, g] : given_up_) {
+      Fetch& f = *g.fetch;
+      if (f.recv != MPI_REQUEST_NULL) {
+        MPI_Cancel(&f.recv);
+        int done = 0;
+        MPI_Test(&f.recv, &done, MPI_STATUS_IGNORE);
+      }
+      if (f.recv != MPI_REQUEST_NULL || f.send != MPI_REQUEST_NULL) {
+        clean = false;
+        (void)g.fetch.release();  // MPI may still write into its buffer or read its request
+      }
+    }
+    given_up_.clear();
+    return clean;
+  }
+
+ private:
+  static uint64_t key_of(int owner, int tag) {
+    return (static_cast<uint64_t>(owner) << 32) | static_cast<uint32_t>(tag);
+  }
+  static constexpr auto kLook = std::chrono::milliseconds(50);
+  struct Given {
+    std::unique_ptr<Fetch> fetch;
+    bool answer_due;
+  };
+  std::unordered_map<uint64_t, Given> given_up_;
+  std::chrono::steady_clock::time_point next_look_;
+};
+
 struct MpiPeers::Send {
   MPI_Request request = MPI_REQUEST_NULL;
   PeerBytes bytes;  // alive until the send completes
@@ -407,17 +491,35 @@ void MpiPeers::loop() {
                                  .unproven_within = config_.timeout / 2,
                                  .link_bytes_per_second = kSlowLink});
   std::vector<char> left(static_cast<size_t>(nodes_), 0);  // said goodbye: not answered either
+  // Given up for silence (a ping or a fetch not answered in time): asked again once heard from.
+  std::vector<char> silent(static_cast<size_t>(nodes_), 0);
+  // The reply tags of fetches given up, by peer: a late answer may still come to one, so none is used
+  // again until that answer is taken (LateAnswers).
+  LateAnswers late;
   std::vector<std::unique_ptr<Fetch>> active;
   std::vector<unsigned> per_peer(static_cast<size_t>(nodes_), 0);
   std::vector<Send> sends;
   uint64_t next_tag = 0;
   bool failed = false;  // a peer broke an operation: the end (MpiWorld::leave) must not wait on it
 
-  auto fail_peer = [&](int peer, const std::string& why) {
+  auto fail_peer = [&](int peer, bool silence, const std::string& why) {
     if (peer < 0 || peer >= nodes_ || gone_[static_cast<size_t>(peer)].exchange(true)) return;
-    log_warning("peer node " + std::to_string(peer) + " " + why + ": not asked any more; its files come from SOURCE");
+    silent[static_cast<size_t>(peer)] = silence;
+    log_warning("peer node " + std::to_string(peer) + " " + why + ": not asked any more" +
+                (silence ? " unless it answers again" : "") + "; its files come from SOURCE");
   };
-  auto finish = [&](size_t i, int64_t result) {
+  auto heard_from = [&](int peer, std::chrono::steady_clock::time_point now) {
+    liveness.heard(peer, now);
+    if (!silent[static_cast<size_t>(peer)] || left[static_cast<size_t>(peer)]) return;
+    silent[static_cast<size_t>(peer)] = 0;
+    gone_[static_cast<size_t>(peer)] = false;
+    {
+      MutexLock lock(mutex_);
+      counters_.returned++;
+    }
+    log_notice("peer node " + std::to_string(peer) + " answers again: asked again");
+  };
+  auto finish = [&](size_t i, int64_t result) {  // returns the fetch, its `done` run
     std::unique_ptr<Fetch> f = std::move(active[i]);
     active[i] = std::move(active.back());
     active.pop_back();
@@ -425,12 +527,17 @@ void MpiPeers::loop() {
     liveness.ended(f->owner, f->buf->size());
     {
       MutexLock lock(mutex_);
-      if (result >= 0) counters_.hits++;
-      else if (result == -ENOENT) counters_.refused++;
-      else if (result == -ETIMEDOUT) counters_.timeouts++;
-      else counters_.failures++;
+      if (result >= 0)
+        counters_.hits++;
+      else if (result == -ENOENT)
+        counters_.refused++;
+      else if (result == -ETIMEDOUT)
+        counters_.timeouts++;
+      else
+        counters_.failures++;
     }
     f->done(result);
+    return f;
   };
 
   for (;;) {
@@ -458,7 +565,7 @@ void MpiPeers::loop() {
       MPI_Get_count(&st, MPI_BYTE, &count);
       const auto request = decode_peer_request(request_in, static_cast<size_t>(count), manifest_, comm_->tag_ub);
       const uint64_t asked_tag = request_in[1];
-      if (from >= 0 && from < nodes_) liveness.heard(from, std::chrono::steady_clock::now());
+      if (from >= 0 && from < nodes_) heard_from(from, std::chrono::steady_clock::now());
       if (from < 0 || from >= nodes_ || left[static_cast<size_t>(from)] ||
           (!request && (asked_tag < kPeerFirstReplyTag || asked_tag > static_cast<uint64_t>(comm_->tag_ub)))) {
         // It left (nobody waits for an answer), or the request is too broken to answer at all.
@@ -497,14 +604,14 @@ void MpiPeers::loop() {
     if (take_standing(&ping_recv, &ping_in, kPing, comm, nodes_, &from, &failed)) {
       busy = true;
       if (from >= 0 && !left[static_cast<size_t>(from)]) {
-        liveness.heard(from, std::chrono::steady_clock::now());
+        heard_from(from, std::chrono::steady_clock::now());
         sends.emplace_back();
         MPI_Isend(&kOne, 1, MPI_UINT64_T, from, kPong, comm, &sends.back().request);
       }
     }
     if (take_standing(&pong_recv, &pong_in, kPong, comm, nodes_, &from, &failed)) {
       busy = true;
-      if (from >= 0) liveness.heard(from, std::chrono::steady_clock::now());
+      if (from >= 0) heard_from(from, std::chrono::steady_clock::now());
     }
     // New fetches, within the bounds.
     std::vector<std::unique_ptr<Fetch>> refused;
@@ -521,7 +628,10 @@ void MpiPeers::loop() {
           ++it;
           continue;
         }
-        f.tag = kPeerFirstReplyTag + static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kPeerFirstReplyTag));
+        do {
+          f.tag = kPeerFirstReplyTag +
+                  static_cast<int>(next_tag++ % static_cast<uint64_t>(comm_->tag_ub - kPeerFirstReplyTag));
+        } while (late.awaited(f.owner, f.tag));
         encode_peer_request(PeerRequest{f.id, f.tag, f.buf->size()}, f.header);
         const auto asked = std::chrono::steady_clock::now();
         f.deadline = asked + config_.timeout;
@@ -548,9 +658,11 @@ void MpiPeers::loop() {
     }
     for (int peer : alive.dead) {
       failed = true;  // the end must not wait on it
-      fail_peer(peer, "did not answer a ping within " + std::to_string(kProbeAfter.count() + kAnswerWithin.count()) +
-                          " ms of silence (dead or stopped?)");
+      fail_peer(peer, true,
+                "did not answer a ping within " + std::to_string(kProbeAfter.count() + kAnswerWithin.count()) +
+                    " ms of silence (dead or stopped?)");
     }
+    late.take(comm, now);
     // Answers, and requests that waited too long.
     for (size_t i = 0; i < active.size();) {
       Fetch& f = *active[i];
@@ -558,7 +670,7 @@ void MpiPeers::loop() {
         int sent = 0;
         if (MPI_Test(&f.send, &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
           failed = true;
-          fail_peer(f.owner, "failed");
+          fail_peer(f.owner, false, "failed");
         }
       }
       int got = 0;
@@ -566,13 +678,13 @@ void MpiPeers::loop() {
       const int rc = MPI_Test(&f.recv, &got, &rs);
       if (rc != MPI_SUCCESS) {
         failed = true;
-        fail_peer(f.owner, "failed");
+        fail_peer(f.owner, false, "failed");
         finish(i, -EHOSTDOWN);
         busy = true;
         continue;
       }
       if (got) {
-        liveness.heard(f.owner, now);
+        heard_from(f.owner, now);
         liveness.answered(f.owner, now - (f.deadline - config_.timeout));
         int count = 0;
         MPI_Get_count(&rs, MPI_BYTE, &count);
@@ -582,22 +694,22 @@ void MpiPeers::loop() {
         continue;
       }
       if (now >= f.deadline || gone_[static_cast<size_t>(f.owner)]) {
-        // Give up on it. The peer is asked nothing more, so no late answer can meet a later receive.
+        // Give up on it. Its tag waits for the late answer (LateAnswers): it is used again only after.
         const bool timed_out = now >= f.deadline;
         // A peer that stopped answering may be dead: the end must not wait on it.
         if (timed_out) failed = true;
-        fail_peer(f.owner, timed_out ? "did not answer in time" : "left");
+        fail_peer(f.owner, timed_out, timed_out ? "did not answer in time" : "left");
         MPI_Cancel(&f.recv);
-        int cancelled = 0;
-        MPI_Test(&f.recv, &cancelled, MPI_STATUS_IGNORE);
-        if (!cancelled) {
-          // Data may be arriving into the buffer: it must outlive the receive, so it is left behind.
-          failed = true;
-          auto keep = new std::shared_ptr<std::vector<char>>(std::move(f.buf));
-          (void)keep;
-          f.buf = std::make_shared<std::vector<char>>();
-        }
-        finish(i, timed_out ? -ETIMEDOUT : -EHOSTDOWN);
+        int ended = 0, cancelled = 0;
+        MPI_Status cs;
+        MPI_Test(&f.recv, &ended, &cs);
+        if (ended) MPI_Test_cancelled(&cs, &cancelled);
+        // Not ended: data may be arriving into the buffer, which the receive keeps (the caller reads the
+        // next store into a fresh one). Cancelled: the answer, if it comes, waits unmatched.
+        const bool answer_due = !ended || cancelled;
+        if (!ended) failed = true;
+        std::unique_ptr<Fetch> given_up = finish(i, timed_out ? -ETIMEDOUT : -EHOSTDOWN);
+        if (answer_due || given_up->send != MPI_REQUEST_NULL) late.expect(std::move(given_up), answer_due);
         busy = true;
         continue;
       }
@@ -660,6 +772,7 @@ void MpiPeers::loop() {
     }
     std::this_thread::sleep_for(kIdleNap);
   }
+  if (!late.leave()) failed = true;
   for (MPI_Request* r : {&request_recv, &goodbye_recv, &ping_recv, &pong_recv}) {
     MPI_Cancel(r);
     int done = 0;

@@ -127,6 +127,7 @@ class MpiPeers final : public PeerTransport {
  private:
   struct Fetch;
   struct Send;
+  class LateAnswers;
   void loop() EXCLUDES(mutex_);
 
   MpiWorld& world_;
@@ -143,7 +144,7 @@ class MpiPeers final : public PeerTransport {
   std::deque<std::unique_ptr<Fetch>> queued_ GUARDED_BY(mutex_);
   bool stop_ GUARDED_BY(mutex_) = false;
   Counters counters_ GUARDED_BY(mutex_);
-  std::vector<std::atomic<bool>> gone_;  // per node: left, failed or timed out
+  std::vector<std::atomic<bool>> gone_;  // per node: left, failed, or silent (until heard from again)
   std::thread thread_;
 };
 

@@ -4,7 +4,8 @@ over a slow SOURCE (bench/slowfs, standing in for the parallel file system); one
 its training rank for 3 epochs, the ranks in step as DDP keeps them. Every byte equals SOURCE; nodes
 fetch from each other; SOURCE is read about once over the run although each node's cache holds only
 45% of the data set; clairfs-job-umount stops them all. Then again with one daemon killed after the
-first epoch: the others finish with correct bytes, its mount goes with it, and nothing hangs. Last,
+first epoch (and, before, another stopped for a while and given up, then asked again once it goes on):
+the others finish with correct bytes, its mount goes with it, and nothing hangs. Last,
 garbage sent to mpiexec's control port leaves no dead mount behind. Before all that, the broadcast the
 index travels by (MpiWorld::send_pieces / receive_pieces) on its own."""
 import json
@@ -66,6 +67,36 @@ def umount(state):
     r = subprocess.run([ROOT + "/scripts/clairfs-job-umount", "--timeout", "30", "--state", state],
                        capture_output=True, text=True, timeout=120)
     return r, time.monotonic() - t0
+
+
+def stalled_node(mnts, want):
+    """Node 2 stopped (SIGSTOP) while nodes 0 and 1 read part of epoch 1: they give it up for its silence,
+    and once it goes on (SIGCONT) they hear from it and ask it again — a stall is not a death."""
+    stalled = 2
+    pids = h.daemon_pids(mnts[stalled])
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        threads, wrong, opened, errors = read_in_step(mnts[:2], want, 2, first=1, limit=100)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)):
+            time.sleep(0.05)
+        given_up = [h.stats(mnts[n])["peers"]["gone"] for n in (0, 1)]
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)):
+        time.sleep(0.05)
+    s = [h.stats(mnts[n])["peers"] for n in (0, 1)]
+    h.check(not errors and sum(wrong) == 0 and sum(opened) == 200,
+            "node 2 stopped: nodes 0 and 1 read 100 files each with every byte right (%s)" % errors[:2])
+    h.check(any(g == [stalled] for g in given_up) and all(x["usable"] == NODES - 1 for x in s)
+            and sum(x["returned"] for x in s) >= 1,
+            "it was given up for its silence (%s) and asked again once it went on (returned %s, usable %s)" % (
+                given_up, [x["returned"] for x in s], [x["usable"] for x in s]))
 
 
 # The broadcast the index travels by, in pieces (tests/tools/bcast_pieces.cpp): whole, and no node left
@@ -164,6 +195,7 @@ with h.tempdir() as tmp:
         threads, wrong, opened, errors = read_in_step(mnts, want, 1)
         for t in threads:
             t.join(timeout=300)
+        stalled_node(mnts, want)
         for p in vpids:
             os.kill(p, signal.SIGKILL)
         # Under a launcher every mount is made with auto_unmount: fusermount3 takes the dead one away.

@@ -214,7 +214,7 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         h.check(not h.is_mounted(mnts[victim]), "the killed daemon's mount went with it (auto_unmount under a launcher)")
         said = [subprocess.run([h.CLAIRFS, "status", mnts[n]], capture_output=True, text=True, timeout=30).stdout
                 for n in range(NODES) if n != victim]
-        h.check(all("of the 2 others asked" in t and "no longer asked (left, failed or timed out): node %d;" % victim in t
+        h.check(all("of the 2 others asked" in t and "no longer asked (left, failed or silent): node %d;" % victim in t
                     for t in said),
                 "the survivors' status names the dead node: %s" % [
                     [line for line in t.splitlines() if "asked" in line or "peers" in line] for t in said])

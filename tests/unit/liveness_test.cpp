@@ -73,5 +73,29 @@ TEST_F(LivenessTest, APeerSlowToAnswerIsGivenAsLongToAnswerItsPing) {
   EXPECT_EQ(live.turn(t0 + 250ms + 1600ms).dead, std::vector<int>{1});
 }
 
+TEST_F(LivenessTest, APeerGivenUpThatIsHeardFromAgainIsAliveAndGivenLongerEachTime) {
+  live.asked(1, 0, t0);
+  EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
+  EXPECT_EQ(live.turn(t0 + 850ms).dead, std::vector<int>{1});
+  EXPECT_FALSE(live.heard(2, t0 + 900ms));  // another peer, never given up
+  EXPECT_TRUE(live.heard(1, t0 + 3s));      // its pong, late: a stall, not a death
+  EXPECT_FALSE(live.heard(1, t0 + 3s));     // told once
+  // Silent again while it owes: pinged again, and given twice as long (1.2 s, not 600 ms) to answer.
+  live.ended(1, 0);
+  live.asked(1, 0, t0 + 4s);
+  EXPECT_EQ(live.turn(t0 + 4s + 250ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(live.turn(t0 + 4s + 250ms + 1100ms).dead.empty());
+  EXPECT_EQ(live.turn(t0 + 4s + 250ms + 1200ms).dead, std::vector<int>{1});
+  // Back again, and again: the wait doubles (2.4 s, 4.8 s) up to longest_within (5 s), no further.
+  const std::chrono::milliseconds waits[] = {2400ms, 4800ms, 5000ms, 5000ms};
+  for (int i = 0; i < 4; ++i) {
+    const auto at = t0 + 10s + i * 20s;
+    ASSERT_TRUE(live.heard(1, at));
+    EXPECT_EQ(live.turn(at + 250ms).ping, std::vector<int>{1});
+    EXPECT_TRUE(live.turn(at + 250ms + waits[i] - 50ms).dead.empty()) << "return " << i + 2;
+    EXPECT_EQ(live.turn(at + 250ms + waits[i]).dead, std::vector<int>{1}) << "return " << i + 2;
+  }
+}
+
 }  // namespace
 }  // namespace clairfs
