@@ -69,8 +69,8 @@ with h.tempdir() as tmp:
     # The job takes 5 ms a training step (10 ms under a sanitizer): the epoch-0 stalls compared below are a
     # race between the stager and the job, and a job reading a local tree at full speed (2,000 files/s)
     # won it by chance beside a daemon slowed 5-15x (after the engine was there: 9-44 stalls in quiet
-    # runs here, 160 once in CI; with the step, 1-10), and once in CI's release pass beside another test
-    # (44, where 32 were allowed).
+    # runs here, 160 once in CI; with the step, 1-10), and once in CI's release pass too (44, where 32
+    # were allowed).
     job = ["--seed", "7", "--epochs", "2", "--compute", "0.01" if os.environ.get("CLAIRFS_SANITIZED") else "0.005"]
 
     # Told the seed: what the learning mount is measured against.
