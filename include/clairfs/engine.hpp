@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 
 #include "clairfs/types.hpp"
 
@@ -47,6 +48,10 @@ class Engine {
   virtual void closed(EntryId /*id*/, pid_t /*pid*/) {}
   // The watch lost events (its queue overflowed): which files are open is no longer known.
   virtual void opens_lost() {}
+
+  // What it has done, for .clairfs/stats, `clairfs status` and the metrics (tiers, staging, readers).
+  // Any thread.
+  virtual nlohmann::json stats() const = 0;
 
   // The process could not allocate memory where requests are served (libfuse's buffers: an
   // address-space limit, overcommit off): memory held for later reads is given back soon, so that

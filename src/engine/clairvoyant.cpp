@@ -703,7 +703,7 @@ void ClairvoyantEngine::ranks_json(nlohmann::json& j) const {
                    {"other_opens", state_.planner.other_opens()}};
 }
 
-std::string ClairvoyantEngine::stats_json() const {
+nlohmann::json ClairvoyantEngine::stats() const {
   nlohmann::json j;
   counters_.to_json(j);
   // Files refused because SOURCE no longer matched the scan (before or after a read): never served.
@@ -770,7 +770,7 @@ std::string ClairvoyantEngine::stats_json() const {
                  {"policy", state_.policy.memory_bytes()},
                  {"per_entry", state_.tracker.memory_bytes() + state_.window.memory_bytes() + state_.from_peer.capacity()},
                  {"ram_bookkeeping", ram_.bookkeeping()}};
-  return j.dump(2) + "\n";
+  return j;
 }
 
 }  // namespace clairfs

@@ -131,7 +131,7 @@ class ClairvoyantEngine final : public Engine {
   void catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.mutex);
 
   // The counters as JSON (.clairfs/stats).
-  std::string stats_json() const;
+  nlohmann::json stats() const override;
 
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
   PeerTransport::Lookup peer_lookup();

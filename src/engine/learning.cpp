@@ -579,7 +579,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
     c.adopt = [this, old] {
-      MutexLock lock(mutex_);  // stats_json reads the engines under it
+      MutexLock lock(mutex_);  // stats() reads the engines under it
       return old->retire();
     };
     e = std::make_unique<ClairvoyantEngine>(manifest_, *oracle, reader_, std::move(c));
@@ -718,11 +718,11 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
   }
 }
 
-std::string LearningEngine::stats_json() const {
+nlohmann::json LearningEngine::stats() const {
   MutexLock lock(mutex_);  // the engines of earlier plans retire under it
   uint64_t n = 0;
   ClairvoyantEngine* e = current(&n);
-  nlohmann::json j = nlohmann::json::parse(e ? e->stats_json() : reader_.stats_json());
+  nlohmann::json j = e ? e->stats() : reader_.stats();
   if (e) {  // what was read before the engine was there counts as SOURCE's
     j["source_traffic"]["bytes"] = j["source_traffic"].value("bytes", uint64_t{0}) + source_bytes_.load();
     j["tiers"]["source"]["bytes"] = j["tiers"]["source"].value("bytes", uint64_t{0}) + source_bytes_.load();
@@ -731,7 +731,7 @@ std::string LearningEngine::stats_json() const {
   }
   // What the engines of earlier plans served counts too.
   for (uint64_t p = 0; p < n; ++p) {
-    const nlohmann::json before = nlohmann::json::parse(engines_[p]->stats_json());
+    const nlohmann::json before = engines_[p]->stats();
     for (const char* section : {"tiers", "staged", "source_traffic", "stalls"})
       add_numbers(j[section], before[section]);
     // The watch's news went to the plan of the moment: heard opens and closes are the sum.
@@ -746,7 +746,7 @@ std::string LearningEngine::stats_json() const {
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
     j["waited"] = {{"state", state_}, {"source_bytes", source_bytes_.load()}, {"source_files", source_files_.load()}};
-    return j.dump(2) + "\n";
+    return j;
   }
   j["learned"] = {{"state", state_},
                   {"seed", found_},
@@ -756,7 +756,7 @@ std::string LearningEngine::stats_json() const {
                   {"relearned", relearned_},  // times a seed was learned again (the job read in another order)
                   {"source_bytes", source_bytes_.load()},   // read before the engine was there (counted in
                   {"source_files", source_files_.load()}};  // source_traffic, tiers.source and stalls too)
-  return j.dump(2) + "\n";
+  return j;
 }
 
 }  // namespace clairfs

@@ -24,7 +24,7 @@
 // and switched to. The old engine stops staging but stays for the handles opened through it. Handles
 // carry their plan's number in two bits, so a mount plans kPlans times at most.
 //
-// Threads: the request threads call the Engine methods and stats_json; the learning thread builds the
+// Threads: the request threads call the Engine methods (stats() among them); the learning thread builds the
 // engines. One mutex guards the kept opens and the switches; once an engine is there, calls take no lock.
 #pragma once
 
@@ -104,7 +104,7 @@ class LearningEngine final : public Engine {
   void low_on_memory() override;
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
-  std::string stats_json() const;
+  nlohmann::json stats() const override;
   // The oracle of the seed found (of the latest plan); nullptr until then.
   const Oracle* oracle() const { return oracle_ready_.load(std::memory_order_acquire); }
 

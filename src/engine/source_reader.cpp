@@ -167,13 +167,13 @@ void SourceReader::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> 
   });
 }
 
-std::string SourceReader::stats_json() const {
+nlohmann::json SourceReader::stats() const {
   nlohmann::json j;
   j["tiers"]["source"] = {{"files", counters_.opens.load()}, {"bytes", counters_.bytes.load()}};
   j["source_changed"] = counters_.changed.load();
   j["source_errors"] = counters_.errors.load();
   j["staging"] = "off (give ram=SIZE to stage ahead)";
-  return j.dump(2) + "\n";
+  return j;
 }
 
 std::string SourceReader::spot_check(size_t samples) const {

@@ -53,7 +53,7 @@ class SourceReader final : public Engine, public SourceStore {
   int root_fd() const { return root_.get(); }
   const SourceCounters& counters() const { return counters_; }
   // The counters as JSON, for .clairfs/stats when no engine stages (ram= not given).
-  std::string stats_json() const;
+  nlohmann::json stats() const override;
 
   // Checks up to `samples` files spread over the manifest against SOURCE (exists, same type and size).
   // Returns "" or a one-line description of the first mismatch.

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "util/fs.hpp"
@@ -19,6 +20,8 @@ TraceEngine::TraceEngine(Engine& inner, const Manifest& manifest, const std::str
   if (fd < 0) throw std::runtime_error("trace '" + file + "': " + why_not_written(fd));
   fd_ = UniqueFd(fd);
 }
+
+nlohmann::json TraceEngine::stats() const { return inner_.stats(); }
 
 int TraceEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   const int rc = inner_.open(id, pid, handle);

@@ -26,6 +26,7 @@ class TraceEngine final : public Engine {
     return inner_.read_unopened(id, pid, buf, size, offset);
   }
   void low_on_memory() override { inner_.low_on_memory(); }
+  nlohmann::json stats() const override;
 
  private:
   Engine& inner_;

@@ -62,7 +62,7 @@ EngineConfig config(uint64_t ram) {
   return c;
 }
 
-nlohmann::json stats(const ClairvoyantEngine& e) { return nlohmann::json::parse(e.stats_json()); }
+nlohmann::json stats(const ClairvoyantEngine& e) { return e.stats(); }
 // Opens served, summed over the tiers.
 uint64_t files_served(const ClairvoyantEngine& e) {
   uint64_t n = 0;
@@ -218,7 +218,8 @@ TEST(Engine, AChangedSourceFileIsRefusedNeverServed) {
   const std::vector<EntryId> order = streams(0)[0];
   source.change(order[10]);
   ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["failures"].get<uint64_t>() >= 1; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["failures"].get<uint64_t>() >= 1; }))
+      << e.stats().dump(2);
   for (size_t i = 0; i < order.size(); ++i) {
     int error = 0;
     const std::string got = read_file(e, order[i], &error);
@@ -343,9 +344,9 @@ TEST(Engine, AKeeperWhoseRamAndNvmeTogetherHoldItsShareReadsSourceOnce) {
       // The stager's NVMe writes land between epochs, as a job's compute leaves them time to.
       ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) {
         return s["ram"]["files"].get<uint64_t>() + s["nvme"]["files"].get<uint64_t>() >= tree.files();
-      })) << e.stats_json();
+      })) << e.stats().dump(2);
     }
-    EXPECT_EQ(source.bytes_read(), tree.total()) << e.stats_json();
+    EXPECT_EQ(source.bytes_read(), tree.total()) << e.stats().dump(2);
   }
   std::filesystem::remove_all(dir);
 }
@@ -393,7 +394,7 @@ TEST(Engine, APeerThatRefusesOrVanishesSendsReadsToSource) {
   // Files not needed soon wait for the keeper (it may not have read them yet); the rest go to SOURCE.
   ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) {
     return s["peers"]["deferred"] > 0u && s["ram"]["files"] > 0u && s["ram"]["files"] < tree.files();
-  })) << t.node1->stats_json();
+  })) << t.node1->stats().dump(2);
   EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
   EXPECT_EQ(t.source1.bytes_read(), tree.total());  // every file from SOURCE in the end, once
   EXPECT_EQ(stats(*t.node1)["peers"]["staged_files"], 0u);
@@ -410,7 +411,7 @@ TEST(Engine, AFileItsKeeperHasNotReadYetIsAskedAgainNotReadFromSource) {
   MemoryTree tree(sizes(80, 1000, 2000));
   TwoNodes t(tree, true);  // node 0 refuses: it "has not read" anything yet
   ASSERT_TRUE(wait_for(*t.node1, [&](const nlohmann::json& s) { return s["peers"]["deferred"] >= 40u; }))
-      << t.node1->stats_json();
+      << t.node1->stats().dump(2);
   const uint64_t early = t.source1.bytes_read();  // the files needed soon, refused twice: from SOURCE
   EXPECT_LT(early, tree.total() / 2);
   t.net.refuse(0, false);  // node 0 has read them now
@@ -450,7 +451,8 @@ TEST_F(TenPushed, PushesStayWithinThePageCacheBudgetAndReadPagesStayTheKernels) 
   // Their pages are the kernel's now, kept as any file's (a later use may be read from them): none dropped.
   const std::vector<EntryId> order = streams(0)[0];
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 20u; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 20u; }))
+      << e.stats().dump(2);
   EXPECT_LE(stats(e)["pagecache"]["used"].get<uint64_t>(), 10000u);
   EXPECT_EQ(kernel.drops(), 0u);
 }
@@ -464,14 +466,14 @@ class TenPushedToKnownInodes : public TenPushed {
 TEST_F(TenPushedToKnownInodes, AFileIsPushedOnceTheKernelHasItsInodeAndNoPushIsRefused) {
   // Before (issue 34), every push of a file not looked up yet was tried and refused, again every 50 ms:
   // tens of thousands per run.
-  ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["ram"]["files"] == 100u; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["ram"]["files"] == 100u; })) << e.stats().dump(2);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // turns of the stager, its retries among them
   EXPECT_EQ(kernel.pushes(), 0u);
   EXPECT_EQ(kernel.refused(), 0u);
   // A listing gives the first five files of the order their inodes: they are pushed, nothing refused.
   const std::vector<EntryId> order = streams(0)[0];
   for (size_t k = 0; k < 5; ++k) kernel.introduce(order[k]);
-  EXPECT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 5u; })) << e.stats_json();
+  EXPECT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["pagecache"]["pushes"] == 5u; })) << e.stats().dump(2);
   EXPECT_EQ(kernel.refused(), 0u);
   EXPECT_EQ(stats(e)["pagecache"]["push_failures"], 0u);
 }
@@ -506,11 +508,11 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
   auto& [tree, source, kernel, streams, c, e] = f;
   EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
   const uint64_t epoch0 = stats(e)["source_traffic"]["bytes"];
-  EXPECT_LE(epoch0, tree.total() * 11 / 10) << e.stats_json();
+  EXPECT_LE(epoch0, tree.total() * 11 / 10) << e.stats().dump(2);
   // Epoch 1's files not in RAM (60 or so): each asked about, none staged.
   ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["pagecache"]["left_to_kernel"] >= 50u; }))
-      << e.stats_json();
-  EXPECT_EQ(stats(e)["source_traffic"]["bytes"], epoch0) << e.stats_json();
+      << e.stats().dump(2);
+  EXPECT_EQ(stats(e)["source_traffic"]["bytes"], epoch0) << e.stats().dump(2);
   EXPECT_GE(kernel.probes(), 50u);
   kernel.hold_all(false);
   EXPECT_EQ(read_epoch(e, tree, streams(1)[0]), 0u);
@@ -544,9 +546,9 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgainWithoutOpens) {
   }
   EXPECT_EQ(wrong, 0u);
   const uint64_t beacons = 90 / every + 1, epoch1 = stats(e)["source_traffic"]["bytes"].get<uint64_t>() - epoch0;
-  EXPECT_LE(through, beacons + 2) << e.stats_json();
-  EXPECT_LE(epoch1, 2 * beacons * 1000) << e.stats_json();  // its beacons, and some of epoch 2's staged ahead
-  EXPECT_GT(stats(e)["pagecache"]["left_to_kernel"].get<uint64_t>(), 0u) << e.stats_json();
+  EXPECT_LE(through, beacons + 2) << e.stats().dump(2);
+  EXPECT_LE(epoch1, 2 * beacons * 1000) << e.stats().dump(2);  // its beacons, and some of epoch 2's staged ahead
+  EXPECT_GT(stats(e)["pagecache"]["left_to_kernel"].get<uint64_t>(), 0u) << e.stats().dump(2);
   kernel.hold_all(false);
   EXPECT_EQ(read_epoch_unopened(e, tree, streams(2)[0]), 0u);
 }
@@ -561,14 +563,14 @@ TEST(Engine, AnIdleMountGivesRamBackAndStagesAgainAtTheNextRead) {
   ClairvoyantEngine e(tree.manifest, streams, source, c);
   const std::vector<EntryId> order = streams(0)[0];
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["idle"]["now"] == true; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["idle"]["now"] == true; })) << e.stats().dump(2);
   auto s = stats(e);
   EXPECT_EQ(s["ram"]["used"], 0u);
   EXPECT_GE(s["idle"]["releases"].get<uint64_t>(), 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(stats(e)["ram"]["files"], 0u);  // nothing staged while idle
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.begin() + 20)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] > 0u; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] > 0u; })) << e.stats().dump(2);
   EXPECT_EQ(stats(e)["idle"]["now"], false);
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 20, order.end())), 0u);
 }
@@ -579,10 +581,10 @@ TEST(Engine, ShortOfMemoryWhereItServesTheEngineLetsGoOfTheFilesNeededLast) {
   MemorySource source(tree);
   const auto streams = one_rank(tree);
   ClairvoyantEngine e(tree.manifest, streams, source, config(64 << 20));
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] >= 60u; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] >= 60u; })) << e.stats().dump(2);
   const uint64_t held = stats(e)["ram"]["used"];
   e.low_on_memory();
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["budget"] < held; })) << e.stats_json();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["budget"] < held; })) << e.stats().dump(2);
   const auto s = stats(e);
   // The budget is 32 MiB (Stager::kServingRoom) below what was held, and RAM is within it.
   EXPECT_EQ(s["ram"]["budget"], held - (32 << 20));
@@ -616,7 +618,7 @@ TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(read_file(e, order[3]), tree.bytes(order[3]));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  EXPECT_EQ(stats(e)["stalls"]["staging_waits_given_up"], 1u) << e.stats_json();
+  EXPECT_EQ(stats(e)["stalls"]["staging_waits_given_up"], 1u) << e.stats().dump(2);
   kernel.unlock(order[0]);
   EXPECT_EQ(read_epoch(e, tree, order), 0u);
 }
@@ -635,7 +637,7 @@ TEST(Engine, LargeFilesAreStagedAFewAtATimeNotAllSharingTheSource) {
     EngineConfig c = config(1 << 22);
     if (capped) c.bytes_in_flight = 50000;
     ClairvoyantEngine e(tree.manifest, streams, source, c);
-    ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["staged"]["files"] == 40u; })) << e.stats_json();
+    ASSERT_TRUE(wait_for(e, [](const nlohmann::json& s) { return s["staged"]["files"] == 40u; })) << e.stats().dump(2);
     EXPECT_EQ(read_epoch(e, tree, order), 0u);
     EXPECT_EQ(source.bytes_read(), tree.total());
     peak[capped] = source.peak_fetching();
@@ -671,7 +673,7 @@ TEST(Engine, NoOpenReadsCountOneUsePerFile) {
   // Every file read once, in order: the rank is at the start of epoch 1.
   // next is read).
   EXPECT_EQ(s["ranks"][0]["epoch"].get<uint64_t>() * tree.files() + s["ranks"][0]["done"].get<uint64_t>(), tree.files())
-      << e.stats_json();
+      << e.stats().dump(2);
 }
 
 // A watched open whose file's first page the kernel held: the read of the rest reaches the daemon before
@@ -855,7 +857,7 @@ TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
   const std::vector<uint32_t> seq = own.epoch(0).rank_sequence(0);
   for (size_t k = 0; k < 64; ++k)
     read_file(e, tree.manifest.samples()[seq[k]], nullptr, 2000 + static_cast<pid_t>(k / 16));
-  EXPECT_TRUE(e.followed()) << e.stats_json();
+  EXPECT_TRUE(e.followed()) << e.stats().dump(2);
   EXPECT_EQ(told, 1);
 }
 
@@ -906,7 +908,7 @@ TEST(Learning, ASeedIsLearnedAgainFromTheLatestEpochWhenTheKeptOpensSpanTwo) {
   EngineConfig c = config(1 << 20);
   c.tolerance = 64;
   LearningEngine e(disk.manifest, *disk.reader, mounted, q, c, nullptr, {}, Replanning{.on = true});
-  const auto learned = [&e] { return nlohmann::json::parse(e.stats_json())["learned"]; };
+  const auto learned = [&e] { return e.stats()["learned"]; };
   const auto wait = [&](auto done) {
     for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return done();
@@ -957,7 +959,7 @@ struct ToldMount {
     c.tolerance = 64;
     return c;
   }
-  nlohmann::json stats() const { return nlohmann::json::parse(e.stats_json()); }
+  nlohmann::json stats() const { return e.stats(); }
   // Waits up to 10 s for done().
   template <class Done>
   static bool wait(Done done) {
@@ -1079,7 +1081,7 @@ TEST(Learning, StagingStartsBeforeTheFilesAttributesAreAllRead) {
   EngineConfig c = config(tree.total());
   c.tolerance = 64;
   LearningEngine e(disk.manifest, *disk.reader, told.schedule(), LearnQuestion{}, c, &told, {}, Replanning{});
-  const auto s = [&] { return nlohmann::json::parse(e.stats_json()); };
+  const auto s = [&] { return e.stats(); };
   ASSERT_TRUE(ToldMount::wait([&] { return s()["waited"]["state"] == "told"; })) << s()["waited"];
   const std::vector<uint32_t> order = told.epoch(0).rank_sequence(0);
   const size_t half = order.size() / 2;
