@@ -113,7 +113,12 @@ def main():
                         s = stats(mnt)
                         if s.get("attributes_pending", 0) > 0 or "ram" not in s:  # not all read yet
                             continue
-                        out.setdefault("attributes_s", time.monotonic() - t0)
+                        if "attributes_s" not in out:  # what SOURCE sent while the fill ran
+                            out["attributes_s"] = time.monotonic() - t0
+                            out["fill"] = {"source_bytes": s["source_traffic"]["bytes"],
+                                           "staged_bytes": s["staged"]["bytes"], "staged_files": s["staged"]["files"],
+                                           "source_opens": s["tiers"]["source"]["files"],
+                                           "opens": sum(t["files"] for t in s["tiers"].values())}
                         tier = s["ram"]
                         if tier["files"] >= a.files:
                             break
@@ -144,6 +149,13 @@ def main():
                                  out["ram_files"], wrong))
     print("\nmount from walk: the first file staged {:.2f} s after the mount began; the files' attributes all "
           "read {:.0f} s after it (to the second)".format(out.get("first_staged_s", -1), out.get("attributes_s", 0)))
+    fill = out.get("fill")
+    if fill:
+        print("until then: SOURCE sent {:.1f} MiB for {:,} files staged ({:.1f} MiB, {:.3f}x); {:,} of the readers' "
+              "{:,} opens served by SOURCE".format(fill["source_bytes"] / MIB, fill["staged_files"],
+                                                   fill["staged_bytes"] / MIB,
+                                                   fill["source_bytes"] / max(1, fill["staged_bytes"]),
+                                                   fill["source_opens"], fill["opens"]))
     mem = out.get("memory")
     if mem:
         parts = ["manifest", "plan", "policy", "per_entry", "ram_bookkeeping"]
