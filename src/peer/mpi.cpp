@@ -327,7 +327,7 @@ struct MpiPeers::Fetch {
 
 // Fetches given up on (timed out, or their peer given up) whose answer may still come, or whose request
 // may still be on its way: each is kept until both have ended, and its reply tag is not used again for
-// that peer until the answer is taken, so that a late answer never lands in a later fetch's buffer.
+// that peer until then, so that a late answer never lands in a later fetch's buffer.
 // The progress thread's alone.
 class MpiPeers::LateAnswers {
  public:
@@ -338,10 +338,8 @@ class MpiPeers::LateAnswers {
     const uint64_t key = key_of(f->owner, f->tag);
     given_up_[key] = Given{std::move(f), answer_due};
   }
-  bool awaited(int owner, int tag) const {
-    const auto it = given_up_.find(key_of(owner, tag));
-    return it != given_up_.end() && it->second.answer_due;
-  }
+  // Whether a given-up fetch still holds `tag` for `owner` (its answer or its request still on the way).
+  bool awaited(int owner, int tag) const { return given_up_.count(key_of(owner, tag)) != 0; }
   // Takes what came (at most every kLook), and lets go of fetches whose messages have all ended.
   void take(MPI_Comm comm, std::chrono::steady_clock::time_point now) {
     if (given_up_.empty() || now < next_look_) return;
