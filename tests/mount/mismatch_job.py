@@ -2,8 +2,8 @@
 """A PyTorch job that may disagree with its mount, as users' jobs do: ImageFolder + DistributedSampler +
 DataLoader over the mount, with the seed, world size, rank and epochs given here (not the mount's), and
 optionally the mistakes people make: no sampler.set_epoch(e), shuffle=False. Reads every file whole and
-checks it against SOURCE's digests. After each epoch it prints the mount's stats for that moment as one
-JSON line: "STATS {...}".
+checks it against SOURCE's digests. After each epoch it prints the mount's stats (once the mount's watch has
+caught up) as one JSON line: "STATS {...}".
 
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
@@ -58,6 +58,21 @@ class SkipFirst(torch.utils.data.Sampler):
 def stats(root):
     with open(os.path.join(root, ".clairfs", "stats")) as f:
         return json.load(f)
+
+
+def settled_stats(root):
+    """The mount's stats once its watch has caught up with the job: the opens it told the same for 100 ms
+    (at most 5 s). The watch's thread may run behind the job (a sanitized daemon: 28 opens behind at an
+    epoch's end, once)."""
+    deadline = time.monotonic() + 5
+    s = stats(root)
+    while True:
+        time.sleep(0.1)
+        t = stats(root)
+        if t.get("progress", {}).get("opens_seen") == s.get("progress", {}).get("opens_seen") \
+                or time.monotonic() > deadline:
+            return t
+        s = t
 
 
 def main():
@@ -121,7 +136,7 @@ def main():
                 ranks = stats(args.data).get("ranks")  # none with ram=0
                 if ranks:
                     print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"]), flush=True)
-        print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": stats(args.data)}), flush=True)
+        print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": settled_stats(args.data)}), flush=True)
     print("DONE %d files, %d wrong, %d bytes" % (read, wrong, size), flush=True)
 
 
