@@ -146,10 +146,9 @@ void detach_from_terminal(bool keep_stderr) {
   log_detached();
 }
 
-// The signals that end a mount. libfuse's handler for them wakes only the thread that takes one, and its
-// loop waits in the main thread: so every thread but the main one must block them. They are blocked
-// before any thread starts (MPI's, the stager's, the peers', libfuse's inherit the mask) and the main
-// thread takes them again when it starts serving; one that came meanwhile is delivered then.
+// The signals that end a mount. Every thread blocks them, from before any thread starts (MPI's, the
+// stager's, the peers', the serving threads inherit the mask): the serving loop reads them (signalfd),
+// one that came before it started included.
 sigset_t ending_signals() {
   sigset_t set;
   sigemptyset(&set);
@@ -641,12 +640,10 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   warn_of_another_mount(o, world);
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   const LogReopener reopener;  // SIGHUP, for log rotation; never an end
-  pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
-  const int rc = session->serve([&d] { d.serving->low_on_memory(); });
+  const int rc = session->serve(ending, [&d] { d.serving->low_on_memory(); });
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");
-  // The cleanup below (unmount, the cache folder, goodbyes to peers) must not be cut short by a second
-  // signal: from here on they stay pending, and the process ends by itself.
-  pthread_sigmask(SIG_BLOCK, &ending, nullptr);
+  // The cleanup below (unmount, the cache folder, goodbyes to peers) is not cut short by a second signal:
+  // it stays pending, and the process ends by itself.
   return rc == 0 ? 0 : kExitFailure;
 }
 

@@ -586,7 +586,7 @@ void Stager::give_back_memory(uint64_t bytes) {
     log_warning(std::string(bytes ? "staging" : "serving") + " could not allocate memory (ram= is more than this " +
                 "process may allocate: an address-space limit?); the RAM budget is now " +
                 human_bytes(static_cast<double>(budget)) + ", " + std::to_string(let_go) +
-                " files let go for reads to go on");
+                (let_go == 1 ? " file" : " files") + " let go for reads to go on");
 }
 
 void Stager::staged(const Pick& pick, const StoreChain::Result& r) {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <optional>
 #include <vector>
@@ -27,6 +28,26 @@ namespace clairfs {
 namespace {
 
 Frontend& self(fuse_req_t req) { return *static_cast<Frontend*>(fuse_req_userdata(req)); }
+
+// A serving thread's buffer for the bytes of a read (left unwritten until used).
+class ReadBuffer {
+ public:
+  char* at_least(size_t size) {
+    if (size > size_) {
+      bytes_.reset(new char[size]);
+      size_ = size;
+    }
+    return bytes_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> bytes_;
+  size_t size_ = 0;
+};
+thread_local ReadBuffer read_buffer;
+
+// The largest read the kernel sends: 256 pages, as libfuse's INIT asks.
+constexpr size_t kLargestRead = size_t{256} << 12;
 
 constexpr fuse_ino_t to_ino(EntryId id) { return Frontend::ino_of(id); }
 
@@ -365,11 +386,10 @@ struct Handlers {
       const std::shared_ptr<const ControlFile> file = *reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
       return reply_control_read(req, *file, size, off);
     }
-    thread_local std::vector<char> buf;
-    if (buf.size() < size) buf.resize(size);
-    const ssize_t n = fe.engine_.read(fi->fh, buf.data(), size, off);
+    char* const buf = read_buffer.at_least(size);
+    const ssize_t n = fe.engine_.read(fi->fh, buf, size, off);
     if (n < 0) return reply_error(req, static_cast<int>(-n));
-    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+    fuse_reply_buf(req, buf, static_cast<size_t>(n));
   }
 
   // A read of a file the kernel opened itself (no-open mode): no handle, so by inode.
@@ -382,11 +402,10 @@ struct Handlers {
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if (!S_ISREG(fe.manifest_.mode(id_of(ino)))) return reply_error(req, EISDIR);
-    thread_local std::vector<char> buf;
-    if (buf.size() < size) buf.resize(size);
-    const ssize_t n = fe.engine_.read_unopened(id_of(ino), fuse_req_ctx(req)->pid, buf.data(), size, off);
+    char* const buf = read_buffer.at_least(size);
+    const ssize_t n = fe.engine_.read_unopened(id_of(ino), fuse_req_ctx(req)->pid, buf, size, off);
     if (n < 0) return reply_error(req, static_cast<int>(-n));
-    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+    fuse_reply_buf(req, buf, static_cast<size_t>(n));
   }
 
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -504,6 +523,8 @@ struct Handlers {
 Frontend::Frontend(const Manifest& manifest, Engine& engine, const ControlTree& control, int root_fd,
                    FrontendConfig config)
     : manifest_(manifest), engine_(engine), control_(control), root_fd_(root_fd), config_(config) {}
+
+void Frontend::ready_thread() { read_buffer.at_least(kLargestRead); }
 
 const fuse_lowlevel_ops& Frontend::ops() {
   static const fuse_lowlevel_ops kOps = Handlers::make_ops();

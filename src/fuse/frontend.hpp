@@ -41,6 +41,11 @@ class Frontend {
   // The operation table; fuse_session_new() gets `this` as userdata.
   static const fuse_lowlevel_ops& ops();
 
+  // Readies the calling thread to serve: its read buffer is allocated now, as large as the largest read
+  // the kernel sends, so that no read it serves later needs an allocation (one that can fail, an
+  // address-space limit set under a running daemon). Each serving thread calls it as it starts.
+  static void ready_thread();
+
   // The inode number the kernel knows an entry by.
   static constexpr fuse_ino_t ino_of(EntryId id) { return static_cast<fuse_ino_t>(id) + 1; }
 

@@ -3,8 +3,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <spawn.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -85,6 +88,121 @@ void widen_readahead(const std::string& device) {
   }
   log_debug("reads through the daemon in requests of up to " + value + " KiB (" + path + ")");
 }
+
+// The threads that serve the session's requests, a fixed set, each with its request buffer from its
+// first receive on: once serving, receiving a request allocates nothing. (libfuse's own loop starts a
+// thread when all are busy and ends the session when that thread cannot allocate its buffer; started
+// again, it had dropped the requests its other threads had read meanwhile, whose readers then waited
+// forever.) A request read is always answered: an allocation that fails while handling it answers
+// ENOMEM (libfuse's own, or Frontend's Guarded).
+class ServingThreads {
+ public:
+  ServingThreads(fuse_session* session, int ended_fd, const std::function<void()>& low_on_memory)
+      : session_(session), ended_fd_(ended_fd), low_on_memory_(low_on_memory) {
+    for (unsigned i = 0; i < kMaxThreads; ++i) {
+      pthread_t t;
+      if (const int err = pthread_create(&t, nullptr, &ServingThreads::run, this); err != 0) {
+        start_error_ = err;  // fewer threads serve
+        break;
+      }
+      threads_.push_back(t);
+      started_++;
+    }
+  }
+  ~ServingThreads() { stop(); }
+  ServingThreads(const ServingThreads&) = delete;
+  ServingThreads& operator=(const ServingThreads&) = delete;
+
+  size_t started() const { return threads_.size(); }
+  int start_error() const { return start_error_; }
+  int error() const { return error_.load(); }  // the first receive that failed so (negative errno), or 0
+
+  // Once the session has exited: a thread waiting for a request is cancelled there, one handling a
+  // request finishes it first.
+  void stop() {
+    for (const pthread_t t : threads_) pthread_cancel(t);
+    for (const pthread_t t : threads_) pthread_join(t, nullptr);
+    threads_.clear();
+  }
+
+ private:
+  struct Buffer {  // freed however its thread ends (a cancellation unwinds the stack)
+    fuse_buf buf{};
+    ~Buffer() { std::free(buf.mem); }
+  };
+
+  static void* run(void* self) {
+    static_cast<ServingThreads*>(self)->serve();
+    return nullptr;
+  }
+
+  void serve() {
+    try {
+      Frontend::ready_thread();
+    } catch (const std::bad_alloc&) {  // allocated at its first read, then
+    }
+    Buffer b;
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    std::optional<std::chrono::steady_clock::time_point> no_buffer_since;
+    while (!fuse_session_exited(session_)) {
+      pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
+      const int n = fuse_session_receive_buf(session_, &b.buf);
+      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+      if (n == -EINTR || n == -EAGAIN) continue;
+      if (n == -ENOMEM && !b.buf.mem) {  // its buffer: no request was read
+        if (!no_buffer_since) without_buffer_++;
+        if (wait_for_buffer(no_buffer_since)) continue;
+        if (without_buffer_.load() < started_.load()) {
+          without_buffer_--;
+          log_warning("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
+                      " s (an address-space limit?); the mount is served by fewer threads");
+          return;
+        }
+        log_error("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
+                  " s (an address-space limit?), and no thread has one; the mount ends");
+      }
+      if (n <= 0) {  // unmounted (0), or the connection failed
+        int none = 0;
+        if (n < 0) error_.compare_exchange_strong(none, n);
+        fuse_session_exit(session_);
+        break;
+      }
+      if (no_buffer_since) {
+        no_buffer_since.reset();
+        without_buffer_--;
+      }
+      fuse_session_process_buf(session_, &b.buf);
+    }
+    const uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
+
+  // libfuse could not allocate this thread's buffer (at its first request; the process near an
+  // address-space limit): memory is given back and it tries again in a while. False once that has
+  // gone on for kNoBufferFor.
+  bool wait_for_buffer(std::optional<std::chrono::steady_clock::time_point>& since) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!since) since = now;
+    if (now - *since > kNoBufferFor) return false;
+    low_on_memory_();
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
+    ::usleep(100'000);
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    return true;
+  }
+
+  static constexpr std::chrono::seconds kNoBufferFor{30};
+  fuse_session* const session_;
+  const int ended_fd_;
+  const std::function<void()>& low_on_memory_;
+  std::vector<pthread_t> threads_;
+  int start_error_ = 0;
+  std::atomic<int> error_{0};
+  std::atomic<unsigned> started_{0};
+  std::atomic<unsigned> without_buffer_{0};  // threads whose buffer libfuse could not allocate
+};
 
 // A crash (a fatal signal that dumps core) ends the FUSE connection before anything else. The kernel's
 // core dump first waits for every thread of the process to stop, and a thread of ours waiting on a
@@ -252,6 +370,7 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   session_ = fuse_session_new(&args, &Frontend::ops(), sizeof(fuse_lowlevel_ops), &frontend);
   fuse_opt_free_args(&args);
   if (!session_) throw std::runtime_error("cannot create the FUSE session (see the message above)");
+  // (For SIGPIPE ignored: its handlers of the ending signals never run, serve() reads those.)
   if (fuse_set_signal_handlers(session_) != 0) throw std::runtime_error("cannot install signal handlers");
   signals_set_ = true;
   const std::vector<int> before = o.auto_unmount ? open_descriptors() : std::vector<int>{};
@@ -300,38 +419,37 @@ void MountedSession::stop() {
   session_ = nullptr;
 }
 
-int MountedSession::serve(const std::function<void()>& low_on_memory) {
-  fuse_loop_config* config = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_max_threads(config, kMaxThreads);
-  fuse_loop_cfg_set_clone_fd(config, 0);
-  // libfuse ends its loop when a new thread cannot allocate its request buffer (-ENOMEM), or its first
-  // thread cannot start (-1). No request is lost then (the kernel keeps them queued): memory is given
-  // back and the loop starts again, while that helps.
-  using Clock = std::chrono::steady_clock;
-  int rc;
-  std::optional<Clock::time_point> failing_since;  // loops that ended so, one after the other
+int MountedSession::serve(const sigset_t& ending, const std::function<void()>& low_on_memory) {
+  // Every thread blocks the ending signals (cli.cpp): they are read here, as the workers' ends are.
+  const UniqueFd signals(::signalfd(-1, &ending, SFD_CLOEXEC | SFD_NONBLOCK));
+  const UniqueFd ended(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!signals || !ended) {
+    log_error(std::string("cannot start serving: ") + std::strerror(errno));
+    return -EIO;
+  }
+  ServingThreads threads(session_, ended.get(), low_on_memory);
+  if (threads.started() == 0) {
+    log_error("cannot start a thread to serve the mount: " + std::string(std::strerror(threads.start_error())));
+    return -EIO;
+  }
+  int rc = 0;
   for (;;) {
-    const auto started = Clock::now();
-    rc = fuse_session_loop_mt(session_, config);
-    if (rc != -ENOMEM && rc != -1) break;
-    const auto now = Clock::now();
-    if (!failing_since || now - started > std::chrono::seconds(1)) {  // it served a while: a new spell
-      failing_since = now;
-      log_warning("libfuse could not allocate memory for a thread; memory is given back and serving goes on");
-    } else if (now - *failing_since > kShortOfMemoryFor) {
-      log_error("libfuse could not allocate memory for a thread for " + std::to_string(kShortOfMemoryFor.count()) +
-                " s (an address-space limit?); the mount ends");
+    pollfd fds[2] = {{signals.get(), POLLIN, 0}, {ended.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    signalfd_siginfo info{};
+    if (::read(signals.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      log_notice(std::string("stopped by SIG") + sigabbrev_np(static_cast<int>(info.ssi_signo)) + "; unmounting");
+      fuse_session_exit(session_);
       break;
     }
-    low_on_memory();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    uint64_t count;
+    (void)!::read(ended.get(), &count, sizeof count);
+    if (fuse_session_exited(session_)) {
+      rc = threads.error();
+      break;
+    }
   }
-  fuse_loop_cfg_destroy(config);
-  // libfuse's handler leaves the signal's number as the loop's result: a stop asked for, not a failure.
-  if (rc == SIGTERM || rc == SIGINT) {
-    log_notice(std::string("stopped by SIG") + sigabbrev_np(rc) + "; unmounting");
-    return 0;
-  }
+  threads.stop();
   return rc;
 }
 

@@ -3,7 +3,7 @@
 
 #include <fuse_lowlevel.h>
 
-#include <chrono>
+#include <csignal>
 #include <functional>
 #include <string>
 
@@ -29,11 +29,10 @@ class MountedSession {
   MountedSession(const MountedSession&) = delete;
   MountedSession& operator=(const MountedSession&) = delete;
 
-  // Serves requests until unmounted or a SIGTERM/SIGINT arrives. Returns 0 on a clean end. When libfuse
-  // cannot allocate a thread's request buffer (the process near an address-space limit), it stops
-  // serving: `low_on_memory` is called and serving starts again, for up to kShortOfMemoryFor.
-  int serve(const std::function<void()>& low_on_memory);
-  static constexpr std::chrono::seconds kShortOfMemoryFor{30};
+  // Serves requests until unmounted or one of the `ending` signals (blocked in every thread) arrives.
+  // Returns 0 on a clean end, else a negative errno. `low_on_memory` is called when a serving thread
+  // cannot allocate its request buffer.
+  int serve(const sigset_t& ending, const std::function<void()>& low_on_memory);
 
  private:
   void start(const Options& options, Frontend& frontend);

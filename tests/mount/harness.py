@@ -193,6 +193,16 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def digest_within(path, timeout=60):
+    """digest(path) read by a child process killed after `timeout` s (a read the daemon never answers
+    waits in the kernel, killable only): the hex digest, or "still reading after N s"."""
+    try:
+        r = subprocess.run(["sha256sum", path], capture_output=True, text=True, timeout=timeout)
+        return r.stdout.split()[0] if r.returncode == 0 else r.stderr.strip()
+    except subprocess.TimeoutExpired:
+        return "still reading after %d s" % timeout
+
+
 def forget_pages(root, rels):
     """Has the kernel drop the cached pages of these files (as memory pressure would): their next reads
     reach the daemon, and a staging engine that asks the kernel finds them gone."""

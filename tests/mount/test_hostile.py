@@ -5,9 +5,11 @@ reads right. With allow_other,default_permissions, as a second user made by the 
 that denies the user a file denies it through the mount, and the order files are not readable by a user
 who could not list every directory of SOURCE (they name every sample). A manifest= that is a FIFO is
 refused at once. A daemon whose address space is squeezed under it (prlimit) lowers its RAM budget and
-serves every byte right; a manifest of paths beyond PATH_MAX mounts; `clairfs status` on a stats file of
+serves every byte right, and one whose libfuse buffers fail to allocate serves on; a manifest of paths
+beyond PATH_MAX mounts; `clairfs status` on a stats file of
 another shape says so in a line.
 """
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -45,8 +47,10 @@ def special_files(data, rel):
 
 
 def squeeze_daemon(tmp, data, mnt):
-    """16 files of 24 MiB under ram=256M; once staging has most of it, the daemon's address space is
-    limited to 64 MiB below what it maps, and the job reads every file."""
+    """16 files of 24 MiB under ram=256M,idle=1: staging fills RAM, gives it back when no read comes for
+    a second; then the daemon's address space is limited to 64 MiB below what it maps, and the job reads
+    every file. Staging for it needs new buffers (every file is 128 KiB or more, mapped anew), which
+    the limit refuses."""
     subprocess.run(["rm", "-rf", data], check=True)
     os.makedirs(data + "/c")
     want = {}
@@ -56,24 +60,54 @@ def squeeze_daemon(tmp, data, mnt):
             f.write(b)
         want["c/f%02d.jpg" % i] = hashlib.sha256(b).hexdigest()
     log = tmp + "/squeeze.log"
-    with h.mounted(data, mnt, "seed=1,ram=256M,log=" + log):
+    with h.mounted(data, mnt, "seed=1,ram=256M,idle=1,log=" + log):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] < (192 << 20):
             time.sleep(0.1)
+        while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] > 0:
+            time.sleep(0.1)
+        given_back = h.stats(mnt)["ram"]["used"] == 0
         pid = h.daemon_pids(mnt)[0]
         size = [int(l.split()[1]) * 1024 for l in open("/proc/%d/status" % pid) if l.startswith("VmSize:")][0]
         squeeze = size - (64 << 20)
         subprocess.run(["prlimit", "--pid", str(pid), "--as=%d:%d" % (squeeze, squeeze)], check=True)
         with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
             order = f.read().splitlines()
-        wrong = [r for r in order if h.digest(os.path.join(mnt, r)) != want[r]]
+        wrong = [(r, d) for r in order if (d := h.digest_within(os.path.join(mnt, r))) != want[r]]
         s = h.stats(mnt)
         alive = h.running(pid)
     said = [l for l in open(log) if "could not allocate" in l] if os.path.exists(log) else []
-    h.check(alive and not wrong and len(order) == 16, "address space squeezed to %d MiB under the daemon: it lives, %d "
-            "files read, wrong: %s" % (squeeze >> 20, len(order), wrong[:3]))
+    h.check(given_back and alive and not wrong and len(order) == 16, "address space squeezed to %d MiB under the "
+            "daemon (RAM given back first: %s): it lives, %d files read, wrong: %s" % (
+                squeeze >> 20, given_back, len(order), wrong[:3]))
     h.check(len(said) == 1 and s["ram"]["budget"] < (256 << 20), "the RAM budget came down to %.0f MiB, said once in the log: %s" % (
         s["ram"]["budget"] / 2**20, [l.strip()[-120:] for l in said]))
+    return want
+
+
+def buffers_fail(tmp, data, mnt, want_of):
+    """libfuse's request buffers (1 MiB + 4 KiB, one a serving thread, allocated at its first receive)
+    fail to allocate three times, as near an address-space limit (tests/tools/fail_buffers.cpp,
+    preloaded): those threads give memory back and try again; no request is lost (libfuse's own loop,
+    started again after such a failure, had dropped requests its other threads had read: their readers
+    waited forever), and 8 readers at once read every file right."""
+    log = tmp + "/buffers.log"
+    env = dict(os.environ, LD_PRELOAD=os.environ["CLAIRFS_BUILD"] + "/tests/tools/libfail_buffers.so",
+               CLAIRFS_FAIL_SIZE=str(256 * 4096 + 4096), CLAIRFS_FAIL_AFTER="2", CLAIRFS_FAIL_COUNT="3")
+    with h.mounted(data, mnt, "seed=1,ram=64M,log=" + log, env=env):
+        pid = h.daemon_pids(mnt)[0]
+        with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
+            order = f.read().splitlines()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda r: h.digest_within(os.path.join(mnt, r)), order * 2))
+        wrong = [r for r, g in zip(order * 2, got) if g != want_of[r]]
+        alive = h.running(pid)
+    lines = open(log).read().splitlines() if os.path.exists(log) else []
+    failed = [l for l in lines if "libfuse: failed to allocate read buffer" in l]
+    ended = [l for l in lines if "the mount ends" in l or "fewer threads" in l]
+    h.check(alive and not wrong and len(failed) >= 1 and not ended,
+            "libfuse's buffers made to fail (%s): 8 readers read %d files right, the daemon lives, every thread "
+            "serves (wrong: %s, %s)" % (failed[:1], len(got), wrong[:3], ended[:1]))
 
 
 with h.tempdir() as tmp:
@@ -152,12 +186,13 @@ with h.tempdir() as tmp:
         h.check(False, "manifest= a FIFO refused: still waiting after 20 s")
 
     # The address space squeezed under a running daemon (prlimit --as below what it maps): the stager's
-    # allocations fail. Before, the stager thread died of bad_alloc and took the daemon with it. (Not
-    # under a sanitizer, whose own allocator dies when the address space runs out.)
+    # allocations fail. Before, the stager thread died of bad_alloc and took the daemon with it. Then
+    # libfuse's buffers made to fail (an allocator preloaded). (Not under a sanitizer, whose own
+    # allocator dies when the address space runs out, and must come first in the process.)
     if os.environ.get("CLAIRFS_SANITIZED"):
         print("skip: the address-space squeeze under a sanitizer")
     else:
-        squeeze_daemon(tmp, data, mnt)
+        buffers_fail(tmp, data, mnt, squeeze_daemon(tmp, data, mnt))
 
     # A manifest of paths longer than PATH_MAX (4096): its spot check at mount found them "missing".
     subprocess.run(["rm", "-rf", data], check=True)
