@@ -139,7 +139,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
   if (config_.adopt) adopt(config_.adopt());
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth,
-                                                 config_.bytes_in_flight, config_.idle});
+                                                 config_.bytes_in_flight, config_.idle, config_.memory_retry});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {

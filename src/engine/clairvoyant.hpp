@@ -86,6 +86,9 @@ struct EngineConfig {
   // After this long without a read (an open, a read, a peer's request) RAM and pushed pages are given back
   // and staging waits for the next read (idle=); zero: never.
   std::chrono::milliseconds idle{0};
+  // After memory ran short (an allocation failed), the RAM budget is raised again by steps, each after
+  // this long without another failure.
+  std::chrono::milliseconds memory_retry{30000};
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;

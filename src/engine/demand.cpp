@@ -38,16 +38,19 @@ DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, SourceSt
 
 void DemandReader::adopt(EntryId id, FileBytes bytes) {
   MutexLock lock(mutex_);
-  if (adopted_.size() < kMaxAdopted) adopted_.emplace_back(id, std::move(bytes));
+  if (adopted_.size() >= kMaxAdopted) return;
+  adopted_.emplace_back(id, std::move(bytes));
+  whole_++;
 }
 
 std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
   MutexLock lock(mutex_);
+  whole_ -= adopted_.size();
   return std::exchange(adopted_, {});
 }
 
 bool DemandReader::reading(EntryId id) {
-  {
+  if (whole_.load() != 0) {
     MutexLock lock(mutex_);
     if (loading_.count(id)) return true;
   }
@@ -55,6 +58,7 @@ bool DemandReader::reading(EntryId id) {
 }
 
 bool DemandReader::loading_whole(EntryId id) {
+  if (whole_.load() == 0) return false;  // the staging walk asks of every file it passes: mostly none
   MutexLock lock(mutex_);
   return loading_.count(id) != 0 ||
          std::any_of(adopted_.begin(), adopted_.end(), [id](const auto& a) { return a.first == id; });
@@ -69,6 +73,7 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   {
     MutexLock lock(mutex_);
     loading_[id]++;
+    whole_++;
   }
   const int rc = chain_.fetch(id, buf, from);
   // Handed over to be kept before it stops counting as loading: no moment when a staging read of it
@@ -77,6 +82,7 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   {
     MutexLock lock(mutex_);
     if (--loading_[id] == 0) loading_.erase(id);
+    whole_--;
   }
   if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += nanoseconds_since(t0);  // a peer or SOURCE: a stall
   if (rc < 0) return rc;

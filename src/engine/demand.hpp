@@ -81,6 +81,9 @@ class DemandReader {
   Mutex mutex_;
   std::vector<std::pair<EntryId, FileBytes>> adopted_ GUARDED_BY(mutex_);
   std::unordered_map<EntryId, unsigned> loading_ GUARDED_BY(mutex_);  // load_whole under way, by file
+  // The loads under way and the files adopted, not yet taken: changed under mutex_, read without it
+  // (none: nothing to look up).
+  std::atomic<size_t> whole_{0};
 };
 
 // A file opened through a handle. NVMe and SOURCE are read only when the first read arrives: a file

@@ -66,7 +66,8 @@ Stager::Stager(StagerParts p)
       kernel_(p.kernel),
       max_bytes_in_flight_(p.bytes_in_flight),
       idle_after_(p.idle),
-      io_(p.depth) {
+      io_(p.depth),
+      memory_retry_(p.memory_retry) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -109,12 +110,8 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
 }
 
 bool Stager::turn() {
-  bool short_of_memory;
-  {
-    MutexLock lock(state_.mutex);
-    short_of_memory = std::exchange(state_.short_of_memory, false);
-  }
-  if (short_of_memory) give_back_memory(0);
+  if (state_.short_of_memory.exchange(false)) give_back_memory(0);
+  if (raise_budget_at_ && Clock::now() >= *raise_budget_at_) raise_ram_budget();
   plan_ahead();
   run_drops();
   push_ahead();
@@ -142,7 +139,9 @@ bool Stager::turn() {
       // per open would cost every open a context switch.
       state_.stager_waiting = true;
       state_.wake_at_cursor = state_.planner.cursor() + std::max<uint64_t>(1, state_.policy.evict_window() / 8);
-      lock.wait_for(state_.progress, state_.window.drops_waiting() ? kDropWait : kIdleWait);
+      Clock::duration wait = state_.window.drops_waiting() ? kDropWait : kIdleWait;
+      if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
+      lock.wait_for(state_.progress, wait);
       state_.stager_waiting = false;
       return true;
     }
@@ -582,11 +581,26 @@ void Stager::give_back_memory(uint64_t bytes) {
       let_go++;
     }
   }
+  raise_step_ = kServingRoom;
+  raise_budget_at_ = Clock::now() + memory_retry_;
   if (out_of_memory_said_++ == 0)  // once: the stats show the budget as it comes down further
     log_warning(std::string(bytes ? "staging" : "serving") + " could not allocate memory (ram= is more than this " +
                 "process may allocate: an address-space limit?); the RAM budget is now " +
                 human_bytes(static_cast<double>(budget)) + ", " + std::to_string(let_go) +
                 (let_go == 1 ? " file" : " files") + " let go for reads to go on");
+}
+
+void Stager::raise_ram_budget() {
+  const uint64_t budget = ram_.raise_budget(raise_step_);
+  if (budget < ram_.configured_budget()) {
+    raise_step_ *= 2;
+    raise_budget_at_ = Clock::now() + memory_retry_;
+    return;
+  }
+  raise_budget_at_.reset();
+  out_of_memory_said_ = 0;  // a shortage after this one is said again
+  log_notice("no allocation has failed for a while: the RAM budget is back to " +
+             human_bytes(static_cast<double>(budget)));
 }
 
 void Stager::staged(const Pick& pick, const StoreChain::Result& r) {

@@ -48,6 +48,9 @@ struct StagerParts {
   unsigned depth;        // reads and writes in flight
   uint64_t bytes_in_flight;       // bytes of staging reads in flight at most (one file at least)
   std::chrono::nanoseconds idle;  // RAM given back after this long without a read; zero: never
+  // After a shortage of memory (give_back_memory), the RAM budget is raised again by steps, each after
+  // this long without another.
+  std::chrono::nanoseconds memory_retry;
 };
 
 class Stager {
@@ -125,9 +128,12 @@ class Stager {
   // than that below what is held, and the files needed last are let go until RAM is within it, so that
   // reading goes on. Said once; the stats show the budget.
   void give_back_memory(uint64_t bytes) EXCLUDES(state_.mutex);
-  // What is left free for serving besides: libfuse's request buffers (1 MiB a thread) and the reads of
-  // files nobody staged.
+  // What is left free for serving besides: what requests allocate, the reads of files nobody staged.
   static constexpr uint64_t kServingRoom = uint64_t{32} << 20;
+  // The budget back by steps after a shortage: kServingRoom once memory_retry has passed without
+  // another, twice as much after the next, and so on up to ram=; a failure on the way lowers it again
+  // and starts the steps over (a limit lifted, memory freed elsewhere: staging takes it up again).
+  void raise_ram_budget();
   // The I/O of a pick, and its end.
   void stage(const Pick& pick);
   void staged(const Pick& pick, const StoreChain::Result& result);
@@ -185,6 +191,9 @@ class Stager {
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
   bool plan_failed_ = false;             // an epoch could not be planned: staging stops at the plan's end
+  const std::chrono::nanoseconds memory_retry_;
+  std::optional<std::chrono::steady_clock::time_point> raise_budget_at_;  // set while below ram= by a shortage
+  uint64_t raise_step_ = 0;
   std::atomic<unsigned> out_of_memory_said_ = 0;  // allocations that failed (said in the log once)
   std::atomic<bool> finishing_{false};
   std::thread thread_;

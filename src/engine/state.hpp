@@ -71,8 +71,9 @@ struct EngineState {
   std::atomic<int64_t> last_use_ns{0};
   bool idle GUARDED_BY(mutex) = false;
   // The process could not allocate memory where requests are served (ClairvoyantEngine::low_on_memory):
-  // the stager gives RAM back at its next turn (Stager::give_back_memory).
-  bool short_of_memory GUARDED_BY(mutex) = false;
+  // the stager gives RAM back at its next turn (Stager::give_back_memory). Set under the mutex, which
+  // the stager's wait holds; read without it at each turn.
+  std::atomic<bool> short_of_memory{false};
   bool stager_waiting GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor
   uint64_t wake_at_cursor GUARDED_BY(mutex) = 0;
   // When the stager's current push or drop into the kernel is overdue (steady clock, ns since its

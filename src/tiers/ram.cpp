@@ -35,6 +35,12 @@ uint64_t RamTier::lower_budget_below_used(uint64_t less) {
   return budget_;
 }
 
+uint64_t RamTier::raise_budget(uint64_t more) {
+  MutexLock lock(mutex_);
+  budget_ += std::min(configured_ - std::min(configured_, budget_), more);
+  return budget_;
+}
+
 void RamTier::unreserve(uint64_t bytes) {
   MutexLock lock(mutex_);
   reserved_ -= std::min(reserved_, charge(bytes));

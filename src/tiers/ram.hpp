@@ -47,7 +47,7 @@ class RamTier {
                                : bytes + kBookkeeping;
   }
 
-  explicit RamTier(uint64_t budget) : budget_(budget) {}
+  explicit RamTier(uint64_t budget) : budget_(budget), configured_(budget) {}
 
   // Reserves `bytes` for a read about to start; false if that would pass the budget.
   bool reserve(uint64_t bytes) EXCLUDES(mutex_);
@@ -66,6 +66,10 @@ class RamTier {
   // included), or to 0: the process could not allocate more (an address-space limit, overcommit off).
   // Files are not let go here (the stager picks which). Returns the new budget.
   uint64_t lower_budget_below_used(uint64_t less) EXCLUDES(mutex_);
+  // The budget goes up by `more` bytes, to the one it was made with at most (memory may be allocated
+  // again). Returns the new budget.
+  uint64_t raise_budget(uint64_t more) EXCLUDES(mutex_);
+  uint64_t configured_budget() const { return configured_; }
   uint64_t used() const EXCLUDES(mutex_);  // held + reserved + evicted but not yet freed
   uint64_t files() const EXCLUDES(mutex_);
   // The files held, by id.
@@ -90,6 +94,7 @@ class RamTier {
 
   mutable Mutex mutex_;  // a leaf: never held across I/O, nothing taken under it
   uint64_t budget_ GUARDED_BY(mutex_);
+  const uint64_t configured_;
   absl::flat_hash_map<EntryId, Small> small_ GUARDED_BY(mutex_);
   absl::flat_hash_map<EntryId, FileBytes> large_ GUARDED_BY(mutex_);
   uint64_t held_ GUARDED_BY(mutex_) = 0;        // charge() of the held files

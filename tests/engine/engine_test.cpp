@@ -597,6 +597,27 @@ TEST(Engine, ShortOfMemoryWhereItServesTheEngineLetsGoOfTheFilesNeededLast) {
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.end())), 0u);
 }
 
+TEST(Engine, AfterAShortOfMemoryTheRamBudgetComesBackByStepsAndStagingTakesItUpAgain) {
+  // The same shortage, then memory to be had again: after memory_retry without another failure the
+  // budget is raised by steps (32 MiB, then 64) back to ram=, and RAM fills again.
+  MemoryTree tree(sizes(80, 1 << 20, 1 << 20));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  EngineConfig c = config(64 << 20);
+  c.memory_retry = std::chrono::milliseconds(300);
+  ClairvoyantEngine e(tree.manifest, streams, source, c);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] >= 60u; })) << e.stats().dump(2);
+  const uint64_t held = stats(e)["ram"]["used"];
+  e.low_on_memory();
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["budget"] < held; })) << e.stats().dump(2);
+  const uint64_t files_at_shortage = stats(e)["ram"]["files"];
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["budget"] == uint64_t{64} << 20; }))
+      << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["ram"]["files"] > files_at_shortage; }))
+      << e.stats().dump(2);
+  EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
+}
+
 TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   // The kernel holds the first file's pages locked for a read request no request thread is free to serve
   // (each waits for a staging, as here), so the stager's push of it waits. An open of a file whose

@@ -42,6 +42,19 @@ TEST(RamTierTest, BudgetIsAHardLimit) {
   }
 }
 
+TEST(RamTierTest, ABudgetLoweredBelowWhatIsHeldGoesBackUpToWhatItWasMadeWith) {
+  RamTier ram(1000 * L);
+  ASSERT_TRUE(ram.reserve(600 * L));
+  const uint64_t used = ram.used();
+  EXPECT_EQ(ram.lower_budget_below_used(100 * L), used - 100 * L);
+  EXPECT_FALSE(ram.reserve(1));
+  EXPECT_EQ(ram.lower_budget_below_used(used), 0u);  // never below nothing
+  EXPECT_EQ(ram.raise_budget(300 * L), 300 * L);
+  EXPECT_EQ(ram.raise_budget(600 * L), 900 * L);
+  EXPECT_EQ(ram.raise_budget(600 * L), 1000 * L);  // never above ram=
+  EXPECT_EQ(ram.budget(), ram.configured_budget());
+}
+
 TEST(RamTierTest, SmallFilesComeBackByteForByte) {
   RamTier ram(1 << 20);
   for (EntryId id = 0; id <= 300; ++id) {
