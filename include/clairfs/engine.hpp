@@ -48,6 +48,10 @@ class Engine {
   virtual void closed(EntryId /*id*/, pid_t /*pid*/) {}
   // The watch lost events (its queue overflowed): which files are open is no longer known.
   virtual void opens_lost() {}
+  // A request of thread `pid`, running as `uid`, reached the daemon (a lookup, a read): the process is
+  // there now. An engine that asks whose an open was when the watch tells it — the opener may have
+  // ended by then (`cat` of 64 files) — may keep the answer. Any thread; never waits on I/O.
+  virtual void caller(pid_t /*pid*/, uid_t /*uid*/) {}
 
   // What it has done, for .clairfs/stats, `clairfs status` and the metrics (tiers, staging, readers).
   // Any thread.

@@ -295,6 +295,13 @@ void LearningEngine::closed(EntryId id, pid_t pid) {
   e->closed(id, pid);
 }
 
+void LearningEngine::caller(pid_t pid, uid_t uid) {
+  if (learn_from_.empty() || told_) return;
+  MutexLock lock(pids_mutex_);
+  if (job_pids_.size() > 4096) job_pids_.clear();
+  job_pids_.try_emplace(pid, std::find(learn_from_.begin(), learn_from_.end(), uid) != learn_from_.end());
+}
+
 void LearningEngine::low_on_memory() {
   if (ClairvoyantEngine* e = current()) e->low_on_memory();
 }

@@ -102,6 +102,7 @@ class LearningEngine final : public Engine {
   void closed(EntryId id, pid_t pid) override;
   void opens_lost() override;
   void low_on_memory() override;
+  void caller(pid_t pid, uid_t uid) override EXCLUDES(pids_mutex_);
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
   nlohmann::json stats() const override;

@@ -26,6 +26,7 @@ class TraceEngine final : public Engine {
     return inner_.read_unopened(id, pid, buf, size, offset);
   }
   void low_on_memory() override { inner_.low_on_memory(); }
+  void caller(pid_t pid, uid_t uid) override { inner_.caller(pid, uid); }
   nlohmann::json stats() const override;
 
  private:

@@ -191,6 +191,8 @@ struct Handlers {
       return reply_control_entry(req, fe.control_.getattr(ControlTree::root_ino()));
     if (!valid(fe, parent)) return reply_error(req, ESTALE);
     if (!fe.manifest_.is_dir(id_of(parent))) return reply_error(req, ENOTDIR);
+    const fuse_ctx* caller = fuse_req_ctx(req);
+    fe.engine_.caller(caller->pid, caller->uid);  // whose its open will be, while the opener is there
     const EntryId child = fe.manifest_.lookup(id_of(parent), name);
     fuse_entry_param ep;
     // A file gone from SOURCE before its attributes were read (a scan that left them for later) is

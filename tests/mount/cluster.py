@@ -226,20 +226,32 @@ def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, firs
     if slowest is not None:
         slowest[:] = [0.0] * nodes
 
+    def read_epoch(n, e):
+        try:
+            with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
+                rels = f.read().splitlines()[:limit]
+            for rel in rels:
+                time.sleep(0.0005)  # a little compute
+                t0 = time.monotonic()
+                wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
+                if slowest is not None:
+                    slowest[n] = max(slowest[n], time.monotonic() - t0)
+                opened[n] += 1
+        except Exception as ex:  # noqa: BLE001
+            errors.append("node %d: %r" % (n, ex))
+
     def reader(n):
+        # Each epoch read by a thread of its own, as a DataLoader's workers are processes of their own
+        # each epoch: the kernel merges an open into one the same thread made of the same file that the
+        # mount's watch has not read yet (fanotify), so one thread reading the end of an epoch and the
+        # start of the next could be heard to open a file once where it opened it twice.
         try:
             for e in range(first, epochs):
                 if e == kill_at and n == victim:
                     return
-                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
-                    rels = f.read().splitlines()[:limit]
-                for rel in rels:
-                    time.sleep(0.0005)  # a little compute
-                    t0 = time.monotonic()
-                    wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
-                    if slowest is not None:
-                        slowest[n] = max(slowest[n], time.monotonic() - t0)
-                    opened[n] += 1
+                t = threading.Thread(target=read_epoch, args=(n, e))
+                t.start()
+                t.join()
                 if victim is None or n != victim:
                     barrier.wait(timeout=120)
         except Exception as ex:  # noqa: BLE001
