@@ -30,6 +30,7 @@
 #include "util/fs.hpp"
 #include "util/log.hpp"
 #include "util/mounts.hpp"
+#include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
@@ -89,121 +90,6 @@ void widen_readahead(const std::string& device) {
   log_debug("reads through the daemon in requests of up to " + value + " KiB (" + path + ")");
 }
 
-// The threads that serve the session's requests, a fixed set, each with its request buffer from its
-// first receive on: once serving, receiving a request allocates nothing. (libfuse's own loop starts a
-// thread when all are busy and ends the session when that thread cannot allocate its buffer; started
-// again, it had dropped the requests its other threads had read meanwhile, whose readers then waited
-// forever.) A request read is always answered: an allocation that fails while handling it answers
-// ENOMEM (libfuse's own, or Frontend's Guarded).
-class ServingThreads {
- public:
-  ServingThreads(fuse_session* session, int ended_fd, const std::function<void()>& low_on_memory)
-      : session_(session), ended_fd_(ended_fd), low_on_memory_(low_on_memory) {
-    for (unsigned i = 0; i < kMaxThreads; ++i) {
-      pthread_t t;
-      if (const int err = pthread_create(&t, nullptr, &ServingThreads::run, this); err != 0) {
-        start_error_ = err;  // fewer threads serve
-        break;
-      }
-      threads_.push_back(t);
-      started_++;
-    }
-  }
-  ~ServingThreads() { stop(); }
-  ServingThreads(const ServingThreads&) = delete;
-  ServingThreads& operator=(const ServingThreads&) = delete;
-
-  size_t started() const { return threads_.size(); }
-  int start_error() const { return start_error_; }
-  int error() const { return error_.load(); }  // the first receive that failed so (negative errno), or 0
-
-  // Once the session has exited: a thread waiting for a request is cancelled there, one handling a
-  // request finishes it first.
-  void stop() {
-    for (const pthread_t t : threads_) pthread_cancel(t);
-    for (const pthread_t t : threads_) pthread_join(t, nullptr);
-    threads_.clear();
-  }
-
- private:
-  struct Buffer {  // freed however its thread ends (a cancellation unwinds the stack)
-    fuse_buf buf{};
-    ~Buffer() { std::free(buf.mem); }
-  };
-
-  static void* run(void* self) {
-    static_cast<ServingThreads*>(self)->serve();
-    return nullptr;
-  }
-
-  void serve() {
-    try {
-      Frontend::ready_thread();
-    } catch (const std::bad_alloc&) {  // allocated at its first read, then
-    }
-    Buffer b;
-    int state;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
-    std::optional<std::chrono::steady_clock::time_point> no_buffer_since;
-    while (!fuse_session_exited(session_)) {
-      pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
-      const int n = fuse_session_receive_buf(session_, &b.buf);
-      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
-      if (n == -EINTR || n == -EAGAIN) continue;
-      if (n == -ENOMEM && !b.buf.mem) {  // its buffer: no request was read
-        if (!no_buffer_since) without_buffer_++;
-        if (wait_for_buffer(no_buffer_since)) continue;
-        if (without_buffer_.load() < started_.load()) {
-          without_buffer_--;
-          log_warning("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
-                      " s (an address-space limit?); the mount is served by fewer threads");
-          return;
-        }
-        log_error("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
-                  " s (an address-space limit?), and no thread has one; the mount ends");
-      }
-      if (n <= 0) {  // unmounted (0), or the connection failed
-        int none = 0;
-        if (n < 0) error_.compare_exchange_strong(none, n);
-        fuse_session_exit(session_);
-        break;
-      }
-      if (no_buffer_since) {
-        no_buffer_since.reset();
-        without_buffer_--;
-      }
-      fuse_session_process_buf(session_, &b.buf);
-    }
-    const uint64_t one = 1;
-    (void)!::write(ended_fd_, &one, sizeof one);
-  }
-
-  // libfuse could not allocate this thread's buffer (at its first request; the process near an
-  // address-space limit): memory is given back and it tries again in a while. False once that has
-  // gone on for kNoBufferFor.
-  bool wait_for_buffer(std::optional<std::chrono::steady_clock::time_point>& since) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!since) since = now;
-    if (now - *since > kNoBufferFor) return false;
-    low_on_memory_();
-    int state;
-    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
-    ::usleep(100'000);
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
-    return true;
-  }
-
-  static constexpr std::chrono::seconds kNoBufferFor{30};
-  fuse_session* const session_;
-  const int ended_fd_;
-  const std::function<void()>& low_on_memory_;
-  std::vector<pthread_t> threads_;
-  int start_error_ = 0;
-  std::atomic<int> error_{0};
-  std::atomic<unsigned> started_{0};
-  std::atomic<unsigned> without_buffer_{0};  // threads whose buffer libfuse could not allocate
-};
-
 // A crash (a fatal signal that dumps core) ends the FUSE connection before anything else. The kernel's
 // core dump first waits for every thread of the process to stop, and a thread of ours waiting on a
 // request to this very mount (the watch marking its directories, a stat) whose request another of our
@@ -237,6 +123,166 @@ void keep_connection_on_crash() {
   if (crash_fd.exchange(-1) < 0) return;
   for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &crash_before[i], nullptr);
 }
+
+// The threads that serve the session's requests. As in libfuse's own loop, one starts, and another
+// each time every thread is busy, up to kMaxThreads; unlike it, a thread that cannot allocate its
+// request buffer (libfuse allocates it at the thread's first receive) does not end the session: libfuse
+// then stopped its loop and, started again, had dropped the requests its other threads had read
+// meanwhile, whose readers waited forever (CI's squeeze test at 5626913). Here the thread gives memory
+// back and tries again, while the others serve; no request read goes unanswered (an allocation that
+// fails while handling one answers ENOMEM: libfuse's own, or Frontend's Guarded).
+class ServingThreads {
+ public:
+  ServingThreads(fuse_session* session, int ended_fd, const std::function<void()>& low_on_memory)
+      : session_(session), ended_fd_(ended_fd), low_on_memory_(low_on_memory) {
+    // As libfuse's own threads: no signal meant for the process (MPI's, a user's) lands in a request's
+    // system calls (the threads started later inherit it). A fault of their own still reaches the
+    // crash handler (a fault's signal blocked would be taken with the default action).
+    sigset_t held, before;
+    sigfillset(&held);
+    for (const int sig : kCrashSignals) sigdelset(&held, sig);
+    pthread_sigmask(SIG_BLOCK, &held, &before);
+    MutexLock lock(mutex_);
+    start_one();
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  }
+  ~ServingThreads() { stop(); }
+  ServingThreads(const ServingThreads&) = delete;
+  ServingThreads& operator=(const ServingThreads&) = delete;
+
+  size_t started() const EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    return threads_.size();
+  }
+  int start_error() const EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    return start_error_;
+  }
+  int error() const { return error_.load(); }  // the first receive that failed so (negative errno), or 0
+
+  // Once the session has exited: a thread waiting for a request is cancelled there, one handling a
+  // request finishes it first.
+  void stop() EXCLUDES(mutex_) {
+    std::vector<pthread_t> threads;
+    {
+      MutexLock lock(mutex_);
+      stopping_ = true;  // none started from here on
+      threads.swap(threads_);
+    }
+    for (const pthread_t t : threads) pthread_cancel(t);
+    for (const pthread_t t : threads) pthread_join(t, nullptr);
+  }
+
+ private:
+  struct Buffer {  // freed however its thread ends (a cancellation unwinds the stack)
+    fuse_buf buf{};
+    ~Buffer() { std::free(buf.mem); }
+  };
+
+  static void* run(void* self) {
+    static_cast<ServingThreads*>(self)->serve();
+    return nullptr;
+  }
+
+  void start_one() REQUIRES(mutex_) {
+    if (stopping_ || threads_.size() >= kMaxThreads) return;
+    pthread_t t;
+    if (const int err = pthread_create(&t, nullptr, &ServingThreads::run, this); err != 0) {
+      start_error_ = err;  // tried again when all are busy again
+      return;
+    }
+    threads_.push_back(t);
+    idle_++;
+  }
+
+  void serve() {
+    try {
+      Frontend::ready_thread();
+    } catch (const std::bad_alloc&) {  // allocated at its first read, then
+    }
+    Buffer b;
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    std::optional<std::chrono::steady_clock::time_point> no_buffer_since;
+    while (!fuse_session_exited(session_)) {
+      pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
+      const int n = fuse_session_receive_buf(session_, &b.buf);
+      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+      if (n == -EINTR || n == -EAGAIN) continue;
+      if (n == -ENOMEM && !b.buf.mem) {  // its buffer: no request was read
+        if (wait_for_buffer(no_buffer_since)) continue;
+        if (without_buffer_gives_up()) {
+          log_warning("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
+                      " s (an address-space limit?); the mount is served by fewer threads");
+          return;
+        }
+        log_error("libfuse could not allocate a request buffer for " + std::to_string(kNoBufferFor.count()) +
+                  " s (an address-space limit?), and no thread has one; the mount ends");
+      }
+      if (n <= 0) {  // unmounted (0), or the connection failed
+        int none = 0;
+        if (n < 0) error_.compare_exchange_strong(none, n);
+        fuse_session_exit(session_);
+        break;
+      }
+      if (no_buffer_since) {
+        no_buffer_since.reset();
+        MutexLock lock(mutex_);
+        without_buffer_--;
+      }
+      {
+        MutexLock lock(mutex_);
+        if (--idle_ == 0) start_one();  // every thread busy: one more for the next request
+      }
+      fuse_session_process_buf(session_, &b.buf);
+      MutexLock lock(mutex_);
+      idle_++;
+    }
+    const uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
+
+  // libfuse could not allocate this thread's buffer (at its first request; the process near an
+  // address-space limit): memory is given back and it tries again in a while. False once that has
+  // gone on for kNoBufferFor.
+  bool wait_for_buffer(std::optional<std::chrono::steady_clock::time_point>& since) EXCLUDES(mutex_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!since) {
+      since = now;
+      MutexLock lock(mutex_);
+      without_buffer_++;
+    }
+    if (now - *since > kNoBufferFor) return false;
+    low_on_memory_();
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
+    ::usleep(100'000);
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    return true;
+  }
+
+  // After kNoBufferFor without a buffer: true if other threads have theirs (this one ends, the others
+  // serve), false if none has (the mount ends).
+  bool without_buffer_gives_up() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    if (without_buffer_ >= threads_.size()) return false;
+    without_buffer_--;
+    idle_--;  // (it ends: no longer waiting for a request)
+    return true;
+  }
+
+  static constexpr std::chrono::seconds kNoBufferFor{30};
+  fuse_session* const session_;
+  const int ended_fd_;
+  const std::function<void()>& low_on_memory_;
+  std::atomic<int> error_{0};
+  mutable Mutex mutex_;
+  std::vector<pthread_t> threads_ GUARDED_BY(mutex_);  // started, not joined
+  unsigned idle_ GUARDED_BY(mutex_) = 0;               // waiting for a request (or about to)
+  unsigned without_buffer_ GUARDED_BY(mutex_) = 0;     // whose buffer libfuse could not allocate
+  int start_error_ GUARDED_BY(mutex_) = 0;
+  bool stopping_ GUARDED_BY(mutex_) = false;
+};
 
 // Closes the connection at descriptor `fd` and leaves there a descriptor that polls POLLERR.
 void end_connection_quietly(int fd) {

@@ -223,35 +223,41 @@ def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, firs
     nodes = len(mnts)
     barrier = threading.Barrier(nodes if victim is None else nodes - 1)
     wrong, opened, errors = [0] * nodes, [0] * nodes, []
+    base = [0] * nodes  # each node's opens heard before
     if slowest is not None:
         slowest[:] = [0.0] * nodes
 
-    def read_epoch(n, e):
-        try:
-            with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
-                rels = f.read().splitlines()[:limit]
-            for rel in rels:
-                time.sleep(0.0005)  # a little compute
-                t0 = time.monotonic()
-                wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
-                if slowest is not None:
-                    slowest[n] = max(slowest[n], time.monotonic() - t0)
-                opened[n] += 1
-        except Exception as ex:  # noqa: BLE001
-            errors.append("node %d: %r" % (n, ex))
+    def heard(n):
+        """Waits (5 s at most) until node n's watch has told its engine of every open its reader made: the
+        kernel merges a thread's open into its queued open of the same file (fanotify), so one reading
+        the end of an epoch and the start of the next while the watch runs behind could be heard to open
+        a file once where it opened it twice. (A DataLoader's workers are new processes each epoch.)"""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                p = h.stats(mnts[n])["progress"]
+            except (OSError, ValueError):  # a node killed by the test
+                return
+            if p["from"] != "watched opens" or p["opens_seen"] - base[n] >= opened[n]:
+                return
+            time.sleep(0.01)
 
     def reader(n):
-        # Each epoch read by a thread of its own, as a DataLoader's workers are processes of their own
-        # each epoch: the kernel merges an open into one the same thread made of the same file that the
-        # mount's watch has not read yet (fanotify), so one thread reading the end of an epoch and the
-        # start of the next could be heard to open a file once where it opened it twice.
         try:
+            base[n] = h.stats(mnts[n])["progress"].get("opens_seen", 0)
             for e in range(first, epochs):
                 if e == kill_at and n == victim:
                     return
-                t = threading.Thread(target=read_epoch, args=(n, e))
-                t.start()
-                t.join()
+                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnts[n], e, n)) as f:
+                    rels = f.read().splitlines()[:limit]
+                for rel in rels:
+                    time.sleep(0.0005)  # a little compute
+                    t0 = time.monotonic()
+                    wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
+                    if slowest is not None:
+                        slowest[n] = max(slowest[n], time.monotonic() - t0)
+                    opened[n] += 1
+                heard(n)
                 if victim is None or n != victim:
                     barrier.wait(timeout=120)
         except Exception as ex:  # noqa: BLE001

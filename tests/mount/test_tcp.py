@@ -92,7 +92,8 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         by_tier = [sum(t["files"] for t in x["tiers"].values()) for x in s]
         seen = [x["progress"]["opens_seen"] for x in s]
         h.check(by_tier == opened and seen == opened,
-                "each node's opens seen %s and files served by tier %s equal the opens made %s" % (seen, by_tier, opened))
+                "each node's opens seen %s and files served by tier %s equal the opens made %s (progress: %s)" % (
+                    seen, by_tier, opened, [x["progress"] for x in s]))
         conns = [net.peer_connections(n) for n in range(NODES)]
         sent = [net.sent_bytes(n) - sent0[n] for n in range(NODES)]
         h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
