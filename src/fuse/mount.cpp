@@ -305,22 +305,39 @@ std::vector<int> open_descriptors() {
   return fds;
 }
 
-// True if `fd` is one end of a Unix stream socket pair this process made. `fd` may be another thread's,
+// The socket's inode number if `fd` is one end of a Unix stream socket pair this process made, else 0.
+// `fd` may be another thread's,
 // opened or closed meanwhile (the stager's, MPI's): it is named through /proc and asked with bare system
 // calls, which read only what kind of descriptor it is (ThreadSanitizer would take the libc calls for a
 // race on the descriptor with the thread that closes it, and halt).
-bool own_socket_pair_end(int fd) {
+uint64_t own_socket_pair_end(int fd) {
   char link[64];
   const std::string at = "/proc/self/fd/" + std::to_string(fd);
-  const ssize_t n = ::readlink(at.c_str(), link, sizeof link);
-  if (n < 8 || std::memcmp(link, "socket:[", 8) != 0) return false;
+  const ssize_t n = ::readlink(at.c_str(), link, sizeof link - 1);
+  if (n < 8 || std::memcmp(link, "socket:[", 8) != 0) return 0;
+  link[n] = '\0';
+  const uint64_t inode = std::strtoull(link + 8, nullptr, 10);
   auto option = [fd](int name, void* value, socklen_t size) {
     return ::syscall(SYS_getsockopt, fd, SOL_SOCKET, name, value, &size) == 0;
   };
   int domain = 0, type = 0;
   ucred peer{};
-  return option(SO_DOMAIN, &domain, sizeof domain) && domain == AF_UNIX && option(SO_TYPE, &type, sizeof type) &&
-         type == SOCK_STREAM && option(SO_PEERCRED, &peer, sizeof peer) && peer.pid == ::getpid();
+  const bool own = option(SO_DOMAIN, &domain, sizeof domain) && domain == AF_UNIX &&
+                   option(SO_TYPE, &type, sizeof type) && type == SOCK_STREAM &&
+                   option(SO_PEERCRED, &peer, sizeof peer) && peer.pid == ::getpid();
+  return own ? inode : 0;
+}
+
+// The inode numbers of the socket pair ends this process holds, sorted. By inode, not by descriptor
+// number: another thread (the attribute fill, the stager) may close a descriptor and the mount's socket
+// take its number meanwhile, which then looked as if it had been there before (1 daemon in 20 had no
+// keeper in a CI run).
+std::vector<uint64_t> own_socket_pairs() {
+  std::vector<uint64_t> inodes;
+  for (int fd : open_descriptors())
+    if (const uint64_t inode = own_socket_pair_end(fd)) inodes.push_back(inode);
+  std::sort(inodes.begin(), inodes.end());
+  return inodes;
 }
 
 // With auto_unmount, fusermount3 stays behind, waits for the daemon's end of a socket pair to close,
@@ -330,16 +347,19 @@ bool own_socket_pair_end(int fd) {
 // its open fails with ECONNABORTED, not ENOTCONN, and the dead mount stays (1 daemon death in 12 under
 // mpiexec on a busy 2-core machine). So a keeper process holds a copy of the socket until the daemon
 // has wholly exited — every descriptor released, the connection with them — and fusermount3 looks only
-// then. Finds the socket among the descriptors the mount made (`before` were open before it) and starts
-// the keeper; says so and goes on without one when it cannot.
-void start_unmount_keeper(const std::vector<int>& before, int connection, const std::string& mountpoint) {
+// then. Finds the socket the mount made (`before`: the socket pairs held before it, own_socket_pairs)
+// and starts the keeper; says so and goes on without one when it cannot.
+void start_unmount_keeper(const std::vector<uint64_t>& before, int connection, const std::string& mountpoint) {
   int socket = -1;
   int found = 0;
-  for (int fd : open_descriptors())
-    if (fd != connection && !std::binary_search(before.begin(), before.end(), fd) && own_socket_pair_end(fd)) {
+  for (int fd : open_descriptors()) {
+    if (fd == connection) continue;
+    const uint64_t inode = own_socket_pair_end(fd);
+    if (inode != 0 && !std::binary_search(before.begin(), before.end(), inode)) {
       socket = fd;
       ++found;
     }
+  }
   if (found != 1) {
     log_warning("auto_unmount: cannot tell fusermount3's socket among " + std::to_string(found) +
                 " candidates; a daemon killed may leave its mount dead (clairfs cleanup removes it)");
@@ -419,7 +439,7 @@ void MountedSession::start(const Options& o, Frontend& frontend) {
   // (For SIGPIPE ignored: its handlers of the ending signals never run, serve() reads those.)
   if (fuse_set_signal_handlers(session_) != 0) throw std::runtime_error("cannot install signal handlers");
   signals_set_ = true;
-  const std::vector<int> before = o.auto_unmount ? open_descriptors() : std::vector<int>{};
+  const std::vector<uint64_t> before = o.auto_unmount ? own_socket_pairs() : std::vector<uint64_t>{};
   if (fuse_session_mount(session_, o.mountpoint_abs.c_str()) != 0)
     throw std::runtime_error("cannot mount at '" + o.mountpoint + "' (is /dev/fuse usable? see the message above)");
   mounted_ = true;
