@@ -122,7 +122,15 @@ with h.tempdir() as tmp:
         threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS)
         for t in threads:
             t.join(timeout=300)
-        s = [h.stats(m) for m in mnts]
+        # Staging runs ahead of the job's last epoch: a file a keeper has sent may not be in at its
+        # requester yet (counted served there, not yet fetched here). Read once those are in (5 s at most).
+        deadline = time.monotonic() + 5
+        while True:
+            s = [h.stats(m) for m in mnts]
+            fetched = sum(x["peers"]["staged_files"] + x["peers"]["demand_files"] for x in s)
+            if fetched == sum(x["peers"]["served_files"] for x in s) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         h.check(not errors and sum(wrong) == 0 and sum(opened) == EPOCHS * len(want),
                 "4 ranks × %d epochs: every byte equals SOURCE (%d files, %s)" % (EPOCHS, sum(opened), errors[:2]))
         staged = sum(x["peers"]["staged_files"] for x in s)
