@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -203,7 +202,7 @@ class ServingThreads {
     Buffer b;
     int state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
-    std::optional<std::chrono::steady_clock::time_point> no_buffer_since;
+    std::chrono::steady_clock::time_point no_buffer_since{};  // the epoch's start: it has its buffer
     while (!fuse_session_exited(session_)) {
       pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
       const int n = fuse_session_receive_buf(session_, &b.buf);
@@ -225,8 +224,8 @@ class ServingThreads {
         fuse_session_exit(session_);
         break;
       }
-      if (no_buffer_since) {
-        no_buffer_since.reset();
+      if (no_buffer_since != std::chrono::steady_clock::time_point{}) {
+        no_buffer_since = {};
         MutexLock lock(mutex_);
         without_buffer_--;
       }
@@ -245,14 +244,14 @@ class ServingThreads {
   // libfuse could not allocate this thread's buffer (at its first request; the process near an
   // address-space limit): memory is given back and it tries again in a while. False once that has
   // gone on for kNoBufferFor.
-  bool wait_for_buffer(std::optional<std::chrono::steady_clock::time_point>& since) EXCLUDES(mutex_) {
+  bool wait_for_buffer(std::chrono::steady_clock::time_point& since) EXCLUDES(mutex_) {
     const auto now = std::chrono::steady_clock::now();
-    if (!since) {
+    if (since == std::chrono::steady_clock::time_point{}) {
       since = now;
       MutexLock lock(mutex_);
       without_buffer_++;
     }
-    if (now - *since > kNoBufferFor) return false;
+    if (now - since > kNoBufferFor) return false;
     low_on_memory_();
     int state;
     pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);

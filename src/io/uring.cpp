@@ -33,6 +33,11 @@ constexpr size_t kMaxPiece = size_t{1} << 30;
 
 unsigned piece(size_t left) { return static_cast<unsigned>(std::min(left, kMaxPiece)); }
 
+}  // namespace
+
+// (Not in the anonymous namespace: Ring::Impl, which holds them, is not in it either.)
+namespace uring_requests {
+
 struct Request {
   int fd = -1;
   char* buf = nullptr;
@@ -45,7 +50,9 @@ struct Request {
   open_how how{};
 };
 
-}  // namespace
+}  // namespace uring_requests
+
+using uring_requests::Request;
 
 struct Ring::Impl {
   io_uring ring{};

@@ -7,7 +7,7 @@ caught up) as one JSON line: "STATS {...}".
 
     mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
-                    [--watch-batches N] [--start-barrier DIR] [--compute SECONDS]
+                    [--watch-batches N] [--start-barrier DIR] [--start-after FILE] [--compute SECONDS]
                     [--global-seed [--draws K]] [--skip-batches N]
 
 --global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
@@ -21,6 +21,8 @@ mount's background work, as a GPU's step leaves it).
 loaded), as a checkpoint taken mid-epoch is resumed.
 --start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
 world's), as torch.distributed's rendezvous makes DDP ranks do.
+--start-after FILE: the first read waits until FILE exists (a job started beside another at a given point
+of it, its start-up already done).
 """
 import argparse
 import hashlib
@@ -91,6 +93,7 @@ def main():
     ap.add_argument("--watch-batches", type=int, default=0)
     ap.add_argument("--start-barrier")
     ap.add_argument("--compute", type=float, default=0)
+    ap.add_argument("--start-after")
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--prefetch-factor", type=int, default=2)
     ap.add_argument("--global-seed", action="store_true")
@@ -119,6 +122,10 @@ def main():
         open(os.path.join(args.start_barrier, "rank-%d" % args.rank), "w").close()
         deadline = time.monotonic() + 300
         while len(os.listdir(args.start_barrier)) < args.world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if args.start_after:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(args.start_after) and time.monotonic() < deadline:
             time.sleep(0.01)
     read = wrong = batches = size = 0
     for epoch in range(args.first_epoch, args.first_epoch + args.epochs):
