@@ -432,10 +432,10 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
           log_warning(std::to_string(gone) + " files listed were gone from SOURCE (or replaced) when stat-ed; "
                       "reads of them fail (EIO)");
       } else {
-        log_info("mounting once SOURCE's names are listed (" + std::to_string(d.manifest->attributes_pending()) +
-                 " files, stat_later=" + std::to_string(o.stat_later) +
-                 "); their attributes are read after, "
-                 "those of the files staged first first");
+        // (The default at every size: said in a debug line; a line above that for each mount is noise.)
+        log_debug("mounting once SOURCE's names are listed (" + std::to_string(d.manifest->attributes_pending()) +
+                  " files, stat_later=" + std::to_string(o.stat_later) +
+                  "); their attributes are read after, those of the files staged first first");
         d.fill.emplace(*d.manifest);
       }
     }

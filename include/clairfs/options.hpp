@@ -105,8 +105,8 @@ struct Options {
   uint64_t nvme_size = 0;  // bytes; 0: whatever the directory's file system has free
   std::string manifest;
   // A scan of more files than this brings the mount up once the names are listed; their attributes
-  // are read after it (and staging starts then).
-  uint64_t stat_later = 1000000;
+  // are read after it (staging starts at once). 0: every scan.
+  uint64_t stat_later = 0;
 
   // Logs and metrics.
   std::string log;                // syslog, stderr or an absolute path; "": syslog if there is one, else a file

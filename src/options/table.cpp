@@ -267,12 +267,13 @@ const std::vector<OptionSpec> kTable = {
      "Mount from an index written by `clairfs index` instead of scanning SOURCE. See "
      "[manifest.md](manifest.md).",
      [](Options& o, const GivenOption& g) { o.manifest = path(g); }},
-    {"stat_later", Takes::kValue, "FILES", S::kCaches, "1000000", false,
-     "with more files than this, mount once SOURCE's names are listed; read sizes after",
-     "Scanning SOURCE, with more files than this (on one node, without `manifest=`): the mount comes "
-     "up once the names are listed, as `find` lists them, and the files' sizes, times and modes are "
-     "read in the background after it (a file is stat-ed at once if asked for first); staging starts "
-     "once they are all read, reads go to SOURCE until then. `0`: always. See [manifest.md](manifest.md).",
+    {"stat_later", Takes::kValue, "FILES", S::kCaches, "0", false,
+     "mount once SOURCE's names are listed, with more files than this; read sizes after",
+     "Scanning SOURCE (on one node, without `manifest=`): with more files than this, the mount comes up "
+     "once the names are listed, as `find` lists them, and the files' sizes, times and modes are read in "
+     "the background after it, those of the files the job reads first first (a file is stat-ed at once "
+     "if asked for first); staging starts at once. With this many files or fewer they are all stat-ed "
+     "before the mount. See [manifest.md](manifest.md).",
      [](Options& o, const GivenOption& g) { o.stat_later = parse_u64(g.key, g.value); }},
     {"trace", Takes::kValue, "FILE", S::kCaches, "", false, "append one line per file opened (\"PID PATH\") to FILE",
      "Append `PID PATH` to FILE for every file opened through the mount (names with `\\` or a newline "
