@@ -2,11 +2,14 @@
 time of a warm `find SOURCE -type f` against clairfs's mount from a walk and from `clairfs index`'s
 manifest, and the daemon's peak memory against its bound (ram + 64 MiB + 100 B per file) once a job's
 ranks read in their order and the stager has filled RAM. Bytes read through clairfs are compared with
-synthfs's own. Prints one Markdown table row per mount.
+synthfs's own. Prints one Markdown table row per mount. With --nodes N, then N daemons under `mpiexec` on
+this host (one node each, the job's ranks split among them) mount from that manifest as a job's nodes
+do — node 0 loads it and sends it to the others in pieces — and each node's peak memory, once its stager
+has filled RAM, is printed against the same bound.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
                          [--meta-latency-us 0] [--no-readdirplus] [--synthfs-threads 8] [--settle 3] [--json FILE]
-                         [--clairfs BINARY] [--keep-index FILE]
+                         [--clairfs BINARY] [--keep-index FILE] [--nodes N [--nodes-wait 60]]
 
 --meta-latency-us and --no-readdirplus make SOURCE a high-latency file system whose listings carry no
 attributes: every file's lstat is then a round trip (synthfs --threads serves that many at once).
@@ -36,6 +39,62 @@ def stats(mnt):
         return json.load(f)
 
 
+def settled(mnt, files, settle, attributes_read=None, at_most=None):
+    """Waits until the stager has staged every file into RAM, or RAM's use stayed the same for `settle`
+    seconds (RAM full), or `at_most` seconds went by; returns the stats then. attributes_read(stats) is
+    called once, when the files' attributes are first seen all read."""
+    last, still = -1, 0
+    until = time.monotonic() + at_most if at_most else None
+    while still < settle and (until is None or time.monotonic() < until):
+        time.sleep(1)
+        s = stats(mnt)
+        if s.get("attributes_pending", 0) > 0 or "ram" not in s:  # not all read yet
+            continue
+        if attributes_read:
+            attributes_read(s)
+            attributes_read = None
+        if s["ram"]["files"] >= files:
+            break
+        still = still + 1 if s["ram"]["used"] == last else 0
+        last = s["ram"]["used"]
+    return stats(mnt)
+
+
+def nodes_peaks(a, clairfs, src, index, tmp, shape, synthfs):
+    """N daemons under mpiexec (a host name each, the fork launcher) from the manifest; per node: its
+    peak memory with RAM filled, and the files in its RAM. Bytes of a sample checked on the last node."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    mnts = ["%s/node%d" % (tmp, n) for n in range(a.nodes)]
+    cmd = ["mpiexec", "-disable-auto-cleanup", "-launcher", "fork", "-ppn", "1",
+           "-hosts", ",".join("127.0.0.%d" % (n + 1) for n in range(a.nodes))]
+    per = max(1, a.world // a.nodes)
+    for n, mnt in enumerate(mnts):
+        os.mkdir(mnt)
+        first = n * per
+        ranks = "%d-%d" % (first, min(first + per, a.world) - 1)
+        if n:
+            cmd.append(":")
+        cmd += ["-n", "1", clairfs, src, mnt, "-o", "seed=1,batch_size=32,world_size=%d,ranks=%s,ram=%d,manifest=%s"
+                % (a.world, ranks, size_arg(a.ram), index)]
+    state = tmp + "/nodes.state"
+    t0 = time.monotonic()
+    subprocess.run([root + "/scripts/clairfs-job-mount", "--timeout", "900", "--state", state, "--"] + cmd,
+                   check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, CLAIRFS=clairfs))
+    up = time.monotonic() - t0
+    try:
+        out = []
+        for mnt in mnts:
+            # (Files staged from peers come more slowly than from SOURCE: RAM may take long to fill. Its
+            # bytes are the RAM tier's, within `ram`; what the bound tests is the rest.)
+            s = settled(mnt, a.files, a.settle, at_most=a.nodes_wait)
+            out.append({"peak": benchlib.daemon_peak(mnt), "ram_files": s["ram"]["files"], "ram_used": s["ram"]["used"]})
+        check = subprocess.run([synthfs, "--check", mnts[-1], "--sample", "500"] + shape, capture_output=True, text=True)
+        return up, out, check.returncode != 0
+    finally:
+        subprocess.run([root + "/scripts/clairfs-job-umount", "--timeout", "60", "--state", state],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def timed(cmd, **kw):
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, **kw)
@@ -58,6 +117,8 @@ def main():
     ap.add_argument("--clairfs", help="this clairfs binary instead of BUILD's (to compare builds)")
     ap.add_argument("--keep-index", help="copy the index `clairfs index` wrote here")
     ap.add_argument("--stat-later", type=int, help="the walk's mount with stat_later=N (default: clairfs's)")
+    ap.add_argument("--nodes", type=int, default=0, help="then N daemons under mpiexec from the manifest")
+    ap.add_argument("--nodes-wait", type=int, default=60, help="seconds each node's RAM is given to fill")
     a = ap.parse_args()
     clairfs, synthfs = a.clairfs or a.build + "/clairfs", a.build + "/bench/synthfs"
     shape = ["--files", str(a.files), "--classes", str(a.classes)]
@@ -104,27 +165,15 @@ def main():
                         for n in names:
                             with open(mnt + "/" + n, "rb") as x, open(src + "/" + n, "rb") as y:
                                 wrong += x.read() != y.read()
-                    # The stager fills RAM (or stages all there is): wait until every file is staged,
-                    # or until RAM's use stays the same for --settle seconds.
-                    # (A mount up before the files' attributes were read stages as they are read.)
-                    last, still = -1, 0
-                    while still < a.settle:
-                        time.sleep(1)
-                        s = stats(mnt)
-                        if s.get("attributes_pending", 0) > 0 or "ram" not in s:  # not all read yet
-                            continue
-                        if "attributes_s" not in out:  # what SOURCE sent while the fill ran
-                            out["attributes_s"] = time.monotonic() - t0
-                            out["fill"] = {"source_bytes": s["source_traffic"]["bytes"],
-                                           "staged_bytes": s["staged"]["bytes"], "staged_files": s["staged"]["files"],
-                                           "source_opens": s["tiers"]["source"]["files"],
-                                           "opens": sum(t["files"] for t in s["tiers"].values())}
-                        tier = s["ram"]
-                        if tier["files"] >= a.files:
-                            break
-                        still = still + 1 if tier["used"] == last else 0
-                        last = tier["used"]
-                    s = stats(mnt)
+                    # The stager fills RAM (or stages all there is). (A mount up before the files'
+                    # attributes were read stages as they are read: what SOURCE sent until then, kept.)
+                    def attributes_read(s):
+                        out["attributes_s"] = time.monotonic() - t0
+                        out["fill"] = {"source_bytes": s["source_traffic"]["bytes"],
+                                       "staged_bytes": s["staged"]["bytes"], "staged_files": s["staged"]["files"],
+                                       "source_opens": s["tiers"]["source"]["files"],
+                                       "opens": sum(t["files"] for t in s["tiers"].values())}
+                    s = settled(mnt, a.files, a.settle, attributes_read)
                     out["stats"] = s
                     out["ram_used"], out["ram_files"] = s["ram"]["used"], s["ram"]["files"]
                     out["memory"] = s.get("memory", {})
@@ -136,6 +185,10 @@ def main():
                 else:
                     out["manifest_peak"] = benchlib.daemon_peak(mnt)
                 benchlib.unmount(mnt)
+            if a.nodes:
+                up, out["nodes"], bad = nodes_peaks(a, clairfs, src, index, tmp, shape, synthfs)
+                out["nodes_mount_s"] = up
+                wrong += bad
         finally:
             benchlib.unmount(src, server, lazy=True)
     out["wrong"] = wrong
@@ -156,6 +209,15 @@ def main():
                                                    fill["staged_bytes"] / MIB,
                                                    fill["source_bytes"] / max(1, fill["staged_bytes"]),
                                                    fill["source_opens"], fill["opens"]))
+    if a.nodes:
+        print("\n%d daemons under mpiexec from the manifest (node 0 sends it in pieces): all mounted in %.2f s"
+              % (a.nodes, out["nodes_mount_s"]))
+        print("\n| node | peak | bound | files in RAM | RAM used | beyond the RAM tier, per file |")
+        print("|---|---|---|---|---|---|")
+        for n, x in enumerate(out["nodes"]):
+            print("| %d | %.1f MiB | %.1f MiB | %s | %.1f MiB | %.0f B |" % (
+                n, x["peak"] / MIB, out["bound"] / MIB, format(x["ram_files"], ","), x["ram_used"] / MIB,
+                (x["peak"] - x["ram_used"]) / a.files))
     mem = out.get("memory")
     if mem:
         parts = ["manifest", "plan", "policy", "per_entry", "ram_bookkeeping"]
