@@ -55,7 +55,8 @@ def settled(mnt, files, settle, attributes_read=None, at_most=None):
             attributes_read = None
         if s["ram"]["files"] >= files:
             break
-        still = still + 1 if s["ram"]["used"] == last else 0
+        # (No file in RAM yet is not full: staging has not begun. Its use counts bookkeeping too.)
+        still = still + 1 if s["ram"]["used"] == last and s["ram"]["files"] > 0 else 0
         last = s["ram"]["used"]
     return stats(mnt)
 
