@@ -13,6 +13,7 @@
 //   slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] [--max-inflight 16] [--stats FILE]
 // Runs in the foreground; prints "ready" once mounted.
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -40,7 +41,8 @@ struct Config {
 
 using tree_server::g_nodes;
 Config g_config;
-std::atomic<uint64_t> g_opens{0}, g_bytes{0}, g_reads{0};
+std::atomic<uint64_t> g_opens{0}, g_bytes{0}, g_reads{0}, g_statfs{0};
+std::string g_source;  // the tree served, for statfs
 
 // Counting semaphore for requests in service.
 std::mutex g_slot_mutex;
@@ -117,13 +119,22 @@ void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
+// A parallel file system's statfs asks every storage target: counted, so that a test sees how often the
+// mount in front asks.
+void op_statfs(fuse_req_t req, fuse_ino_t) {
+  g_statfs++;
+  struct statvfs sv {};
+  if (::statvfs(g_source.c_str(), &sv) != 0) return (void)fuse_reply_err(req, errno);
+  fuse_reply_statfs(req, &sv);
+}
+
 void write_stats() {
   if (g_config.stats.empty()) return;
   FILE* f = std::fopen(g_config.stats.c_str(), "w");
   if (!f) return;
-  std::fprintf(f, "{\"opens\": %llu, \"reads\": %llu, \"bytes\": %llu}\n",
+  std::fprintf(f, "{\"opens\": %llu, \"reads\": %llu, \"bytes\": %llu, \"statfs\": %llu}\n",
                static_cast<unsigned long long>(g_opens.load()), static_cast<unsigned long long>(g_reads.load()),
-               static_cast<unsigned long long>(g_bytes.load()));
+               static_cast<unsigned long long>(g_bytes.load()), static_cast<unsigned long long>(g_statfs.load()));
   std::fclose(f);
 }
 
@@ -153,6 +164,8 @@ int main(int argc, char** argv) {
   ops.open = op_open;
   ops.read = op_read;
   ops.release = op_release;
+  ops.statfs = op_statfs;
+  g_source = argv[1];
   // Enough threads that requests waiting on latency or bandwidth never block the others.
   const int rc = tree_server::serve("slowfs", argv[2], ops, 128);
   write_stats();

@@ -422,9 +422,23 @@ struct Handlers {
   static void fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
 
   static void statfs(fuse_req_t req, fuse_ino_t) {
+    constexpr auto kStatfsReused = std::chrono::seconds(1);
+    Frontend& fe = self(req);
     struct statvfs sv {};
-    if (::fstatvfs(self(req).root_fd_, &sv) != 0) return reply_error(req, errno);
-    sv.f_flag |= ST_RDONLY;  // SOURCE's sizes, so df shows the data set's file system
+    {
+      MutexLock lock(fe.statfs_mutex_);
+      const auto now = std::chrono::steady_clock::now();
+      if (fe.statfs_at_ == std::chrono::steady_clock::time_point{} || now - fe.statfs_at_ >= kStatfsReused) {
+        if (::fstatvfs(fe.root_fd_, &fe.statfs_) != 0) {
+          const int e = errno;
+          fe.statfs_at_ = {};
+          return reply_error(req, e);
+        }
+        fe.statfs_.f_flag |= ST_RDONLY;  // SOURCE's sizes, so df shows the data set's file system
+        fe.statfs_at_ = now;
+      }
+      sv = fe.statfs_;
+    }
     fuse_reply_statfs(req, &sv);
   }
 

@@ -132,6 +132,7 @@ std::string OpenWatch::mark(int group) {
   const UniqueFd root_fd(root);
   struct stat root_st {};
   if (::fstat(root, &root_st) != 0) return "cannot stat the mount: " + errno_text(errno);
+  list_parents(root);
   // A mark on each directory, for its children's opens and closes: the kernel tells of every open of a
   // file in it, by any path (a bind mount too), whether or not a request reaches us.
   for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
@@ -154,6 +155,22 @@ std::string OpenWatch::mark(int group) {
     }
   }
   return "";
+}
+
+void OpenWatch::list_parents(int root) const {
+  std::vector<bool> holds_dirs(manifest_.size());
+  for (EntryId dir = 1; dir < manifest_.size(); ++dir)
+    if (manifest_.is_dir(dir)) holds_dirs[manifest_.entry(dir).parent] = true;
+  alignas(8) char buf[32 * 1024];
+  for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
+    if (!holds_dirs[dir]) continue;
+    // A listing that cannot be made only leaves those lookups to the marks.
+    const int fd = open_beneath(root, manifest_.components(dir), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd < 0) continue;
+    const UniqueFd dir_fd(fd);
+    while (::syscall(SYS_getdents64, fd, buf, sizeof(buf)) > 0) {
+    }
+  }
 }
 
 bool OpenWatch::own_descriptors() {

@@ -65,6 +65,9 @@ class OpenWatch {
   static bool own_descriptors();
   // Marks each directory of the mount in `group` (on a thread with its own descriptors); "" or why not.
   std::string mark(int group);
+  // Lists, through the mount at `root`, each directory that holds directories: the kernel keeps the full
+  // entries of a listing (READDIRPLUS), so the marks find those directories without a lookup each.
+  void list_parents(int root) const;
   // Waits for the session, marks the directories, starts the dispatcher: whether it watches.
   bool start();
   // Says why the mount's opens are not watched (the engine follows reads), lets the group go: false.

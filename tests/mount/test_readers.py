@@ -24,7 +24,9 @@ serving no more than a plain mount over 2 epochs. Rank 1 started when rank 0 is 
 idle by then): found at its epoch 0, planned again with each rank at its own epoch, both followed to the end
 of their last epoch, SOURCE read once (not under ThreadSanitizer).
 
-A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends.
+A daemon SIGKILLed while it marks the directories (requests to itself in flight) ends. Marking 300
+directories of a SOURCE behind bench/slowfs asks SOURCE's statfs a few times, not once a directory (the
+kernel asks the mount's statfs for each mark).
 
 Also: a mount made by a user without CAP_SYS_ADMIN watches its opens too (`"from": "watched opens"`);
 one allowed fewer fanotify marks than the data set has directories cannot, the log says why, and the
@@ -42,6 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
+from cluster import SlowSource  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
 FILES, EPOCHS, WORLD = 1500, 3, 2
@@ -404,6 +407,23 @@ with h.tempdir() as tmp:
         subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
     h.check(ended == 4 and landed >= 1, "a daemon SIGKILLed while it marks the mount's directories ends: %d of 4 "
             "ended (%d killed before the marks were all made)" % (ended, landed))
+# Each mark asks the mount's statfs (fanotify checks the file system's id); the daemon answers SOURCE's,
+# which on a parallel file system asks every storage target: asked again at most once a second.
+with h.tempdir() as tmp:
+    for i in range(300):
+        os.makedirs("%s/data/d%03d" % (tmp, i))
+        with open("%s/data/d%03d/f" % (tmp, i), "w") as f:
+            f.write("x")
+    slow = SlowSource(tmp + "/data", tmp + "/slow")
+    mnt = tmp + "/mnt"
+    os.mkdir(mnt)
+    r = subprocess.run([h.CLAIRFS, slow.mnt, mnt, "-o", "seed=1,batch_size=8"], capture_output=True, text=True)
+    watched = r.returncode == 0 and h.stats(mnt)["progress"]["from"] == "watched opens"
+    first = os.statvfs(mnt)
+    h.unmount(mnt)
+    seen = slow.close()
+    h.check(watched and seen["statfs"] <= 5 and first.f_flag & os.ST_RDONLY,
+            "the watch marked 300 directories with %d statfs of SOURCE (%s)" % (seen["statfs"], r.stderr.strip()))
 if proc_mounted:
     subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
 h.finish()
