@@ -61,7 +61,7 @@ class Stager {
   ~Stager();  // stops and joins the threads
   // Picks nothing more, keeps what its reads in flight bring, then ends the thread (a plan replaced:
   // what SOURCE already sent is not read again).
-  void finish();
+  void finish() EXCLUDES(state_.mutex);
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
