@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
@@ -33,6 +34,8 @@ constexpr int kInitPollMs = 5;
 // How long the thread lets events gather after it has read all there were (the kernel's queue holds
 // 16,384: at 50,000 opens and closes a second, 50 gather in this time).
 constexpr int kGatherMs = 1;
+// Threads that mark the directories, at most (and no more than the machine has cores).
+constexpr unsigned kMarkers = 4;
 // After a read that failed (not expected: events hold nothing that can fail), the thread pauses this long.
 constexpr int kPauseMs = 10;
 // Events read and not yet handed to the engine, at most (16 bytes each): beyond, they are dropped and
@@ -112,18 +115,33 @@ std::string OpenWatch::watch() {
   // /dev/fuse open — which is what would end the wait (the connection aborts when the last descriptor
   // of it closes): the process could never end. So the marks are made by a thread with a table of
   // descriptors of its own, without the session's (the group's descriptor is copied into it).
-  std::string why;
-  try {
-    std::thread marker(
-        [&] { why = own_descriptors() ? mark(group) : "a descriptor table of its own: " + errno_text(errno); });
-    marker.join();
-  } catch (const std::system_error& e) {
-    return std::string("a thread to mark the directories: ") + e.what();
+  // Each mark waits for the daemon's answers (a statfs, a lookup): several threads overlap them.
+  const unsigned markers = std::clamp(std::thread::hardware_concurrency(), 1u, kMarkers);
+  std::vector<bool> holds_dirs(manifest_.size());
+  for (EntryId dir = 1; dir < manifest_.size(); ++dir)
+    if (manifest_.is_dir(dir)) holds_dirs[manifest_.entry(dir).parent] = true;
+  std::vector<std::string> why(markers);
+  std::vector<std::thread> threads;
+  std::string failed;
+  for (unsigned k = 0; k < markers; ++k) {
+    try {
+      threads.emplace_back([&, k] {
+        why[k] = own_descriptors() ? mark(group, holds_dirs, k, markers)
+                                   : "a descriptor table of its own: " + errno_text(errno);
+      });
+    } catch (const std::system_error& e) {
+      failed = std::string("a thread to mark the directories: ") + e.what();
+      break;
+    }
   }
-  return why;
+  for (std::thread& t : threads) t.join();
+  if (!failed.empty()) return failed;
+  for (const std::string& w : why)
+    if (!w.empty()) return w;
+  return "";
 }
 
-std::string OpenWatch::mark(int group) {
+std::string OpenWatch::mark(int group, const std::vector<bool>& holds_dirs, unsigned part, unsigned parts) {
   // The mount itself, reached without following a symlink and made by us: a path a user can change
   // must not turn the watch onto another mount.
   const int root = clone_ ? ::dup(clone_.get()) : open_own_clairfs_mount(mountpoint_);
@@ -132,11 +150,11 @@ std::string OpenWatch::mark(int group) {
   const UniqueFd root_fd(root);
   struct stat root_st {};
   if (::fstat(root, &root_st) != 0) return "cannot stat the mount: " + errno_text(errno);
-  list_parents(root);
+  list_parents(root, holds_dirs, part, parts);
   // A mark on each directory, for its children's opens and closes: the kernel tells of every open of a
   // file in it, by any path (a bind mount too), whether or not a request reaches us.
-  for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
-    if (!manifest_.is_dir(dir)) continue;
+  for (EntryId dir = 0, n = 0; dir < manifest_.size(); ++dir) {
+    if (!manifest_.is_dir(dir) || n++ % parts != part) continue;
     // O_PATH: no OPENDIR for the daemon to answer. fanotify_mark takes no such descriptor, but a path
     // through it: /proc/thread-self/fd/N is that very directory (in this thread's own table).
     const int fd = open_beneath(root, manifest_.components(dir), O_PATH | O_DIRECTORY | O_NOFOLLOW);
@@ -157,13 +175,10 @@ std::string OpenWatch::mark(int group) {
   return "";
 }
 
-void OpenWatch::list_parents(int root) const {
-  std::vector<bool> holds_dirs(manifest_.size());
-  for (EntryId dir = 1; dir < manifest_.size(); ++dir)
-    if (manifest_.is_dir(dir)) holds_dirs[manifest_.entry(dir).parent] = true;
+void OpenWatch::list_parents(int root, const std::vector<bool>& holds_dirs, unsigned part, unsigned parts) const {
   alignas(8) char buf[32 * 1024];
-  for (EntryId dir = 0; dir < manifest_.size(); ++dir) {
-    if (!holds_dirs[dir]) continue;
+  for (EntryId dir = 0, n = 0; dir < manifest_.size(); ++dir) {
+    if (!holds_dirs[dir] || n++ % parts != part) continue;
     // A listing that cannot be made only leaves those lookups to the marks.
     const int fd = open_beneath(root, manifest_.components(dir), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) continue;

@@ -63,11 +63,13 @@ class OpenWatch {
   void run();
   // Gives the calling thread a table of descriptors of its own, without /dev/fuse's; false if it cannot.
   static bool own_descriptors();
-  // Marks each directory of the mount in `group` (on a thread with its own descriptors); "" or why not.
-  std::string mark(int group);
-  // Lists, through the mount at `root`, each directory that holds directories: the kernel keeps the full
-  // entries of a listing (READDIRPLUS), so the marks find those directories without a lookup each.
-  void list_parents(int root) const;
+  // Marks the mount's directories number `part`, `part + parts`, ... in `group` (on a thread with its own
+  // descriptors); `holds_dirs`: by entry, whether it holds directories. "" or why not.
+  std::string mark(int group, const std::vector<bool>& holds_dirs, unsigned part, unsigned parts);
+  // Lists, through the mount at `root`, the directories that hold directories (those of this part): the
+  // kernel keeps the full entries of a listing (READDIRPLUS), so the marks find their directories
+  // without a lookup each.
+  void list_parents(int root, const std::vector<bool>& holds_dirs, unsigned part, unsigned parts) const;
   // Waits for the session, marks the directories, starts the dispatcher: whether it watches.
   bool start();
   // Says why the mount's opens are not watched (the engine follows reads), lets the group go: false.
