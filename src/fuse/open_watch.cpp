@@ -113,9 +113,9 @@ std::string OpenWatch::watch() {
   // Marking sends requests to this very daemon (lookups, statfs). Were the daemon killed while one is in
   // flight, the kernel would wait for its answer uninterruptibly, with the marking thread holding
   // /dev/fuse open — which is what would end the wait (the connection aborts when the last descriptor
-  // of it closes): the process could never end. So the marks are made by a thread with a table of
-  // descriptors of its own, without the session's (the group's descriptor is copied into it).
-  // Each mark waits for the daemon's answers (a statfs, a lookup): several threads overlap them.
+  // of it closes): the process could never end. So the marks are made by threads each with a table of
+  // descriptors of its own, without the session's (the group's descriptor is copied into it); several,
+  // since each mark waits for the daemon's answers (a statfs, a lookup) and their waits overlap.
   const unsigned markers = std::clamp(std::thread::hardware_concurrency(), 1u, kMarkers);
   std::vector<bool> holds_dirs(manifest_.size());
   for (EntryId dir = 1; dir < manifest_.size(); ++dir)
