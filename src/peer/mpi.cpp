@@ -740,10 +740,13 @@ void MpiPeers::loop() {
     }
   for (auto& f : active) {
     MPI_Cancel(&f->recv);
-    int cancelled = 0;
-    MPI_Test(&f->recv, &cancelled, MPI_STATUS_IGNORE);
-    if (!cancelled) failed = true;
+    int ended = 0;
+    MPI_Test(&f->recv, &ended, MPI_STATUS_IGNORE);
+    if (!ended) failed = true;
     f->done(-ECANCELED);
+    // A receive not ended may still write into the fetch's buffer (its caller lets go of its own share
+    // now), and a request still on its way is read from the fetch: kept to the end, as fetches given up.
+    if (!ended || f->send != MPI_REQUEST_NULL) late.expect(std::move(f), !ended);
   }
   active.clear();
   {
