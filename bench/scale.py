@@ -139,23 +139,21 @@ def main():
         try:
             if server.stdout.readline().strip() != "ready":
                 raise SystemExit("scale: synthfs did not mount")
-            find = [timed("find %s -type f | wc -l >/dev/null" % src, shell=True) for _ in range(3)]
+            find_cmd = "find %s -type f | wc -l >/dev/null" % src
+            find = [timed(find_cmd, shell=True) for _ in range(3)]
             out["find_s"] = min(find[1:])  # warm
+            opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
+            walk_opts = opts + (",stat_later=%d" % a.stat_later if a.stat_later is not None else "")
             if a.reps > 1:
                 # A mount (then unmounted) and a warm find in turns: the medians, on a noisy machine.
-                walk_opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram) + (
-                    ",stat_later=%d" % a.stat_later if a.stat_later is not None else "")
                 mounts, finds = [], []
                 for _ in range(a.reps):
-                    finds.append(timed("find %s -type f | wc -l >/dev/null" % src, shell=True))
+                    finds.append(timed(find_cmd, shell=True))
                     mounts.append(timed([clairfs, src, mnt, "-o", walk_opts]))
                     benchlib.unmount(mnt)
                 out["find_s"], out["walk_mount_median_s"] = statistics.median(finds), statistics.median(mounts)
-            opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
             for how in ("walk", "manifest"):
-                o = opts
-                if how == "walk" and a.stat_later is not None:
-                    o += ",stat_later=%d" % a.stat_later
+                o = walk_opts if how == "walk" else opts
                 if how == "manifest":
                     out["index_s"] = timed([clairfs, "index", src, index], stdout=subprocess.DEVNULL)
                     if a.keep_index:
