@@ -132,7 +132,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
     // already is kept for its next use there.
     MutexLock lock(state_.mutex);
     while (auto want = state_.planner.wanted_epoch())
-      state_.planner.add_epoch(Planner::build(streams_, *want, state_.tracker.ranks(), manifest_.size()));
+      state_.grow_plan(Planner::build(streams_, *want, state_.tracker.ranks(), manifest_.size()));
   }
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);

@@ -155,7 +155,7 @@ uint64_t Planner::next_use(EntryId id, uint64_t from) const {
         }))
       return key;
   }
-  return kNever;
+  return wanted_epoch() ? std::max(from, planned_end()) : kNever;
 }
 
 uint64_t Planner::epoch_end_key(uint64_t key) const {
@@ -218,6 +218,7 @@ uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
 }
 
 void Planner::presume(uint64_t key) {
+  if (key >= planned_end()) return;  // (a next use not planned yet)
   Rank& r = ranks_[key % config_.ranks];
   if (r.live && !opened(key)) r.silent.insert(key);
 }

@@ -168,6 +168,9 @@ class Planner {
   std::optional<uint64_t> wanted_epoch() const;
   // REQUIRES: e.epoch == *wanted_epoch().
   void add_epoch(EpochStreams e);
+  // No more epochs will be added (one could not be built): the plan ends where it is, and next use beyond
+  // it is never.
+  void close_plan() { config_.end_epoch = epochs_.back().epoch + 1; }
 
   struct Open {
     bool expected = false;
@@ -207,7 +210,11 @@ class Planner {
   uint64_t planned_end() const;
   // The entry at a key; nullopt for a hole (a shorter rank) or a key outside the plan.
   std::optional<EntryId> item(uint64_t key) const;
-  // The smallest planned key >= from holding id, or kNever.
+  // The smallest planned key >= from holding id. Beyond the plan: kNever, unless an epoch within the
+  // horizon is still to be added (wanted_epoch; built on another thread), when the use is not known yet
+  // and lies at least as far as max(from, planned_end()) — the key returned then, an estimate that the
+  // tiers key their residents by until the epoch is added (StagingPolicy::plan_grew). Counting such a file
+  // as never needed would let it go while the readers outrun the planning, and read it again.
   uint64_t next_use(EntryId id, uint64_t from) const;
   uint64_t rank_of(uint64_t key) const { return key % config_.ranks; }
   // True if the use at `key` has been opened already (its rank is past it, or opened it out of order).

@@ -65,6 +65,16 @@ void StagingPolicy::passed(EntryId id, uint64_t key, uint64_t next) {
   nvme_.passed(id, key, next);
 }
 
+void StagingPolicy::plan_grew(uint64_t old_end) {
+  // (The keys at the top, kKeptForPeers and up, are not estimates.)
+  const auto anew = [&](EntryId id, bool owned) {
+    const uint64_t next = planner_.next_use(id, old_end);
+    return next == kNever && owned ? kKeptForPeers : next;
+  };
+  ram_.rekey(old_end, kKeptForPeers, anew);
+  nvme_.rekey(old_end, kKeptForPeers, anew);
+}
+
 bool StagingPolicy::needed_soon(uint64_t key) const {
   const uint64_t cursor = planner_.cursor();
   if (key >= cursor + lead_) return false;

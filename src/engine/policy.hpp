@@ -83,6 +83,9 @@ class StagingPolicy {
 
   // The readers passed the use at `key` of `id`: residents waiting for it now wait for `next`.
   void passed(EntryId id, uint64_t key, uint64_t next);
+  // The plan grew (an epoch added) or was closed where it ended at `old_end`: residents keyed by an
+  // estimate of their next use (at or beyond old_end, see Planner::next_use) are keyed by it anew.
+  void plan_grew(uint64_t old_end);
 
   // The walk over the plan. next_candidate() skips holes, ranks off the plan, uses already opened,
   // files held, `busy` ones (in flight), files gone from SOURCE and files larger than the budget, and

@@ -29,6 +29,8 @@ constexpr auto kReturnFreePages = std::chrono::seconds(1);
 // page drops wait.
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kDropWait = std::chrono::milliseconds(1);
+// How often the planning thread looks whether the readers came within the horizon of the plan's end.
+constexpr auto kPlanLook = std::chrono::milliseconds(20);
 // A push or drop into the kernel takes microseconds, or copies the file's bytes at memory speed; one
 // that takes 100 ms more than a copy at 1 byte/ns (1 GB/s) waits for a read request (see in_kernel).
 constexpr auto kKernelCallGrace = std::chrono::milliseconds(100);
@@ -69,6 +71,17 @@ Stager::Stager(StagerParts p)
       io_(p.depth),
       memory_retry_(p.memory_retry) {
   thread_ = std::thread([this] { run(); });
+  try {
+    planning_ = std::thread([this] { plan_loop(); });
+  } catch (...) {
+    {
+      MutexLock lock(state_.mutex);
+      state_.stop = true;
+    }
+    state_.progress.notify_all();
+    thread_.join();
+    throw;
+  }
 }
 
 Stager::~Stager() {
@@ -78,13 +91,20 @@ Stager::~Stager() {
   }
   state_.progress.notify_all();
   state_.staged.notify_all();
+  plan_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (planning_.joinable()) planning_.join();
 }
 
 void Stager::finish() {
-  finishing_.store(true);
+  {
+    MutexLock lock(state_.mutex);  // (so that the planning thread cannot miss the wake-up)
+    finishing_.store(true);
+  }
   state_.progress.notify_all();
+  plan_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (planning_.joinable()) planning_.join();
 }
 
 void Stager::run() {
@@ -100,8 +120,7 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
     return step();
   } catch (const std::bad_alloc&) {
     // The address space limited under the daemon: this turn is lost, the next tries again a little later.
-    if (out_of_memory_said_++ == 0)
-      log_warning("the stager could not allocate memory (an address-space limit?); it goes on, staging less");
+    out_of_memory();
     MutexLock lock(state_.mutex);
     if (state_.stop) return false;
     lock.wait_for(state_.progress, kIdleWait);
@@ -112,7 +131,6 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
 bool Stager::turn() {
   if (state_.short_of_memory.exchange(false)) give_back_memory(0);
   if (raise_budget_at_ && Clock::now() >= *raise_budget_at_) raise_ram_budget();
-  plan_ahead();
   run_drops();
   push_ahead();
   ask_kernel();
@@ -156,29 +174,52 @@ bool Stager::turn() {
   return true;
 }
 
-void Stager::plan_ahead() {
-  if (plan_failed_) return;
+void Stager::out_of_memory() {
+  if (out_of_memory_said_++ == 0)
+    log_warning("the stager could not allocate memory (an address-space limit?); it goes on, staging less");
+}
+
+void Stager::plan_loop() {
+  for (;;) {
+    bool added = false;
+    try {
+      added = plan_ahead();
+    } catch (const std::bad_alloc&) {  // adding the epoch built (its build's own failure is said there)
+      out_of_memory();
+    }
+    MutexLock lock(state_.mutex);
+    if (state_.stop || finishing_.load()) return;
+    if (added) {
+      state_.progress.notify_all();  // a waiting stager has the new epoch's files to stage
+      continue;
+    }
+    lock.wait_for(plan_wake_, kPlanLook);
+  }
+}
+
+bool Stager::plan_ahead() {
   std::optional<uint64_t> want;
   uint64_t ranks = 0;
   {
     MutexLock lock(state_.mutex);
+    if (state_.stop || finishing_.load()) return false;
     want = state_.planner.wanted_epoch();
     ranks = state_.tracker.ranks();
   }
-  if (!want) return;
-  // Built off the lock: an epoch of a large data set takes tens of milliseconds.
-  EpochStreams e;
+  if (!want) return false;
+  // Built off the lock: an epoch of a large data set takes seconds.
+  std::optional<EpochStreams> e;
   try {
     e = Planner::build(streams_, *want, ranks, manifest_.size());
   } catch (const std::exception& ex) {
     // Out of memory, most likely: what is planned is still staged, reads beyond go on demand.
-    plan_failed_ = true;
     log_warning("cannot plan epoch " + std::to_string(*want) + ": " + ex.what() +
                 "; staging stops at the end of the epochs planned, reads go on");
-    return;
   }
   MutexLock lock(state_.mutex);
-  if (state_.planner.wanted_epoch() == want) state_.planner.add_epoch(std::move(e));
+  if (state_.planner.wanted_epoch() != want) return false;
+  state_.grow_plan(std::move(e));
+  return true;
 }
 
 void Stager::give_back_if_idle() {

@@ -58,7 +58,7 @@ class Stager {
   // REQUIRES: the parts outlive the stager. Makes the ring (throws std::runtime_error if io_uring cannot
   // be set up) and starts the thread.
   explicit Stager(StagerParts parts);
-  ~Stager();  // stops and joins the thread
+  ~Stager();  // stops and joins the threads
   // Picks nothing more, keeps what its reads in flight bring, then ends the thread (a plan replaced:
   // what SOURCE already sent is not read again).
   void finish() EXCLUDES(state_.mutex);
@@ -86,7 +86,11 @@ class Stager {
   void run();
   // One turn; false once the engine stops.
   bool turn();
-  void plan_ahead();
+  // The planning thread: the epochs after the readers' built as they come within the horizon. An epoch of
+  // 14.2 M files takes seconds to build, which staging (its first file above all) does not wait for.
+  void plan_loop() EXCLUDES(state_.mutex);
+  // Builds the next epoch wanted, if any: whether it was added.
+  bool plan_ahead() EXCLUDES(state_.mutex);
   // idle=: nothing asked for in idle_after_: RAM and pushed pages given back, once (staging waits for
   // the next read, which ends the idle state: ClairvoyantEngine::touch).
   void give_back_if_idle() REQUIRES(state_.mutex);
@@ -190,13 +194,15 @@ class Stager {
   void pop_deferred();
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
-  bool plan_failed_ = false;  // an epoch could not be planned: staging stops at the plan's end
+  void out_of_memory();  // an allocation failed: said in the log the first time
   const std::chrono::nanoseconds memory_retry_;
   std::optional<std::chrono::steady_clock::time_point> raise_budget_at_;  // set while below ram= by a shortage
   uint64_t raise_step_ = 0;
   std::atomic<unsigned> out_of_memory_said_ = 0;  // allocations that failed (said in the log once)
   std::atomic<bool> finishing_{false};
+  std::condition_variable plan_wake_;  // stop or finish (the planning thread looks again every kPlanLook)
   std::thread thread_;
+  std::thread planning_;
 };
 
 }  // namespace clairfs

@@ -35,6 +35,17 @@ struct EngineState {
         window(manifest, planner, ram, window_config),
         from_peer(manifest.size(), 0) {}
 
+  // The plan's next epoch added (built off the lock), or the plan closed where it ends (nullopt: an
+  // epoch could not be built); residents keyed by an estimate beyond the old end keyed anew.
+  void grow_plan(std::optional<EpochStreams> e) REQUIRES(mutex) {
+    const uint64_t old_end = planner.planned_end();
+    if (e)
+      planner.add_epoch(std::move(*e));
+    else
+      planner.close_plan();
+    policy.plan_grew(old_end);
+  }
+
   Mutex mutex;
   std::condition_variable progress;  // the readers moved, read-ahead was queued, or stop (the stager waits)
   std::condition_variable staged;    // a staging read finished (opens of that file wait)

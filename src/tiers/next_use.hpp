@@ -11,6 +11,7 @@
 #include <iterator>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "clairfs/types.hpp"
 #include "util/flat_map.hpp"
@@ -45,6 +46,13 @@ class NextUseIndex {
   void passed(EntryId id, uint64_t passed, uint64_t next) {
     auto it = key_.find(id);
     if (it != key_.end() && it->second <= passed) set(id, next);
+  }
+  // Each resident keyed in [lo, hi) moved to new_key(id).
+  template <class NewKey>
+  void rekey(uint64_t lo, uint64_t hi, const NewKey& new_key) {
+    std::vector<EntryId> ids;
+    for (auto it = by_key_.lower_bound({lo, 0}); it != by_key_.end() && it->first < hi; ++it) ids.push_back(it->second);
+    for (EntryId id : ids) set(id, new_key(id));
   }
   // (key, id) of the resident needed last, if any.
   std::optional<std::pair<uint64_t, EntryId>> farthest() const {
@@ -93,6 +101,12 @@ class TierIndex {
   void passed(EntryId id, uint64_t passed, uint64_t next) {
     rest_.passed(id, passed, next);
     owned_.passed(id, passed, next);
+  }
+  // Each resident keyed in [lo, hi) moved to new_key(id, owned).
+  template <class NewKey>
+  void rekey(uint64_t lo, uint64_t hi, const NewKey& new_key) {
+    rest_.rekey(lo, hi, [&](EntryId id) { return new_key(id, false); });
+    owned_.rekey(lo, hi, [&](EntryId id) { return new_key(id, true); });
   }
   // The resident to evict for a file needed at `key`: one needed later than that, from the rest first
   // (owned ones only for an owned file); nullopt if none may go.

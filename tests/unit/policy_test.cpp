@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "fakes/memory_source.hpp"
@@ -93,6 +94,43 @@ TEST(Policy, OwnedFilesGoOnlyForOwnedFiles) {
   auto evict = [&](EntryId) { room = true; };
   EXPECT_FALSE(StagingPolicy::make_room(index, 5, false, reserve, evict));
   EXPECT_TRUE(StagingPolicy::make_room(index, 5, true, reserve, evict));
+}
+
+// The epochs after the readers' are built on another thread; a reader quicker than that passes files
+// whose next use is not planned yet. Counted as never needed, they went first and were read again; they
+// are kept by an estimate (the plan's end) and keyed by their real next use once the epoch is added.
+TEST(Policy, AFilePassedBeforeItsNextEpochIsPlannedIsKeptAndKeyedWhenItIs) {
+  fakes::MemoryTree tree(std::vector<uint64_t>(10, 100));
+  const StreamSource source = [](uint64_t epoch) {  // epoch 0 in order, later epochs reversed
+    std::vector<EntryId> seq(10);
+    std::iota(seq.begin(), seq.end(), 2);
+    if (epoch > 0) std::reverse(seq.begin(), seq.end());
+    return std::vector<std::vector<EntryId>>{seq};
+  };
+  Planner planner(planner_config(tree.manifest), source);
+  StagingPolicy policy(tree.manifest, planner, PolicyConfig{1000, 1, 2, 2, {}, 0, mean_sample_size(tree.manifest)});
+  ASSERT_EQ(planner.wanted_epoch(), 1u);  // epoch 1 not built yet
+  policy.ram().set(2, 0, false);
+  policy.ram().set(3, 1, false);
+  planner.on_open(2, 1);
+  for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
+  EXPECT_EQ(policy.ram().key(2), 10u);           // at least the plan's end; not kNever
+  EXPECT_EQ(policy.ram().victim(5, false), 2u);  // but the first to go for a planned use
+  const uint64_t end = planner.planned_end();
+  planner.add_epoch(Planner::build(source, 1, 1, tree.manifest.size()));
+  policy.plan_grew(end);
+  EXPECT_EQ(policy.ram().key(2), 19u);  // last in epoch 1
+  EXPECT_EQ(policy.ram().key(3), 1u);   // not an estimate: untouched
+  // The plan closed (an epoch could not be built) with a file keyed by an estimate: never needed.
+  planner.on_open(3, 1);
+  for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
+  EXPECT_EQ(policy.ram().key(3), 18u);
+  policy.ram().set(4, planner.next_use(4, 20), true);  // kept for peers, beyond the plan
+  EXPECT_EQ(policy.ram().key(4), 20u);
+  planner.close_plan();
+  policy.plan_grew(20);
+  EXPECT_EQ(policy.ram().key(4), kKeptForPeers);
+  EXPECT_EQ(planner.next_use(2, 20), kNever);
 }
 
 TEST(PeerModel, AsksPeersUntilWarmThenPrefersThemUnlessFourTimesSlower) {
