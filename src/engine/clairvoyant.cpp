@@ -488,6 +488,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   bool first = offset == 0;  // the kernel reads a file from its start
   Origin from = Origin::kRam;
   FileBytes data;
+  std::optional<DemandReader::Claim> miss;  // taken under the lock when RAM has no copy (see Claim)
   if (!first && watched_.load(std::memory_order_acquire)) {
     MutexLock lock(state_.mutex);
     // A read past the start of a use the watch told and no read reached yet: the kernel held the file's
@@ -497,6 +498,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     first = take_unread(id, &data, &from);
     if (!first && !state_.window.is_open(id) && !told_lately(id)) first = read_before_told(id);
     if (!data) data = ram_copy(id, &from);
+    if (!data) miss.emplace(demand_, id);
   } else if (first && watched_.load(std::memory_order_acquire)) {
     {
       MutexLock lock(state_.mutex);
@@ -517,6 +519,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
         wait_for_staging(lock, id);
         data = ram_copy(id, &from);
       }
+      if (!data) miss.emplace(demand_, id);
     }
   } else if (first) {
     // Without a watch, the first read is the open.
@@ -526,6 +529,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   } else {
     MutexLock lock(state_.mutex);
     data = ram_copy(id, &from);
+    if (!data) miss.emplace(demand_, id);
   }
   if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
   return demand_.read_unopened(id, pid, first, buf, size, offset, t0);

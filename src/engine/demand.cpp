@@ -36,6 +36,18 @@ DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, SourceSt
     : manifest_(manifest), chain_(chain), source_(source), nvme_(nvme), counters_(counters),
       allowance_(kDemandBytes), recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {}
 
+DemandReader::Claim::Claim(DemandReader& demand, EntryId id) : demand_(demand), id_(id) {
+  MutexLock lock(demand_.mutex_);
+  demand_.loading_[id_]++;
+  demand_.whole_++;
+}
+
+DemandReader::Claim::~Claim() {
+  MutexLock lock(demand_.mutex_);
+  if (--demand_.loading_[id_] == 0) demand_.loading_.erase(id_);
+  demand_.whole_--;
+}
+
 void DemandReader::adopt(EntryId id, FileBytes bytes) {
   MutexLock lock(mutex_);
   if (adopted_.size() >= kMaxAdopted) return;
@@ -70,19 +82,13 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   if (!buf) return -EFBIG;
   const auto t0 = Clock::now();
   *from = Origin::kSource;
+  int rc = 0;
   {
-    MutexLock lock(mutex_);
-    loading_[id]++;
-    whole_++;
-  }
-  const int rc = chain_.fetch(id, buf, from);
-  // Handed over to be kept before it stops counting as loading: no moment when a staging read of it
-  // would start (loading_whole).
-  if (rc >= 0 && *from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
-  {
-    MutexLock lock(mutex_);
-    if (--loading_[id] == 0) loading_.erase(id);
-    whole_--;
+    const Claim loading(*this, id);
+    rc = chain_.fetch(id, buf, from);
+    // Handed over to be kept before it stops counting as loading: no moment when a staging read of it
+    // would start (loading_whole).
+    if (rc >= 0 && *from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once
   }
   if (rc < 0 || *from != Origin::kNvme) counters_.stall_ns += nanoseconds_since(t0);  // a peer or SOURCE: a stall
   if (rc < 0) return rc;

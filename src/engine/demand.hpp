@@ -38,6 +38,22 @@ class DemandReader {
   DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
                EngineCounters& counters);
 
+  // A reader's miss, from the moment the engine finds `id` neither in RAM nor being staged (under its
+  // lock) until the read is served: loading_whole(id) holds meanwhile, so no staging read of it starts
+  // in the gap before the load begins (SOURCE would read it twice: the read came before the open was
+  // told, so the plan still counts the use as to come).
+  class Claim {
+   public:
+    Claim(DemandReader& demand, EntryId id);
+    ~Claim();
+    Claim(const Claim&) = delete;
+    Claim& operator=(const Claim&) = delete;
+
+   private:
+    DemandReader& demand_;
+    const EntryId id_;
+  };
+
   // Reads `id` whole through the chain (its bytes and stall counted, and offered to the stager to keep;
   // the use is its reader's to count, once). -EFBIG: no room in the allowance (read it piecewise).
   int load_whole(EntryId id, FileBytes* bytes, Origin* from);

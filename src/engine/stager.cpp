@@ -386,7 +386,8 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     const EntryId id = queue[n];
     if (!manifest_.known(id)) continue;  // its attributes not read yet (or gone): not read ahead
     const Entry& e = manifest_.entry(id);
-    if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id)) continue;
+    if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id) || demand_.loading_whole(id))
+      continue;                                     // (read on demand right now: a second read of SOURCE)
     if (kernel_ && state_.window.should_ask(id)) {  // read ahead only if the kernel no longer holds it
       state_.window.asking(id);
       to_ask_.push_back(id);
@@ -575,7 +576,7 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
   while (!deferred_.empty() && picks.size() < room) {
     const auto [key, id] = deferred_.top();
     // Passed or read on demand meanwhile, or there by another way: nothing left to do.
-    if (!policy.upcoming(key) || policy.ram().contains(id) || state_.in_flight.count(id)) {
+    if (!policy.upcoming(key) || policy.ram().contains(id) || state_.in_flight.count(id) || demand_.loading_whole(id)) {
       pop_deferred();
       continue;
     }
