@@ -9,7 +9,8 @@ has filled RAM, is printed against the same bound.
 
   python3 bench/scale.py BUILD [--files 1281167] [--classes 1000] [--ram 256M] [--world 8] [--reads 200]
                          [--meta-latency-us 0] [--no-readdirplus] [--synthfs-threads 8] [--settle 3] [--json FILE]
-                         [--clairfs BINARY] [--keep-index FILE] [--nodes N [--nodes-wait 60]]
+                         [--clairfs BINARY] [--keep-index FILE] [--reps R [--against BINARY]]
+                         [--nodes N [--nodes-wait 60]]
 
 --meta-latency-us and --no-readdirplus make SOURCE a high-latency file system whose listings carry no
 attributes: every file's lstat is then a round trip (synthfs --threads serves that many at once).
@@ -103,6 +104,16 @@ def timed(cmd, **kw):
     return time.monotonic() - t0
 
 
+def first_staged(mnt, limit=60):
+    """Seconds from now (the mount just returned) until its stats count a staged file; None past `limit`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if stats(mnt).get("staged", {}).get("files", 0) > 0:
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -121,7 +132,8 @@ def main():
     ap.add_argument("--stat-later", type=int, help="the walk's mount with stat_later=N (default: clairfs's)")
     ap.add_argument("--nodes", type=int, default=0, help="then N daemons under mpiexec from the manifest")
     ap.add_argument("--reps", type=int, default=1, help="time the walk's mount and find this many times in turns "
-                    "(medians)")
+                    "(medians), with the time from each mount's return to its first staged file")
+    ap.add_argument("--against", help="with --reps: this clairfs binary's mount too, in the same turns")
     ap.add_argument("--nodes-wait", type=int, default=60, help="seconds each node's RAM is given to fill")
     a = ap.parse_args()
     clairfs, synthfs = a.clairfs or a.build + "/clairfs", a.build + "/bench/synthfs"
@@ -145,13 +157,18 @@ def main():
             opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
             walk_opts = opts + (",stat_later=%d" % a.stat_later if a.stat_later is not None else "")
             if a.reps > 1:
-                # A mount (then unmounted) and a warm find in turns: the medians, on a noisy machine.
-                mounts, finds = [], []
+                # A mount (then unmounted once it staged its first file) and a warm find in turns, and
+                # --against's mount in the same turns: the medians, on a noisy machine.
+                finds, turns = [], {b: ([], []) for b in [clairfs] + ([a.against] if a.against else [])}
                 for _ in range(a.reps):
                     finds.append(timed(find_cmd, shell=True))
-                    mounts.append(timed([clairfs, src, mnt, "-o", walk_opts]))
-                    benchlib.unmount(mnt)
-                out["find_s"], out["walk_mount_median_s"] = statistics.median(finds), statistics.median(mounts)
+                    for b, (mounts, firsts) in turns.items():
+                        mounts.append(timed([b, src, mnt, "-o", walk_opts]))
+                        firsts.append(first_staged(mnt))
+                        benchlib.unmount(mnt)
+                out["find_s"] = statistics.median(finds)
+                out["turns"] = {b: {"mount_s": m, "first_staged_after_s": f} for b, (m, f) in turns.items()}
+                out["walk_mount_median_s"] = statistics.median(turns[clairfs][0])
             for how in ("walk", "manifest"):
                 o = walk_opts if how == "walk" else opts
                 if how == "manifest":
@@ -213,8 +230,16 @@ def main():
                                  out["peak"] / MIB, out["bound"] / MIB, (out["peak"] - out["ram_used"]) / a.files,
                                  out["ram_files"], wrong))
     if a.reps > 1:
-        print("\nmount from walk, {} in turns with a warm find: median {:.1f} ms against find's {:.1f} ms: {:.2f}×".format(
-            a.reps, out["walk_mount_median_s"] * 1e3, out["find_s"] * 1e3, out["walk_mount_median_s"] / out["find_s"]))
+        print()
+        for b, t in out["turns"].items():
+            firsts = [f for f in t["first_staged_after_s"] if f is not None]
+            print("{}: mount from walk, {} in turns with a warm find: median {:.1f} ms against find's {:.1f} ms: {:.2f}×; "
+                  "the first file staged {} s after the mount returned (median {:.2f} s{})".format(
+                      b, a.reps, statistics.median(t["mount_s"]) * 1e3, out["find_s"] * 1e3,
+                      statistics.median(t["mount_s"]) / out["find_s"],
+                      ", ".join("%.2f" % f if f is not None else "never" for f in t["first_staged_after_s"]),
+                      statistics.median(firsts) if firsts else -1,
+                      "" if len(firsts) == len(t["first_staged_after_s"]) else "; some never within 60 s"))
     print("\nmount from walk: the first file staged {:.2f} s after the mount began; the files' attributes all "
           "read {:.0f} s after it (to the second)".format(out.get("first_staged_s", -1), out.get("attributes_s", 0)))
     fill = out.get("fill")
