@@ -714,6 +714,7 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
         return std::nullopt;
       }
       tried_at_ = opens_.size();
+      ++tries_;
       kept = opens_;
       for (const auto& o : opens_) ids.push_back(o.first);
     }
@@ -758,6 +759,7 @@ nlohmann::json LearningEngine::stats() const {
   j["learned"] = {{"state", state_},
                   {"seed", found_},
                   {"after_opens", found_after_},
+                  {"tries", tries_},
                   {"opens_seen", e ? found_after_ : opens_.size()},
                   {"other_users_opens", not_the_job_},  // not learned from (learn_from=)
                   {"relearned", relearned_},  // times a seed was learned again (the job read in another order)

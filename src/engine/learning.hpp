@@ -184,6 +184,9 @@ class LearningEngine final : public Engine {
   std::string state_ GUARDED_BY(mutex_);  // learning, found, not found, failed; told: waiting, told, failed
   std::string found_ GUARDED_BY(mutex_);   // "seed=43" once found
   size_t found_after_ GUARDED_BY(mutex_) = 0;
+  // Tries of the first opens made before one found the seed (each with every open kept by then: a try
+  // that starts late, behind a job at full speed, has more to go by).
+  size_t tries_ GUARDED_BY(mutex_) = 0;
   bool stop_ GUARDED_BY(mutex_) = false;
   Replan plan_ GUARDED_BY(mutex_);                  // the current plan's world size and ranks
   uint64_t replanned_ GUARDED_BY(mutex_) = 0;       // plans made after the first

@@ -103,7 +103,8 @@ void PageWindow::let_go(EntryId id) {
 void PageWindow::keep_or_drop(uint64_t key, EntryId id, uint64_t next) {
   // Without opens, the pages stay too unless the file's next use is a beacon, whose read must reach the
   // daemon: those go once the readers are well past this use (a reader of the rank may still be on it).
-  if (!config_.no_open || next == kNever || !beacon(next)) {
+  // (A next use beyond the plan is not known yet, or never: nothing is a beacon there.)
+  if (!config_.no_open || next >= planner_.planned_end() || !beacon(next)) {
     let_go(id);
     if (in_kernel_[id] == kHeld) in_kernel_[id] = kRead;
     return;

@@ -316,6 +316,18 @@ def quiet_stats(mnt, timeout=20):
         time.sleep(0.3)
 
 
+def attributes_read(mnt, timeout=60):
+    """Waits until the mount has read the attributes of every file it listed (it is up once SOURCE's names
+    are listed, their attributes read after): a file changed in SOURCE before its own were read is, to
+    the mount, the file as it found it. True once read."""
+    deadline = time.monotonic() + timeout
+    while stats(mnt).get("attributes_pending", 0) != 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def source_bytes(s):
     """What SOURCE served, by a mount's stats: all its traffic when staging (staging included), else its reads."""
     return s["source_traffic"]["bytes"] if "source_traffic" in s else s["tiers"]["source"]["bytes"]

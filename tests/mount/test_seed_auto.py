@@ -104,9 +104,10 @@ with h.tempdir() as tmp:
         # the daemon's (it was started from the niced thread once, and its stager fell behind the job).
         h.check(niced_threads(mnt) <= told_niced, "the learned engine's threads run at normal priority: %d niced, "
                 "told mount %d" % (niced_threads(mnt), told_niced))
-        h.check(learned["state"] == "found" and learned["seed"] == "seed=7" and learned["after_opens"] <= 48,
-                "seed=auto: learned %s after %d opens (%s)" % (learned["seed"], learned["after_opens"],
-                                                                  learned["state"]))
+        # (By its tries, at 16, 24, 32... opens: how many opens it took is the machine's speed, see below.)
+        h.check(learned["state"] == "found" and learned["seed"] == "seed=7" and learned["tries"] <= 2,
+                "seed=auto: learned %s at try %d, after %d opens (%s)" % (learned["seed"], learned["tries"],
+                                                                          learned["after_opens"], learned["state"]))
         # The plan is with the job within epoch 0. How soon is not asserted here: it is a race between the
         # learning (at nice 10, below the job) and a job reading a local tree at full speed — 16 to 35 of
         # its opens in a quiet run, 174 in CI with another test beside it. What learning costs in SOURCE
@@ -158,12 +159,15 @@ with h.tempdir() as tmp:
         ok, auto_g, err = run_job(mnt, digests, glob)
         s = settled(mnt)
         learned_g = s["learned"]
-        # (Under a sanitizer the candidates take seconds to make at nice 10 beside a job at full speed: TSan, 286.)
-        h.check(ok and learned_g["seed"] == "seed=5,order=torch-global,draws=100"
-                and learned_g["after_opens"] <= (1024 if os.environ.get("CLAIRFS_SANITIZED") else 64)
+        # Tries come at 16, 24, 32, 48... opens, each with every open kept by then; 32 of the loader's opens
+        # suffice (diagnosis_test), so it is found by the third try. How many opens the job made by then is
+        # the machine's speed, not the learner's (each try runs at nice 10 beside a job at full speed: once
+        # 67 failed a bound of 64 on opens here).
+        h.check(ok and learned_g["seed"] == "seed=5,order=torch-global,draws=100" and learned_g["tries"] <= 3
                 and s["ranks"][0]["epoch"] == 1 and s["ranks"][0]["verdict"] == "following",
-                "seed=auto: learned %s after %d opens; epoch %d %s %s" % (
-                    learned_g["seed"], learned_g["after_opens"], s["ranks"][0]["epoch"], s["ranks"][0]["verdict"], err))
+                "seed=auto: learned %s at try %d, after %d opens; epoch %d %s %s" % (
+                    learned_g["seed"], learned_g["tries"], learned_g["after_opens"], s["ranks"][0]["epoch"],
+                    s["ranks"][0]["verdict"], err))
         a, t = h.source_bytes(auto_g[-1]["stats"]), h.source_bytes(told_g[-1]["stats"])
         h.check(a <= t + learned_g["source_bytes"] + total // 50,
                 "SOURCE over 2 epochs: learned %.2fx the data set (%.3fx before the engine was there), told %.2fx" % (
