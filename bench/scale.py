@@ -182,11 +182,8 @@ def main():
                     raise SystemExit("scale: no clairfs daemon for " + mnt)
                 if how == "walk":
                     # Staging starts before the files' attributes are all read: its first file, timed.
-                    while time.monotonic() - t0 < 600:
-                        if stats(mnt).get("staged", {}).get("files", 0) > 0:
-                            out["first_staged_s"] = time.monotonic() - t0
-                            break
-                        time.sleep(0.05)
+                    if first_staged(mnt, 600) is not None:
+                        out["first_staged_s"] = time.monotonic() - t0
                     # Each rank reads the start of its epoch-0 order, through clairfs and through synthfs.
                     for r in range(a.world):
                         with open("%s/.clairfs/order/epoch-0/rank-%d" % (mnt, r)) as f:

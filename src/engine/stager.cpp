@@ -386,8 +386,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     const EntryId id = queue[n];
     if (!manifest_.known(id)) continue;  // its attributes not read yet (or gone): not read ahead
     const Entry& e = manifest_.entry(id);
-    if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || state_.in_flight.count(id) || demand_.loading_whole(id))
-      continue;                                     // (read on demand right now: a second read of SOURCE)
+    if (!S_ISREG(e.mode) || state_.policy.ram().contains(id) || on_its_way(id)) continue;
     if (kernel_ && state_.window.should_ask(id)) {  // read ahead only if the kernel no longer holds it
       state_.window.asking(id);
       to_ask_.push_back(id);
@@ -408,13 +407,12 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     queue.erase(queue.begin(), queue.end() - static_cast<std::ptrdiff_t>(kMaxReadAheadQueued));
 }
 
+bool Stager::on_its_way(EntryId id) const { return state_.in_flight.count(id) != 0 || demand_.loading_whole(id); }
+
 void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
-  // On its way: a staging read, or a reader's load of the whole file for an earlier use, whose copy is
-  // kept for the next use at the stager's next turn (keep_adopted). Staged too, SOURCE would read it
-  // twice (TSan's test_readers, once: 1.001x); waited for, the walk would stand still for the load.
-  auto busy = [&](EntryId id)
-                  REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0 || demand_.loading_whole(id); };
+  // (A file on its way is skipped, not waited for: the walk would stand still for the load.)
+  auto busy = [&](EntryId id) REQUIRES(state_.mutex) { return on_its_way(id); };
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
@@ -576,7 +574,7 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
   while (!deferred_.empty() && picks.size() < room) {
     const auto [key, id] = deferred_.top();
     // Passed or read on demand meanwhile, or there by another way: nothing left to do.
-    if (!policy.upcoming(key) || policy.ram().contains(id) || state_.in_flight.count(id) || demand_.loading_whole(id)) {
+    if (!policy.upcoming(key) || policy.ram().contains(id) || on_its_way(id)) {
       pop_deferred();
       continue;
     }
