@@ -66,9 +66,10 @@ void StagingPolicy::passed(EntryId id, uint64_t key, uint64_t next) {
 }
 
 void StagingPolicy::plan_grew(uint64_t old_end) {
-  // (The keys at the top, kKeptForPeers and up, are not estimates.)
-  const auto anew = [&](EntryId id, bool owned) {
-    const uint64_t next = planner_.next_use(id, old_end);
+  // (The keys at the top, kKeptForPeers and up, are not estimates.) Looked for from the estimate, not
+  // from old_end: an estimate beyond old_end was made from there, the uses before it passed over.
+  const auto anew = [&](EntryId id, uint64_t estimate, bool owned) {
+    const uint64_t next = planner_.next_use(id, estimate);
     return next == kNever && owned ? kKeptForPeers : next;
   };
   ram_.rekey(old_end, kKeptForPeers, anew);

@@ -47,12 +47,12 @@ class NextUseIndex {
     auto it = key_.find(id);
     if (it != key_.end() && it->second <= passed) set(id, next);
   }
-  // Each resident keyed in [lo, hi) moved to new_key(id).
+  // Each resident keyed in [lo, hi) moved to new_key(id, its key).
   template <class NewKey>
   void rekey(uint64_t lo, uint64_t hi, const NewKey& new_key) {
-    std::vector<EntryId> ids;
-    for (auto it = by_key_.lower_bound({lo, 0}); it != by_key_.end() && it->first < hi; ++it) ids.push_back(it->second);
-    for (EntryId id : ids) set(id, new_key(id));
+    std::vector<std::pair<uint64_t, EntryId>> moved;
+    for (auto it = by_key_.lower_bound({lo, 0}); it != by_key_.end() && it->first < hi; ++it) moved.push_back(*it);
+    for (const auto& [key, id] : moved) set(id, new_key(id, key));
   }
   // (key, id) of the resident needed last, if any.
   std::optional<std::pair<uint64_t, EntryId>> farthest() const {
@@ -102,11 +102,11 @@ class TierIndex {
     rest_.passed(id, passed, next);
     owned_.passed(id, passed, next);
   }
-  // Each resident keyed in [lo, hi) moved to new_key(id, owned).
+  // Each resident keyed in [lo, hi) moved to new_key(id, its key, owned).
   template <class NewKey>
   void rekey(uint64_t lo, uint64_t hi, const NewKey& new_key) {
-    rest_.rekey(lo, hi, [&](EntryId id) { return new_key(id, false); });
-    owned_.rekey(lo, hi, [&](EntryId id) { return new_key(id, true); });
+    rest_.rekey(lo, hi, [&](EntryId id, uint64_t key) { return new_key(id, key, false); });
+    owned_.rekey(lo, hi, [&](EntryId id, uint64_t key) { return new_key(id, key, true); });
   }
   // The resident to evict for a file needed at `key`: one needed later than that, from the rest first
   // (owned ones only for an owned file); nullopt if none may go.

@@ -116,11 +116,14 @@ TEST(Policy, AFilePassedBeforeItsNextEpochIsPlannedIsKeptAndKeyedWhenItIs) {
   for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
   EXPECT_EQ(policy.ram().key(2), 10u);           // at least the plan's end; not kNever
   EXPECT_EQ(policy.ram().victim(5, false), 2u);  // but the first to go for a planned use
+  policy.ram().set(9, planner.next_use(9, 15), false);  // looked for from 15: an estimate, 15
+  EXPECT_EQ(policy.ram().key(9), 15u);
   const uint64_t end = planner.planned_end();
   planner.add_epoch(Planner::build(source, 1, 1, tree.manifest.size()));
   policy.plan_grew(end);
   EXPECT_EQ(policy.ram().key(2), 19u);  // last in epoch 1
   EXPECT_EQ(policy.ram().key(3), 1u);   // not an estimate: untouched
+  EXPECT_EQ(policy.ram().key(9), 20u);  // its use at 12 lies before 15: still an estimate, past epoch 1
   // The plan closed (an epoch could not be built) with a file keyed by an estimate: never needed.
   planner.on_open(3, 1);
   for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
