@@ -127,6 +127,8 @@ ssize_t DemandReader::read_unopened_held(EntryId id, const FileBytes& data, Orig
 
 ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset,
                                     Clock::time_point t0) {
+  // At or past its end (the kernel's pages end there; a reader of direct I/O may ask): nothing to load.
+  if (offset > 0 && static_cast<uint64_t>(offset) >= manifest_.entry(id).size) return 0;
   FileBytes data;
   Origin from = Origin::kSource;
   // A file begun piece by piece (no room to hold it whole then) goes on that way.

@@ -680,7 +680,12 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
   const bool keep_for_peers = !pick.readahead && kept_in_ram(pick.id);
   const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
-  if (key == kNever || state_.idle) {  // the readers passed it (or left the plan, or idle= came) while it was read
+  // Opened while it was read: the reader waits for these bytes (wait_for_staging), which are then its, held
+  // as read (first to go) rather than dropped and read from SOURCE again.
+  const bool awaited =
+      key == kNever && !state_.idle && (state_.window.is_open(pick.id) || state_.unread.count(pick.id));
+  if ((key == kNever || state_.idle) &&
+      !awaited) {  // the readers passed it (or left the plan, or idle= came) while it was read
     ram_.unreserve(size);
     return false;
   }
@@ -691,6 +696,13 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   counters_.staged_bytes += size;
   if (r.from == Origin::kNvme) counters_.staged_from_nvme++;
   if (pick.readahead) counters_.readahead_files++;
+  if (awaited) {  // no later use to keep it for; an open not read yet holds it (RAM may let it go first)
+    if (auto u = state_.unread.find(pick.id); u != state_.unread.end() && !u->second.data) {
+      u->second.data = r.buf;
+      u->second.from = r.from == Origin::kPeer ? Origin::kPeer : Origin::kRam;
+    }
+    return false;
+  }
   // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
   // one keeps it for them).
   *after = policy.after_key(pick.id, key, keep_for_peers);
