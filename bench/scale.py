@@ -159,15 +159,17 @@ def main():
             if a.reps > 1:
                 # A mount (then unmounted once it staged its first file) and a warm find in turns, and
                 # --against's mount in the same turns: the medians, on a noisy machine.
-                finds, turns = [], {b: ([], []) for b in [clairfs] + ([a.against] if a.against else [])}
+                finds, turns = [], {b: ([], [], []) for b in [clairfs] + ([a.against] if a.against else [])}
                 for _ in range(a.reps):
                     finds.append(timed(find_cmd, shell=True))
-                    for b, (mounts, firsts) in turns.items():
+                    for b, (mounts, firsts, early) in turns.items():
                         mounts.append(timed([b, src, mnt, "-o", walk_opts]))
+                        early.append(stats(mnt).get("staged", {}).get("files", 0))  # staged before it returned
                         firsts.append(first_staged(mnt))
                         benchlib.unmount(mnt)
                 out["find_s"] = statistics.median(finds)
-                out["turns"] = {b: {"mount_s": m, "first_staged_after_s": f} for b, (m, f) in turns.items()}
+                out["turns"] = {b: {"mount_s": m, "first_staged_after_s": f, "staged_at_return": e}
+                                for b, (m, f, e) in turns.items()}
                 out["walk_mount_median_s"] = statistics.median(turns[clairfs][0])
             for how in ("walk", "manifest"):
                 o = walk_opts if how == "walk" else opts
@@ -231,12 +233,14 @@ def main():
         for b, t in out["turns"].items():
             firsts = [f for f in t["first_staged_after_s"] if f is not None]
             print("{}: mount from walk, {} in turns with a warm find: median {:.1f} ms against find's {:.1f} ms: {:.2f}×; "
-                  "the first file staged {} s after the mount returned (median {:.2f} s{})".format(
+                  "the first file staged {} s after the mount returned (median {:.2f} s{}); files staged by "
+                  "its return: {}".format(
                       b, a.reps, statistics.median(t["mount_s"]) * 1e3, out["find_s"] * 1e3,
                       statistics.median(t["mount_s"]) / out["find_s"],
                       ", ".join("%.2f" % f if f is not None else "never" for f in t["first_staged_after_s"]),
                       statistics.median(firsts) if firsts else -1,
-                      "" if len(firsts) == len(t["first_staged_after_s"]) else "; some never within 60 s"))
+                      "" if len(firsts) == len(t["first_staged_after_s"]) else "; some never within 60 s",
+                      ", ".join("%d" % n for n in t["staged_at_return"])))
     print("\nmount from walk: the first file staged {:.2f} s after the mount began; the files' attributes all "
           "read {:.0f} s after it (to the second)".format(out.get("first_staged_s", -1), out.get("attributes_s", 0)))
     fill = out.get("fill")

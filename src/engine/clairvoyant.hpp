@@ -66,6 +66,10 @@ struct EngineConfig {
   std::vector<uint64_t> start_items;  // per served rank, its first item (empty: start_item for each)
   std::vector<bool> idle_ranks;       // per served rank (empty: none): idle from the start (a re-plan's)
   std::optional<uint64_t> epochs;
+  // The start epoch's first head_steps items per rank alone (PlannerConfig::head): set by the engine built
+  // from an oracle for a large epoch; engine tests give one of their own.
+  StreamSource head;
+  uint64_t head_steps = 0;
   unsigned depth = 32;             // opens, reads and writes in flight
   // Bytes of staging reads in flight at most (one file at least): 32 small files keep a source busy, but
   // 32 large ones would share its bandwidth and each come 32 times later than alone — the first a reader

@@ -65,7 +65,9 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
   if (!config_.shift.empty() && config_.shift.size() != config_.ranks)
     throw std::logic_error("planner: a shift per rank");
   every_open_ = config_.every_open;
-  epochs_.push_back(build(source, config_.start_epoch, config_.ranks, config_.entries));
+  const bool head = config_.head && config_.head_steps > 0;
+  epochs_.push_back(build(head ? config_.head : source, config_.start_epoch, config_.ranks, config_.entries));
+  for (const auto& s : epochs_.back().seq) head_only_ |= head && s.size() >= config_.head_steps;
   base_.push_back(0);
   ranks_.resize(config_.ranks);
   if (!config_.start_items.empty() && config_.start_items.size() != config_.ranks)
@@ -83,6 +85,7 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
 
 std::optional<uint64_t> Planner::wanted_epoch() const {
   const uint64_t last = epochs_.back().epoch;
+  if (head_only_) return last;  // the rest of it first
   if (last + 1 >= config_.end_epoch) return std::nullopt;
   // The furthest live rank's epoch, not the cursor's: a rank that has not begun yet (started after the
   // others) holds the cursor back until taken as idle, and the others' epochs must be planned meanwhile,
@@ -98,9 +101,17 @@ std::optional<uint64_t> Planner::wanted_epoch() const {
 }
 
 void Planner::add_epoch(EpochStreams e) {
-  if (e.epoch != epochs_.back().epoch + 1) throw std::logic_error("planner: epochs must be added in order");
-  base_.push_back(base_.back() + epochs_.back().steps);
-  epochs_.push_back(std::move(e));
+  if (head_only_ && e.epoch == epochs_.back().epoch) {
+    // The whole epoch: its keys are the head's and more (a key is the step and the rank), its opens so far
+    // those counted in the head.
+    e.read = std::move(epochs_.back().read);
+    epochs_.back() = std::move(e);
+    head_only_ = false;
+  } else {
+    if (e.epoch != epochs_.back().epoch + 1) throw std::logic_error("planner: epochs must be added in order");
+    base_.push_back(base_.back() + epochs_.back().steps);
+    epochs_.push_back(std::move(e));
+  }
   // Ranks whose next item lay beyond the plan point into this epoch now: place them on a real item.
   for (uint64_t r = 0; r < config_.ranks; ++r) ranks_[r].next = at_or_after(r, ranks_[r].next);
 }

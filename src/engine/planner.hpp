@@ -145,6 +145,12 @@ struct PlannerConfig {
   std::function<bool(uint64_t, EntryId)> unseen;
   // Every open is told, with its opener (opens through handles): readers are judged one by one.
   bool every_open = false;
+  // A StreamSource giving each rank's first `head_steps` items of an epoch alone, for a start epoch that
+  // takes seconds to build whole (millions of files): the plan starts with that head, so staging starts
+  // at once, and the whole epoch replaces it once built (wanted_epoch asks for it; estimates stand for
+  // the uses beyond the head meanwhile, as for an epoch not built yet).
+  StreamSource head;
+  uint64_t head_steps = 0;
 };
 
 class Planner {
@@ -164,13 +170,19 @@ class Planner {
   // Builds start_epoch's plan at once.
   Planner(PlannerConfig config, const StreamSource& source);
 
-  // The epoch the planner wants next, if any (build it with build(), off any lock, then add_epoch).
+  // The epoch the planner wants next, if any (build it with build(), off any lock, then add_epoch): the
+  // start epoch itself while only its head is planned (PlannerConfig::head).
   std::optional<uint64_t> wanted_epoch() const;
-  // REQUIRES: e.epoch == *wanted_epoch().
+  // REQUIRES: e.epoch == *wanted_epoch(). The whole of an epoch planned by its head replaces the head.
   void add_epoch(EpochStreams e);
   // No more epochs will be added (one could not be built): the plan ends where it is, and next use beyond
   // it is never.
-  void close_plan() { config_.end_epoch = epochs_.back().epoch + 1; }
+  void close_plan() {
+    config_.end_epoch = epochs_.back().epoch + 1;
+    head_only_ = false;
+  }
+  // Whether the last epoch planned is the head of its epoch only.
+  bool head_only() const { return head_only_; }
 
   struct Open {
     bool expected = false;
@@ -422,6 +434,7 @@ class Planner {
   std::unordered_map<pid_t, Reader> readers_;
   std::unordered_map<pid_t, uint64_t> parents_;  // a parent whose children read for one rank, or kManyRanks
   bool every_open_ = false;
+  bool head_only_ = false;  // epochs_.back() is its epoch's head (PlannerConfig::head)
   uint64_t other_readers_ = 0;
   uint64_t other_opens_ = 0;
   uint64_t other_in_block_ = 0;  // opens of readers judged off, in this block

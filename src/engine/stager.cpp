@@ -218,7 +218,12 @@ bool Stager::plan_ahead() {
   }
   MutexLock lock(state_.mutex);
   if (state_.planner.wanted_epoch() != want) return false;
+  const bool head = state_.planner.head_only();
+  const uint64_t head_end = state_.planner.planned_end();
   state_.grow_plan(std::move(e));
+  if (head && log_enabled(LogLevel::kDebug))
+    log_debug("epoch " + std::to_string(*want) + " planned whole (" + std::to_string(state_.planner.planned_end()) +
+              " uses), after its first " + std::to_string(head_end) + " alone");
   return true;
 }
 

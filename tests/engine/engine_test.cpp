@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -198,6 +199,42 @@ TEST(Engine, AJobResumedMidEpochIsPlannedFromItsBatchAndTheSkippedAreNeverStaged
   EXPECT_EQ(s["mispredicted_opens"], 0u);
   EXPECT_EQ(s["ranks"][0]["done"], s["ranks"][0]["total"]);
   for (size_t i = 0; i < 40; ++i) EXPECT_EQ(source.reads_of(order[i]), 0u) << "skipped file " << i << " staged";
+}
+
+// A start epoch slow to build whole (millions of files): the plan starts with its head (each rank's first
+// items, EngineConfig::head), staging with it, and the whole epoch built meanwhile on the planning thread
+// replaces the head: every file staged once, the reader followed from the head into the rest.
+TEST(Engine, StagingStartsWithTheStartEpochsHeadWhileTheWholeEpochIsBuilt) {
+  MemoryTree tree(sizes(60, 1000, 2000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  std::promise<void> built;  // the whole epoch's build waits for it
+  std::shared_future<void> go = built.get_future().share();
+  StreamSource slow = [&streams, go](uint64_t epoch) {
+    go.wait_for(std::chrono::seconds(5));  // (not for ever: a plan that waits for it would hang the test)
+    return streams(epoch);
+  };
+  EngineConfig c = config(1 << 20);
+  c.head = [&streams](uint64_t epoch) {
+    auto seq = streams(epoch);
+    for (auto& s : seq) s.resize(std::min<size_t>(s.size(), 10));
+    return seq;
+  };
+  c.head_steps = 10;
+  c.epochs = 1;
+  ClairvoyantEngine e(tree.manifest, slow, source, c);
+  const bool head_staged = wait_for(e, [](const nlohmann::json& s) { return s["staged"]["files"] == 10u; });
+  const auto planned = stats(e)["plan"]["planned_up_to"];
+  built.set_value();
+  ASSERT_TRUE(head_staged) << e.stats().dump(2);
+  EXPECT_EQ(planned, 10u);  // the head alone
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["files"] == tree.files(); }));
+  EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
+  const auto s = stats(e);
+  EXPECT_EQ(source.bytes_read(), tree.total());
+  EXPECT_EQ(s["mispredicted_opens"], 0u);
+  EXPECT_EQ(s["ranks"][0]["done"], tree.files());
+  EXPECT_EQ(s["ranks"][0]["total"], tree.files());
 }
 
 TEST(Engine, FilesLargerThanTheBudgetAreReadOnDemand) {

@@ -93,6 +93,47 @@ TEST(Planner, InOrderOpensMoveTheCursorAndReportPassedItems) {
   EXPECT_EQ(p.mispredicted(), 0u);
 }
 
+// A start epoch planned by its head first (each rank's first 3 of 6 items, PlannerConfig::head): the
+// head's keys are planned, a use beyond it is an estimate at the head's end (not never), the rest of the
+// epoch is the epoch wanted, and the whole epoch replaces the head with the opens counted so far.
+TEST(Planner, AStartEpochPlannedByItsHeadIsReplacedByTheWholeEpoch) {
+  const auto src = shuffled(12, 2);
+  PlannerConfig c = config(12, 2);
+  uint64_t steps = 3;
+  c.head = [&src, &steps](uint64_t epoch) {
+    auto seq = src(epoch);
+    for (auto& s : seq) s.resize(std::min<size_t>(s.size(), steps));
+    return seq;
+  };
+  c.head_steps = steps;
+  Planner p(c, src);
+  const auto seq = src(0);
+  EXPECT_TRUE(p.head_only());
+  EXPECT_EQ(p.planned_end(), 6u);
+  EXPECT_EQ(p.wanted_epoch(), 0u);
+  EXPECT_EQ(p.item(5), seq[1][2]);
+  EXPECT_FALSE(p.item(6).has_value());
+  EXPECT_EQ(p.next_use(seq[0][4], 0), 6u);  // beyond the head: at least its end
+  for (uint64_t r = 0; r < 2; ++r) EXPECT_TRUE(p.on_open(seq[r][0], 100 + static_cast<pid_t>(r)).expected);
+  p.add_epoch(Planner::build(src, 0, 2, 12));
+  EXPECT_FALSE(p.head_only());
+  EXPECT_EQ(p.planned_end(), 12u);
+  EXPECT_EQ(p.next_use(seq[0][4], 0), 8u);
+  EXPECT_EQ(p.wanted_epoch(), 1u);
+  for (uint64_t k = 1; k < 6; ++k)
+    for (uint64_t r = 0; r < 2; ++r) EXPECT_TRUE(p.on_open(seq[r][k], 100 + static_cast<pid_t>(r)).expected) << k;
+  EXPECT_EQ(p.cursor(), 12u);
+  EXPECT_EQ(p.progress(0).done, 6u);
+  EXPECT_EQ(p.progress(0).total, 6u);
+  EXPECT_EQ(p.mispredicted(), 0u);
+  // A head that ends before its steps is the whole epoch: nothing to replace.
+  steps = c.head_steps = 7;
+  Planner whole(c, src);
+  EXPECT_FALSE(whole.head_only());
+  EXPECT_EQ(whole.planned_end(), 12u);
+  EXPECT_EQ(whole.wanted_epoch(), 1u);
+}
+
 TEST(Planner, OutOfOrderOpensInsideTheToleranceAreExpected) {
   const auto src = shuffled(40, 1);
   Planner p(config(40, 1, 8), src);
