@@ -75,11 +75,12 @@ constexpr uint64_t kMinHeadSteps = 4096;
 
 // The engine's config with the start epoch's head to plan first, for a plan that starts at the epoch's
 // beginning on one node (a resumed or shifted start, a re-plan handing files over and peers plan the
-// whole epoch at once).
+// whole epoch at once). Not where samples that are not regular files are left out of the streams: a head
+// shorter than its steps would be taken for the whole epoch.
 EngineConfig with_head(const Manifest& manifest, const Oracle& oracle, EngineConfig c) {
   const uint64_t per_rank = manifest.samples().size() / std::max<uint64_t>(oracle.schedule().world_size, 1);
   if (per_rank * served_ranks(c).size() >= kHeadFrom && c.start_item == 0 && c.start_items.empty() &&
-      c.epoch_shift.empty() && !c.adopt && !c.peers) {
+      c.epoch_shift.empty() && !c.adopt && !c.peers && manifest.irregular_samples() == 0) {
     c.head_steps = std::max(per_rank / kHeadShare, kMinHeadSteps);
     c.head = oracle_streams(manifest, oracle, served_ranks(c), {}, c.epochs, c.head_steps);
   }
