@@ -685,12 +685,12 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
   const bool keep_for_peers = !pick.readahead && kept_in_ram(pick.id);
   const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
-  // Opened while it was read: the reader waits for these bytes (wait_for_staging), which are then its, held
-  // as read (first to go) rather than dropped and read from SOURCE again.
+  // The readers passed it (or left the plan, or idle= came) while it was read: dropped — unless a reader
+  // opened it meanwhile and waits for these bytes (wait_for_staging), which are then its, held as read
+  // (the first to go) rather than read from SOURCE again.
   const bool awaited =
       key == kNever && !state_.idle && (state_.window.is_open(pick.id) || state_.unread.count(pick.id));
-  if ((key == kNever || state_.idle) &&
-      !awaited) {  // the readers passed it (or left the plan, or idle= came) while it was read
+  if ((key == kNever || state_.idle) && !awaited) {
     ram_.unreserve(size);
     return false;
   }
