@@ -104,11 +104,16 @@ def timed(cmd, **kw):
     return time.monotonic() - t0
 
 
+def staged_files(mnt):
+    """Files the mount's stats count as staged."""
+    return stats(mnt).get("staged", {}).get("files", 0)
+
+
 def first_staged(mnt, limit=60):
     """Seconds from now (the mount just returned) until its stats count a staged file; None past `limit`."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
-        if stats(mnt).get("staged", {}).get("files", 0) > 0:
+        if staged_files(mnt) > 0:
             return time.monotonic() - t0
         time.sleep(0.01)
     return None
@@ -164,7 +169,7 @@ def main():
                     finds.append(timed(find_cmd, shell=True))
                     for b, (mounts, firsts, early) in turns.items():
                         mounts.append(timed([b, src, mnt, "-o", walk_opts]))
-                        early.append(stats(mnt).get("staged", {}).get("files", 0))  # staged before it returned
+                        early.append(staged_files(mnt))  # staged before it returned
                         firsts.append(first_staged(mnt))
                         benchlib.unmount(mnt)
                 out["find_s"] = statistics.median(finds)

@@ -65,10 +65,10 @@ StreamSource oracle_streams(const Manifest& manifest, const Oracle& oracle, std:
 }
 
 // The start epoch's items on a node from which its head is planned first (PlannerConfig::head), and the
-// head's share of each rank's items. At 14.2 M samples the whole epoch takes 1.5-3 s to build beside the
-// mount's own work on two cores, a 32nd of it 0.3-0.8 s (most of that the permutation, which does not
-// depend on the steps): readers would have to open 150,000 files a second to pass the head's end before
-// the whole epoch replaces it.
+// head's share of each rank's items. At 14.2 M samples the whole epoch took 1.4-2.8 s to build beside the
+// mount's own work on two cores (the permutation 0.2-0.7 s, the look-up of each sample 0.8-1.4 s, the
+// index 0.35-0.7 s); the head costs the permutation and a 32nd of the rest. Readers would have to open
+// about 150,000 files a second to pass the head's end before the whole epoch replaces it.
 constexpr uint64_t kHeadFrom = 1 << 17;
 constexpr uint64_t kHeadShare = 32;
 constexpr uint64_t kMinHeadSteps = 4096;

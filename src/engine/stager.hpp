@@ -115,12 +115,12 @@ class Stager {
   void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   // Whether a pick going to the keeper first may wait for it (not needed `soon`, room in deferred_).
   bool may_defer(bool soon) const;
-  // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
-  // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
   // On its way to RAM: a staging read of it, or a reader's load of the whole file (whose copy is kept at
   // the stager's next turn, keep_adopted). Staged too, SOURCE would read it twice (TSan's test_readers:
   // 1.001x, 1.003x).
   bool on_its_way(EntryId id) const REQUIRES(state_.mutex);
+  // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
+  // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
   bool kept_in_ram(EntryId id) const REQUIRES(state_.mutex);
   // Room in RAM for a file needed at `key`: by eviction (next use) within the eviction window, free room
   // only beyond it. `kept`: the file will be this node's kept copy (kept_in_ram), which may push out
