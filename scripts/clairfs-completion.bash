@@ -18,7 +18,7 @@ _clairfs_values() {
   local IFS=$' \t\n' words=""
   case $1 in
     progress) words="watch reads opens" ;;
-    order) words="torch torch-random sequential list clairfs" ;;
+    order) words="torch torch-random torch-global sequential list clairfs" ;;
     log_level) words="debug info warning error" ;;
     log) words="syslog stderr" ;;
     seed | world_size) words="auto" ;;
@@ -29,7 +29,7 @@ _clairfs_values() {
   [[ -n $words ]] && _clairfs_words "$words" "$2"
   case $1 in
     nvme) compgen -d -S / -- "$2" ;;
-    log | manifest | order_file | trace | metrics_file)
+    log | manifest | order_file | samples | trace | metrics_file)
       compgen -d -S / -- "$2"
       compgen -f -- "$2" | while read -r f; do [[ -d $f ]] || printf '%s\n' "$f"; done
       ;;

@@ -8,6 +8,7 @@
 #include "cli.hpp"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -47,6 +48,7 @@
 #include "oracle/schedule.hpp"
 #include "peer/mpi.hpp"
 #include "util/clock.hpp"
+#include "util/fs.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
 #include "util/mounts.hpp"
@@ -379,6 +381,28 @@ std::vector<uid_t> learn_from(const Options& o) {
   return uids;
 }
 
+// samples=FILE read into the manifest. Run as root, no symlink on the way is followed (a user who can write
+// a folder of the path could send root's read elsewhere); a FIFO in its place is refused, not waited on.
+void use_sample_list(const Options& o, Manifest& manifest) {
+  int fd = ::geteuid() == 0 ? open_resolved(AT_FDCWD, o.samples.c_str(), O_RDONLY | O_NONBLOCK, RESOLVE_NO_SYMLINKS)
+                            : ::open(o.samples.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (::geteuid() != 0 && fd < 0) fd = -errno;
+  if (fd < 0) throw std::runtime_error("samples '" + o.samples + "': " + why_not_written(fd));
+  UniqueFd owned(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || make_blocking(fd) < 0)
+    throw std::runtime_error("samples '" + o.samples + "' is not a regular file");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(::fdopen(owned.release(), "r"), &std::fclose);
+  if (!in) throw std::runtime_error("samples '" + o.samples + "': " + std::strerror(errno));
+  std::vector<std::string> roots = {o.mountpoint_abs, o.source_abs};
+  for (const std::string* given : {&o.mountpoint, &o.source})
+    if (!given->empty() && given->front() == '/' && *given != o.mountpoint_abs && *given != o.source_abs)
+      roots.push_back(*given);  // as the job may name it, through a symlink the real path resolves
+  manifest.use_samples(in.get(), o.samples, roots);
+  log_info("samples: " + std::to_string(manifest.samples().size()) + " files, in the order samples='" + o.samples +
+           "' lists them");
+}
+
 // Step 3: the index of SOURCE, its reader and the oracle. Node 0 alone reads SOURCE's metadata; the others
 // get the index from it. Returns why this node cannot go on ("" when it can).
 std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
@@ -415,9 +439,12 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
       d.reader.emplace(*d.manifest, o.source_abs);
     }
     // The data set's folder (every node, on the same tree: samples are made where the index is).
-    if (failure.empty() && !o.root.empty()) {
+    if (failure.empty() && (!o.root.empty() || !o.samples.empty())) {
       try {
-        d.manifest->use_root(o.root, o.extensions);
+        if (!o.root.empty())
+          d.manifest->use_root(o.root, o.extensions);
+        else
+          use_sample_list(o, *d.manifest);
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -673,8 +700,8 @@ int start_and_serve(int argc, char** argv, MpiWorld* world, const sigset_t& endi
   }
   if (o.foreground)
     log_info(std::string(o.manifest.empty() ? "scanned" : "loaded") + " " + std::to_string(d.manifest->size()) +
-             " entries, " + std::to_string(d.manifest->samples().size()) + " samples in " +
-             std::to_string(d.manifest->classes().size()) + " classes (" +
+             " entries, " + std::to_string(d.manifest->samples().size()) + " samples " +
+             (o.samples.empty() ? "in " + std::to_string(d.manifest->classes().size()) + " classes" : "listed") + " (" +
              std::to_string(seconds_since(t0)).substr(0, 5) + " s)");
   return mount_and_serve(o, world, d, report, ending);
 }

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -259,6 +260,12 @@ class Manifest {
   // inside SOURCE followed) instead of the root's: a job that reads ImageFolder(MOUNTPOINT/dir). Their
   // paths stay relative to the root. Throws std::runtime_error if `dir` is no folder.
   void use_root(const std::string& dir, const std::vector<std::string>& extensions);
+  // The samples become the files the list `in` names, in its order (samples=FILE, sample_list.cpp: a job
+  // whose Dataset is no ImageFolder walk): a JSON list of paths or of [path, label] pairs, or one path a
+  // line; each relative to the root or absolute under one of `roots` (the mount point, SOURCE); a file
+  // listed twice is two samples. `file` names the list in errors. Throws std::runtime_error naming the
+  // first path that is no regular file of SOURCE, or the first thing that is no path.
+  void use_samples(std::FILE* in, const std::string& file, const std::vector<std::string>& roots);
 
   const ReallocArray<EntryId>& samples() const { return samples_; }
   // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
@@ -292,6 +299,8 @@ class Manifest {
   // Follows symlinks (up to 40, like the kernel) from `id`; kNoEntry if it leaves SOURCE or dangles.
   EntryId resolve(EntryId id) const;
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
+  // Whether `path` (relative to the root) is the entry's own path, no symlink on the way.
+  bool names(EntryId id, std::string_view path) const;
 
   struct LateFill;
   // Publishes an entry's attributes (nullptr: gone) unless another thread did.

@@ -79,6 +79,7 @@ struct Options {
   std::string order_file;
   std::vector<std::string> extensions;  // lower case, with leading '.'
   std::string root;                     // the data set's folder inside SOURCE ("" : SOURCE itself)
+  std::string samples;                  // the job's sample list, in place of ImageFolder's ("": none)
   uint64_t torch_version = 2;           // which torch.randperm: 1 (torch 1.x) or 2 (torch 2.x)
   bool shared_generator = true;         // torch-random: DataLoader(generator=g) with the sampler's g
   bool persistent_workers = false;      // torch-random, torch-global: DataLoader(persistent_workers=True)

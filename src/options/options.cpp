@@ -286,6 +286,10 @@ void check_paths(Options& o) {
   o.mountpoint_abs = absolute(o.mountpoint);
   if (!o.manifest.empty()) require_path("manifest", o.manifest, S_IFREG, R_OK);
   if (!o.order_file.empty()) require_path("order_file", o.order_file, S_IFREG, R_OK);
+  if (!o.samples.empty()) {
+    require_path("samples", o.samples, S_IFREG, R_OK);
+    o.samples = absolute(o.samples);
+  }
   if (!o.nvme.empty()) require_path("nvme", o.nvme, S_IFDIR, R_OK | W_OK | X_OK);
   if (!o.metrics_file.empty()) {
     const std::string dir = o.metrics_file.substr(0, std::max<size_t>(1, o.metrics_file.rfind('/')));
@@ -329,6 +333,8 @@ void check_combinations(ParseState& st) {
     throw UsageError("order=list needs order_file=FILE");
   if (o.order != Order::kList && !o.order_file.empty())
     throw UsageError("order_file= is only used with order=list");
+  if (!o.samples.empty() && !o.root.empty())
+    throw UsageError("give samples= or root=, not both (the list names the data set's files itself)");
   if (o.allow_other && !o.default_permissions)
     throw UsageError("allow_other needs default_permissions too (else every user could read every file)");
   if (o.nvme_size > 0 && o.nvme.empty()) throw UsageError("nvme_size= needs nvme=DIR");

@@ -184,6 +184,14 @@ const std::vector<OptionSpec> kTable = {
        }
        o.root = clean;
      }},
+    {"samples", Takes::kValue, "FILE", S::kSchedule, "ImageFolder's", false,
+     "the job's sample list (JSON or a path a line), when its Dataset is no ImageFolder",
+     "The job's samples in its Dataset's order, when that is not ImageFolder's walk of the mount (a sorted "
+     "glob, ImageFolder with `is_valid_file`, a list of its own): a JSON list of paths or of [path, label] "
+     "pairs (`json.dump(ds.samples, f)`), or one path a line; each absolute under the mount point or SOURCE, "
+     "or relative to the mount's root. The shuffle is the job's sampler's, over these samples. Not with "
+     "`root=`. See [order.md](order.md#the-jobs-own-sample-list-samplesfile).",
+     [](Options& o, const GivenOption& g) { o.samples = path(g); }},
 
     // Caches.
     {"ram", Takes::kValue, "SIZE", S::kCaches, "1/4 of memory", false,

@@ -9,6 +9,7 @@ caught up) as one JSON line: "STATS {...}".
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
                     [--watch-batches N] [--start-barrier DIR] [--start-after FILE] [--compute SECONDS]
                     [--global-seed [--draws K]] [--skip-batches N]
+                    [--dataset imagefolder|skip|by-name] [--write-samples FILE [--as-lines]]
 
 --global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
 generator (torch.rand(K), as a model's initialisation would), then DataLoader(shuffle=True) with no
@@ -19,12 +20,18 @@ sampler and no generator (RandomSampler seeds its own from torch's each epoch).
 mount's background work, as a GPU's step leaves it).
 --skip-batches N: the first epoch starts at batch N, the batches before it skipped by the sampler (not
 loaded), as a checkpoint taken mid-epoch is resumed.
+--dataset: the job's Dataset. `imagefolder` (default); `skip`: ImageFolder with an is_valid_file that
+leaves out the files whose number (the name) is 3 modulo 7 (a seventh); `by-name`: a list of its own,
+every file of the tree sorted by its name alone (a custom Dataset over a glob).
+--write-samples FILE: the one line a job adds for samples=FILE: its Dataset's samples written as JSON
+(json.dump(ds.samples, f): [path, label] pairs), or one path a line with --as-lines.
 --start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
 world's), as torch.distributed's rendezvous makes DDP ranks do.
 --start-after FILE: the first read waits until FILE exists (a job started beside another at a given point
 of it, its start-up already done).
 """
 import argparse
+import glob
 import hashlib
 import itertools
 import json
@@ -55,6 +62,30 @@ class SkipFirst(torch.utils.data.Sampler):
 
     def __len__(self):
         return len(self.sampler)
+
+
+class ByName(torch.utils.data.Dataset):
+    """Every file of the tree, sorted by its name alone: a job's list of its own."""
+
+    def __init__(self, root):
+        paths = glob.glob(os.path.join(root, "*", "*"))
+        self.samples = [(p, 0) for p in sorted(paths, key=lambda p: (os.path.basename(p), p))]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return digest_of(self.samples[i][0]), 0
+
+
+def make_dataset(kind, root):
+    if kind == "by-name":
+        return ByName(root)
+    valid = None
+    if kind == "skip":
+        def valid(path):
+            return int(os.path.splitext(os.path.basename(path))[0]) % 7 != 3
+    return datasets.ImageFolder(root, loader=digest_of, is_valid_file=valid)
 
 
 def stats(root):
@@ -99,12 +130,21 @@ def main():
     ap.add_argument("--global-seed", action="store_true")
     ap.add_argument("--draws", type=int, default=0)
     ap.add_argument("--skip-batches", type=int, default=0)
+    ap.add_argument("--dataset", choices=("imagefolder", "skip", "by-name"), default="imagefolder")
+    ap.add_argument("--write-samples")
+    ap.add_argument("--as-lines", action="store_true")
     args = ap.parse_args()
     global ROOT
     ROOT = args.data
     with open(args.digests) as f:
         want = json.load(f)
-    dataset = datasets.ImageFolder(args.data, loader=digest_of)
+    dataset = make_dataset(args.dataset, args.data)
+    if args.write_samples:
+        with open(args.write_samples, "w") as f:
+            if args.as_lines:
+                f.write("".join(p + "\n" for p, _ in dataset.samples))
+            else:
+                json.dump(dataset.samples, f)
     with_workers = {"persistent_workers": args.persistent_workers, "prefetch_factor": args.prefetch_factor}
     if args.global_seed:
         torch.manual_seed(args.seed)

@@ -234,6 +234,73 @@ TEST_F(ManifestTest, MemoryStaysUnderFortyBytesPerFilePlusNames) {
 
 bool same(const Entry& a, const Entry& b) { return std::memcmp(&a, &b, sizeof(Entry)) == 0; }
 
+// samples=FILE: the list read in either form, each path's file a sample in the list's order.
+class SampleListTest : public ManifestTest {
+ protected:
+  void SetUp() override {
+    ManifestTest::SetUp();
+    file("cat/1.jpg");
+    file("cat/2.jpg");
+    file("dog/1.jpg");
+    file("dog/notes.txt");
+    link("../cat/2.jpg", "dog/alias.jpg");
+  }
+  // Uses `text` as the list; the error text if it is refused ("" if not).
+  std::string use(Manifest& m, const std::string& text) {
+    std::FILE* in = ::fmemopen(const_cast<char*>(text.data()), text.size(), "r");
+    if (text.empty()) in = std::fopen("/dev/null", "r");
+    std::string error;
+    try {
+      m.use_samples(in, "L", {"/mnt/x", root_});
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    std::fclose(in);
+    return error;
+  }
+  std::vector<std::string> given_paths(const Manifest& m) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < m.samples().size(); ++i) out.push_back(m.sample_path(i));
+    return out;
+  }
+};
+
+TEST_F(SampleListTest, ALineListInItsOwnOrderWithAnyFileAndPathsUnderTheMountOrSource) {
+  Manifest m = scan();
+  ASSERT_EQ(use(m, "# the job's list\n\ndog/notes.txt\r\n/mnt/x/dog/1.jpg\n" + root_ + "/cat/1.jpg\n./cat/2.jpg\n"),
+            "");
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"dog/notes.txt", "dog/1.jpg", "cat/1.jpg", "cat/2.jpg"}));
+  EXPECT_TRUE(m.classes().empty());
+}
+
+TEST_F(SampleListTest, AJsonListOfPathsOrOfPathLabelPairsAsTorchvisionHasThem) {
+  Manifest m = scan();
+  ASSERT_EQ(use(m, R"( [["/mnt/x/dog/1.jpg", 1], ["cat/1.jpg", 0]] )"), "");
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"dog/1.jpg", "cat/1.jpg"}));
+  ASSERT_EQ(use(m, R"(["cat/2.jpg", "dog/alias.jpg"])"), "");
+  // A file reached through a symlink keeps the path the job gives it (the published orders name it).
+  // A file listed twice (here once through a symlink) is two samples, as in the job's Dataset; each keeps
+  // the path the job gives it (the published orders name it).
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"cat/2.jpg", "cat/2.jpg"}));
+  EXPECT_EQ(given_paths(m), (std::vector<std::string>{"cat/2.jpg", "dog/alias.jpg"}));
+}
+
+TEST_F(SampleListTest, EachBadEntryIsRefusedByWhereItIs) {
+  Manifest m = scan();
+  EXPECT_EQ(use(m, "cat/1.jpg\ncat/9.jpg\n"), "samples 'L' line 2: 'cat/9.jpg' is no file in SOURCE");
+  EXPECT_EQ(use(m, "cat\n"), "samples 'L' line 1: 'cat' is a folder, not a file");
+  EXPECT_NE(use(m, "/elsewhere/cat/1.jpg\n").find("line 1: '/elsewhere/cat/1.jpg' is under neither /mnt/x nor"),
+            std::string::npos);
+  EXPECT_EQ(use(m, R"(["cat/1.jpg", 3])"), "samples 'L' element 1 is neither a path nor a [path, label] pair");
+  EXPECT_EQ(use(m, R"([["cat/1.jpg", 0], [], "x"])"),
+            "samples 'L' element 1 is neither a path nor a [path, label] pair");
+  EXPECT_EQ(use(m, R"([{"path": "cat/1.jpg"}])"), "samples 'L' element 0 is neither a path nor a [path, label] pair");
+  EXPECT_NE(use(m, R"(["cat/1.jpg",)").find("samples 'L' is no JSON list (broken at byte"), std::string::npos);
+  EXPECT_EQ(use(m, "# nothing\n"), "samples 'L' names no samples");
+  EXPECT_EQ(use(m, ""), "samples 'L' names no samples");
+  EXPECT_EQ(use(m, "[]"), "samples 'L' names no samples");
+}
+
 TEST(EntryTable, GivesBackEveryEntryAsAdded) {
   std::vector<Entry> in;
   Entry dir;

@@ -1,0 +1,107 @@
+"""The job's own sample list (samples=FILE, issue 32): real PyTorch jobs (Debian's torch 1.13,
+DistributedSampler, DataLoader with 2 workers, batch 16) whose Dataset is no ImageFolder walk of the mount —
+a list of their own (every file sorted by its name), ImageFolder with an is_valid_file that leaves out a
+seventh — written by the job's one added line and given to the mount. With the list: the job is followed from
+its first batch, no open mispredicted, its epoch counted to the end, every byte right, and its opens served
+by SOURCE (RAM holds a third of the data set) no more often than an ImageFolder job's on the same mount
+(+0.02 of the opens); seed=auto learns the seed on the list. Without it the same job is off the plan and
+most of its opens go to SOURCE. Bad lists are refused by line or element.
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
+FILES = 3000
+BASE = "seed=42,batch_size=16,workers=2,ram=%d"
+
+
+def run_job(mnt, digests, args):
+    r = subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--watch-batches", "6",
+                        "--compute", "0.005"] + args, capture_output=True, text=True, timeout=600)
+    lines = r.stdout.splitlines()
+    verdicts = [v for v in (line.split()[3] for line in lines if line.startswith("VERDICT "))]
+    ok = r.returncode == 0 and any(", 0 wrong," in line for line in lines if line.startswith("DONE "))
+    return ok, verdicts, r.stderr.strip()[-400:]
+
+
+with h.tempdir() as tmp:
+    data, mnt = tmp + "/data", tmp + "/mnt"
+    os.mkdir(mnt)
+    want, total = h.dataset(data, FILES, 10, 8, 16)
+    digests = tmp + "/digests.json"
+    with open(digests, "w") as f:
+        json.dump(want, f)
+    ram = total // 3  # a third of the data set: a job not followed reads most files from SOURCE
+    by_name, skipping = tmp + "/by-name.json", tmp + "/skip.txt"
+
+    # The lists, as a job writes them: over a plain mount (paths under the mount point, [path, label]
+    # pairs); and one path a line, made beforehand over SOURCE itself (paths under SOURCE).
+    with h.mounted(data, mnt, "seed=42,ram=0"):
+        subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--epochs", "0", "--dataset",
+                        "by-name", "--write-samples", by_name], check=True, timeout=300)
+    subprocess.run([sys.executable, JOB, "--data", data, "--digests", digests, "--epochs", "0", "--dataset", "skip",
+                    "--write-samples", skipping, "--as-lines"], check=True, timeout=300)
+    with open(by_name) as f:
+        listed = json.load(f)
+    with open(skipping) as f:
+        kept = len(f.read().splitlines())
+    h.check(len(listed) == FILES and listed[0][0].startswith(mnt + "/"), "the job's list: %d samples, %s" % (
+        len(listed), listed[:1]))
+
+    results = {}
+    for name, options, args, files in (
+            ("ImageFolder", "", [], FILES),
+            ("a list of its own, samples= (JSON)", ",samples=" + by_name, ["--dataset", "by-name"], FILES),
+            ("ImageFolder with is_valid_file, samples= (lines), seed=auto", ",samples=" + skipping,
+             ["--dataset", "skip"], kept),
+            ("a list of its own, not told", "", ["--dataset", "by-name"], FILES)):
+        options = (BASE % ram) + options
+        if "seed=auto" in name:
+            options = options.replace("seed=42", "seed=auto")
+        with h.mounted(data, mnt, options):
+            ok, verdicts, err = run_job(mnt, digests, args)
+            # (with seed=auto the engine hears only the opens after the seed is found)
+            s = h.quiet_stats(mnt) if "seed=auto" in options else h.settled_stats(mnt, files)
+        r = s["ranks"][0]
+        results[name] = s
+        h.check(ok, "%s: the job read every file right %s" % (name, err))
+        if name.endswith("not told"):
+            h.check(r["verdict"] == "off", "%s: rank 0 is off the plan: %s, %s" % (name, r["verdict"], r["reads_as"]))
+            continue
+        learned = s.get("learned", {})
+        h.check((r["epoch"], r["done"], r["total"], r["verdict"]) == (0, files, files, "following")
+                and s["mispredicted_opens"] == 0 and ("seed=auto" not in name or learned.get("seed") == "seed=42"),
+                "%s: followed to the epoch's end: %s, %d mispredicted, verdicts %s%s" % (
+                    name, (r["epoch"], r["done"], r["total"], r["verdict"]), s["mispredicted_opens"], verdicts,
+                    ", learned %s" % learned if "seed=auto" in name else ""))
+
+    # Opens served by SOURCE (each a stall for a job that waits on its reads): a followed list no more than
+    # an ImageFolder job, against most of them when not told. (seed=auto reads its first batches from
+    # SOURCE while it learns, as it does for any job.)
+    served = {name: s["stalls"]["opens"] / s["ranks"][0]["total"] for name, s in results.items()}
+    told, untold = served["a list of its own, samples= (JSON)"], served["a list of its own, not told"]
+    h.check(told <= served["ImageFolder"] + 0.02 and untold > 0.3, "opens served by SOURCE: %.3f of the job's with "
+            "samples=, %.3f not told, ImageFolder %.3f" % (told, untold, served["ImageFolder"]))
+    print("opens served by SOURCE / the job's opens: " + "; ".join("%s %.3f" % item for item in served.items()))
+
+    # Bad lists: one line naming the file and where in it, nothing mounted.
+    bad = tmp + "/bad.txt"
+    for text, said in (("c0000/0000000.jpg\nc0000/nothing.jpg\n", "line 2: 'c0000/nothing.jpg' is no file in SOURCE"),
+                       ("c0001\n", "line 1: 'c0001' is a folder, not a file"),
+                       ('["c0000/0000000.jpg", 7]', "element 1 is neither a path nor a [path, label] pair"),
+                       ("/elsewhere/c0000/0000000.jpg\n", "is under neither"),
+                       ("# nothing\n", "names no samples")):
+        with open(bad, "w") as f:
+            f.write(text)
+        r = h.run_clairfs([data, mnt, "-o", "seed=42,samples=" + bad])
+        h.check(r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1 and not h.is_mounted(mnt),
+                "a bad list refused in one line: %s" % r.stderr.strip())
+    r = h.run_clairfs([data, mnt, "-o", "seed=42,root=c0000,samples=" + skipping])
+    h.check(r.returncode == 2 and "samples= or root=" in r.stderr, "samples= with root= refused: %s" % r.stderr.strip())
+
+h.finish()
