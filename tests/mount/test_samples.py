@@ -101,6 +101,12 @@ with h.tempdir() as tmp:
         r = h.run_clairfs([data, mnt, "-o", "seed=42,samples=" + bad])
         h.check(r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1 and not h.is_mounted(mnt),
                 "a bad list refused in one line: %s" % r.stderr.strip())
+    # Run as root (as here), the list is read with no symlink followed on its way: one a user swapped in
+    # could send root's read to a file the user cannot read, and its lines into the error.
+    os.symlink(skipping, tmp + "/link.txt")
+    r = h.run_clairfs([data, mnt, "-o", "seed=42,samples=" + tmp + "/link.txt"])
+    h.check(r.returncode == 2 and "a symlink in its path" in r.stderr and not h.is_mounted(mnt),
+            "a symlinked list refused, as root: %s" % r.stderr.strip())
     r = h.run_clairfs([data, mnt, "-o", "seed=42,root=c0000,samples=" + skipping])
     h.check(r.returncode == 2 and "samples= or root=" in r.stderr, "samples= with root= refused: %s" % r.stderr.strip())
 
