@@ -409,6 +409,9 @@ void LearningEngine::replan_loop() {
     // (Not held up by a plan for another world size that waits: a process or two of the job, judged to
     // read as another world size in an order the plan does not hold, would keep it waiting.)
     if (shifting) shifting = !follow_epoch();
+    // A told seed whose ranks read in an order no epoch of it explains: the job's own seed is learned from
+    // them (the told seed won for the first batch; the evidence wins after it), as seed=auto learns again.
+    if (shifting && !pending) shifting = !relearn();
   }
 }
 
@@ -665,10 +668,16 @@ bool LearningEngine::relearn() {
   const Schedule& before = was->schedule();
   if (!found || (found->seed == before.seed && found->order == before.order && found->draws == before.draws))
     return false;  // tried again after more opens
-  const std::string words = "seed=auto: the job reads as " + learned_words(*found) + " from epoch " +
-                            std::to_string(q.start_epoch) + ", not as " + learned_before +
-                            " learned before (found from " + std::to_string(used) +
-                            " opens of processes reading in another order)";
+  // Told: an order that is the told seed's at a later epoch (torch shuffles epoch e of seed s by s + e) is
+  // a job at another epoch, which follow_epoch plans for by its epoch once the diagnosis names it.
+  if (told_ && found->order == Order::kTorch && before.order == Order::kTorch) {
+    const SeedInt at = found->seed + static_cast<SeedInt>(q.start_epoch) - before.seed;
+    if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs)) return false;
+  }
+  const std::string words = std::string(told_ ? "" : "seed=auto: ") + "the job reads as " + learned_words(*found) +
+                            " from epoch " + std::to_string(q.start_epoch) + ", not as " +
+                            (told_ ? "seed=" + seed_text(before.seed) + " told" : learned_before + " learned before") +
+                            " (found from " + std::to_string(used) + " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
     return true;
@@ -691,7 +700,7 @@ bool LearningEngine::relearn() {
   found_ = learned_options(*found);
   found_after_ = used;
   relearn_tried_ = 0;
-  ++relearned_;
+  ++(told_ ? replanned_ : relearned_);
   log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
               " files in RAM kept); staging follows it");
   return true;
@@ -750,6 +759,8 @@ nlohmann::json LearningEngine::stats() const {
     j["plan"]["world"] = {{"world_size", plan_.world},
                           {"ranks", rank_list_text(plan_.ranks)},
                           {"epoch", plan_.epoch},
+                          // the order planned for: the told seed until the job's own was found
+                          {"order", found_.empty() && told_ ? "seed=" + seed_text(told_->schedule().seed) : found_},
                           {"replanned", replanned_},
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes

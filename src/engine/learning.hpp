@@ -133,9 +133,9 @@ class LearningEngine final : public Engine {
   // One re-plan, if the readers call for it (replan_for). False while it waits for the plan's readers
   // to leave.
   bool replan() EXCLUDES(mutex_);
-  // A learned seed learned again, when no rank of its plan is followed and the job's processes read in
-  // another order: learn_seed on their latest opens, and a plan for the seed found. False while it
-  // waits for more of their opens (or for the learned order's readers to go).
+  // A learned seed learned again — or a told one replaced by the job's —, when no rank of its plan is
+  // followed and the job's processes read in another order: learn_seed on their latest opens, and a plan
+  // for the seed found. False while it waits for more of their opens (or for the plan's readers to go).
   bool relearn() EXCLUDES(mutex_);
   // A told seed: when each rank off the plan reads the planned order of another epoch (a job started at
   // another epoch than the mount was told, or restarted), or a rank that never read does (started epochs

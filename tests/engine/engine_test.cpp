@@ -1120,6 +1120,31 @@ TEST(Learning, AJobAtAnotherEpochOfTheToldSeedIsPlannedForFromThatEpoch) {
   })) << m.stats()["ranks"];
 }
 
+TEST(Learning, AJobOfAnotherSeedThanTheToldIsPlannedForOnceItsSeedIsLearned) {
+  // A mount told seed 42; the job runs seed 7 (below 42: no later epoch of the told seed). Its rank is
+  // found off the plan, no epoch of seed 42 explains it, and the seed is learned from its opens: the mount
+  // plans for seed 7 and the rank follows it to the epoch's end.
+  ToldMount m(1, 1 << 20);
+  Schedule seven = m.told.schedule();
+  seven.seed = 7;
+  const Oracle job(m.tree.manifest.samples().size(), seven);
+  const std::vector<uint32_t>& order = job.epoch(0).rank_sequence(0);
+  auto read = [&](size_t k) {
+    const EntryId id = m.tree.manifest.samples()[order[k]];
+    return read_file(m.e, id, nullptr, static_cast<pid_t>(2000 + job.worker_of(k))) == m.tree.bytes(id);
+  };
+  for (size_t k = 0; k < 200; ++k) ASSERT_TRUE(read(k));
+  ASSERT_TRUE(m.wait([&] { return m.stats()["plan"]["world"]["order"] == "seed=7"; }))
+      << m.stats()["plan"] << m.stats()["ranks"];
+  EXPECT_EQ(m.stats()["plan"]["world"]["replanned"], 1);
+  EXPECT_EQ(m.stats()["plan"]["world"]["epoch"], 0);
+  for (size_t k = 200; k < order.size(); ++k) ASSERT_TRUE(read(k));
+  EXPECT_TRUE(m.wait([&] {
+    const auto r = m.stats()["ranks"][0];
+    return r["epoch"] == 0 && r["done"] == r["total"] && r["verdict"] == "following";
+  })) << m.stats()["ranks"];
+}
+
 TEST(Learning, ARankThatStartsEpochsAfterTheOtherIsFollowed) {
   // Two ranks on one node (world_size=2), seed 42 told from epoch 0. Rank 0 reads epochs 0 and 1 alone;
   // rank 1 starts only then, at its epoch 0, while rank 0 reads its epoch 2 (ranks not held together, as
