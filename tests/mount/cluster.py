@@ -1,7 +1,7 @@
 """A real cluster on one machine, for the tests that run clairfs the way a site does.
 
 SlurmCluster starts Debian's munged, slurmctld and slurmd (no systemd: each as a plain daemon with its
-files in a temporary folder and ports of its own) with this host as one node of 2 CPUs, Slurm's default
+files in a temporary folder and ports of its own) with this host as one node of 2 CPUs (or more, told), Slurm's default
 MpiDefault=none, no accounting, ProctrackType=proctrack/linuxproc and TaskPlugin=task/none; `env`
 gives what the Slurm commands need (SLURM_CONF). Everything it started is stopped on exit.
 
@@ -61,10 +61,12 @@ def _stop(pid, timeout=10):
 
 
 class SlurmCluster:
-    def __init__(self, where, extra=()):
-        """`extra`: more slurm.conf lines (Prolog=..., say)."""
+    def __init__(self, where, extra=(), cpus=2):
+        """`extra`: more slurm.conf lines (Prolog=..., say). `cpus`: the CPUs the node offers; more than the
+        host's lets jobs that mostly wait run side by side (slurmd takes the configured count)."""
         self.dir = where
-        self.extra = list(extra)
+        self.extra = list(extra) + (["SlurmdParameters=config_overrides"] if cpus > 2 else [])
+        self.cpus = cpus
         self.host = socket.gethostname().split(".")[0]
         self.conf = os.path.join(where, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf)
@@ -110,7 +112,7 @@ class SlurmCluster:
                 "SelectTypeParameters=CR_Core",
                 "ReturnToService=2",
                 "MinJobAge=600",
-                "NodeName=%s NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN" % self.host,
+                "NodeName=%s NodeAddr=127.0.0.1 CPUs=%d State=UNKNOWN" % (self.host, self.cpus),
                 "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"] + self.extra + [""]))
         subprocess.run(["slurmctld", "-c", "-f", self.conf], check=True, env=self.env, timeout=30)
         subprocess.run(["slurmd", "-f", self.conf], check=True, env=self.env, timeout=30)
