@@ -33,7 +33,7 @@ from benchlib import SlowSource, cached_dataset, daemon_peak, unmount, write_sec
 
 class Params:
     def __init__(self, quick):
-        self.files = 1000 if quick else 3000
+        self.files = 500 if quick else 3000
         self.classes = 20
         self.epochs = 2 if quick else 3
         self.reps = 1 if quick else 3
@@ -46,7 +46,7 @@ class Params:
         self.bandwidth_mbps = 100
         self.inflight = 16
         self.torch = True
-        self.sim_files = 2000 if quick else 10000
+        self.sim_files = 1000 if quick else 10000
 
 
 def run_loop(build, p, root, order_root, stalls=None, torch=False):
