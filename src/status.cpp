@@ -201,13 +201,13 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
         static_cast<unsigned long long>(world));
   if (const uint64_t times = get(j, {"plan", "world", "replanned"}))
     std::printf(
-        "  planned again %llu time%s: the job reads as %s, world_size=%llu, ranks %s here, from epoch %llu (%llu "
+        "  planned again %llu time%s: the job reads as world_size=%llu, ranks %s here, from epoch %llu of %s (%llu "
         "files in RAM kept)\n",
         static_cast<unsigned long long>(times), times == 1 ? "" : "s",
-        j["plan"]["world"].value("order", std::string("its seed")).c_str(),
         static_cast<unsigned long long>(get(j, {"plan", "world", "world_size"})),
         j["plan"]["world"].value("ranks", std::string()).c_str(),
         static_cast<unsigned long long>(get(j, {"plan", "world", "epoch"})),
+        j["plan"]["world"].value("order", std::string("its seed")).c_str(),
         static_cast<unsigned long long>(get(j, {"plan", "world", "kept_files"})));
   if (const uint64_t others = get(j, {"progress", "other_opens"}))
     std::printf(

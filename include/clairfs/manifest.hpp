@@ -263,8 +263,9 @@ class Manifest {
   // The samples become the files the list `in` names, in its order (samples=FILE, sample_list.cpp: a job
   // whose Dataset is no ImageFolder walk): a JSON list of paths or of [path, label] pairs, or one path a
   // line; each relative to the root or absolute under one of `roots` (the mount point, SOURCE); a file
-  // listed twice is two samples. `file` names the list in errors. Throws std::runtime_error naming the
-  // first path that is no regular file of SOURCE, or the first thing that is no path.
+  // listed twice is two samples, one that is no regular file (a dangling link) an irregular one, as in
+  // ImageFolder's walk. `file` names the list in errors. Throws std::runtime_error naming the first path
+  // that names nothing in SOURCE or a folder, or the first thing that is no path.
   void use_samples(std::FILE* in, const std::string& file, const std::vector<std::string>& roots);
 
   const ReallocArray<EntryId>& samples() const { return samples_; }

@@ -133,9 +133,16 @@ void Manifest::use_samples(std::FILE* in, const std::string& file, const std::ve
       for (const auto& root : roots) under += (under.empty() ? "" : " nor ") + root;
       fail("is under neither " + under + " (give paths relative to the mount's root, or under it)");
     }
-    const EntryId id = resolve_relative(path);
-    if (id == kNoEntry) fail("is no file in SOURCE");
-    if (!S_ISREG(mode(id))) fail(is_dir(id) ? "is a folder, not a file" : "is no regular file");
+    // As ImageFolder's walk has them: a symlink to a file is that file; a link that leads nowhere, or a
+    // FIFO, is a sample of its own that no read will serve (irregular).
+    const size_t slash = path.rfind('/');
+    const EntryId dir = slash == std::string_view::npos ? 0 : resolve_relative(path.substr(0, slash));
+    const EntryId entry = dir == kNoEntry || !is_dir(dir) ? kNoEntry : lookup(dir, path.substr(slash + 1));
+    if (entry == kNoEntry) fail("is no file in SOURCE");
+    const EntryId target = resolve(entry);
+    if (target != kNoEntry && is_dir(target)) fail("is a folder, not a file");
+    const EntryId id = target == kNoEntry ? entry : target;
+    irregular_samples_ += !S_ISREG(mode(id));
     if (samples_.size() == UINT32_MAX) fail("is one sample too many (at most 4,294,967,295)");
     if (!names(id, path)) sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), std::string(path));
     samples_.push_back(id);

@@ -147,7 +147,7 @@ with h.tempdir() as tmp:
             name, off_at, err))
         if first is None:  # the seed: learned and planned for from the mount's start epoch
             right = (plan["epoch"], plan["order"]) == (0, "seed=7") and "reads as seed=7 from epoch 0, not as seed=42 told" \
-                in (said or [""])[0] and "the job reads as seed=7, world_size=1" in text
+                in (said or [""])[0] and "from epoch 0 of seed=7" in text
         else:
             right = plan["epoch"] == first and ("planned again from epoch %d" % first) in (said or [""])[0] \
                 and ("from epoch %d" % first) in text

@@ -10,6 +10,7 @@ mounts run here.
 4. The published order: MOUNTPOINT/.clairfs/order/epoch-E/rank-R through a real mount, for order=torch and
    order=torch-random, on awkward trees (symlinked directories and files), equals torch 2.x's
    ImageFolder(mount).samples taken in its sampler's order — paths and all.
+5. The same with a job's own sample list (samples=FILE): ImageFolder with an is_valid_file.
 """
 import json
 import os
@@ -171,6 +172,33 @@ try:
                         print("published order differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
     h.check(bad == 0 and cases > 0, "torch %s: published .clairfs/order files equal ImageFolder + sampler through the "
             "mount: %d/%d (tree, order, epoch) cases" % (versions[0], cases - bad, cases))
+
+    # 5. A job's own sample list (samples=FILE): ImageFolder with an is_valid_file that leaves files out,
+    # its samples' paths written one a line (relative: inside the chroot the mount has another path). The
+    # published order equals that dataset's in DistributedSampler's order.
+    cases = bad = 0
+    listed = os.path.join(work, "samples.txt")
+    for t in range(3):
+        root = os.path.join(work, "t%d" % t)
+        with h.mounted(root, mnt, "seed=42"):
+            samples = torch2.ask(q="imagefolder", root="/" + os.path.relpath(mnt, CHROOT), skip=3)
+        with open(listed, "w") as f:
+            f.write("".join(p.replace("\\", "\\\\").replace("\n", "\\n") + "\n" for p in samples))
+        world, seed, batch = rnd.choice([1, 2, 3]), random_seed(rnd, 10), rnd.choice([1, 4])
+        opts = "seed=%d,world_size=%d,ranks=0-%d,batch_size=%d,samples=%s" % (seed, world, world - 1, batch, listed)
+        with h.mounted(root, mnt, opts):
+            for epoch in range(2):
+                rank = rnd.randrange(world)
+                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
+                    got = f.read().splitlines()
+                idx = torch2.ask(q="dist", n=len(samples), world=world, rank=rank, seed=seed, epoch=epoch,
+                                 drop_last=False, shuffle=True, batch=batch, ldl=False)
+                cases += 1
+                if got != [samples[i] for i in idx]:
+                    bad += 1
+                    print("published order with samples= differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
+    h.check(bad == 0 and cases > 0, "torch %s: with samples= (ImageFolder with is_valid_file), the published order "
+            "equals the job's dataset + DistributedSampler: %d/%d (tree, epoch) cases" % (versions[0], cases - bad, cases))
     torch2.close()
     oracle.close()
 finally:

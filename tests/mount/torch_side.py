@@ -15,6 +15,9 @@ JSON answer a line on stdout:
     {"q": "workers", "n", "world", "rank", "seed", "epoch", "batch", "ldl", "workers"}
                                                                -> what each DataLoader worker loads
     {"q": "imagefolder", "root"}                               -> ImageFolder(root).samples' paths, relative
+    {"q": "imagefolder", "root", "skip": K}                    -> the same with an is_valid_file that keeps the
+                                                                  image files whose name's length is no
+                                                                  multiple of K (a job's own choice of files)
 """
 import json
 import os
@@ -24,6 +27,9 @@ import torch
 import torchvision
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 from torchvision.datasets import ImageFolder
+
+
+IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class WhoLoads(torch.utils.data.Dataset):
@@ -74,7 +80,14 @@ def answer(q):
                 per_worker[w].append(i)
         return per_worker
     if q["q"] == "imagefolder":
-        return [os.path.relpath(p, q["root"]) for p, _ in ImageFolder(q["root"]).samples]
+        if "skip" in q:
+            def valid(path):
+                name = os.path.basename(path)
+                return name.lower().endswith(IMAGES) and len(name) % q["skip"] != 0
+            found = ImageFolder(q["root"], is_valid_file=valid, allow_empty=True)
+        else:
+            found = ImageFolder(q["root"])
+        return [os.path.relpath(p, q["root"]) for p, _ in found.samples]
     raise ValueError("unknown question %r" % q["q"])
 
 

@@ -244,6 +244,7 @@ class SampleListTest : public ManifestTest {
     file("dog/1.jpg");
     file("dog/notes.txt");
     link("../cat/2.jpg", "dog/alias.jpg");
+    link("../nowhere.jpg", "dog/dangling.jpg");
   }
   // Uses `text` as the list; the error text if it is refused ("" if not).
   std::string use(Manifest& m, const std::string& text) {
@@ -283,6 +284,11 @@ TEST_F(SampleListTest, AJsonListOfPathsOrOfPathLabelPairsAsTorchvisionHasThem) {
   // the path the job gives it (the published orders name it).
   EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"cat/2.jpg", "cat/2.jpg"}));
   EXPECT_EQ(given_paths(m), (std::vector<std::string>{"cat/2.jpg", "dog/alias.jpg"}));
+  EXPECT_EQ(m.irregular_samples(), 0u);
+  // A link that leads nowhere is a sample ImageFolder lists too (no read serves it): counted irregular.
+  ASSERT_EQ(use(m, R"(["dog/dangling.jpg", "cat/1.jpg"])"), "");
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"dog/dangling.jpg", "cat/1.jpg"}));
+  EXPECT_EQ(m.irregular_samples(), 1u);
 }
 
 TEST_F(SampleListTest, EachBadEntryIsRefusedByWhereItIs) {
