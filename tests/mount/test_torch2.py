@@ -50,6 +50,24 @@ class Torch2:
         self.p.wait(timeout=60)
 
 
+def published_differs(torch2, mnt, samples, order, world, seed, batch, ldl, epoch, what):
+    """Whether a random rank's published order of `epoch` differs from torch 2.x's sampler over `samples`
+    (said when it does)."""
+    rank = rnd.randrange(world)
+    with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
+        got = f.read().splitlines()
+    if order == "torch":
+        idx = torch2.ask(q="dist", n=len(samples), world=world, rank=rank, seed=seed, epoch=epoch, drop_last=False,
+                         shuffle=True, batch=batch, ldl=ldl)
+    else:
+        idx = torch2.ask(q="random", n=len(samples), seed=seed, batch=batch, ldl=ldl, shared=True,
+                         epochs=epoch + 1)[epoch]
+    if got == [samples[i] for i in idx]:
+        return False
+    print("published order differs: %s epoch %d rank %d" % (what, epoch, rank))
+    return True
+
+
 if not os.path.isfile(os.path.join(CHROOT, "usr/lib/python3/dist-packages/torch/__init__.py")):
     h.check(False, "a torch 2.x chroot at %s (make it with scripts/torch2-chroot)" % CHROOT)
     h.finish()
@@ -157,19 +175,9 @@ try:
             with h.mounted(root, mnt, opts):
                 samples = torch2.ask(q="imagefolder", root="/" + os.path.relpath(mnt, CHROOT))
                 for epoch in range(3):
-                    rank = rnd.randrange(world)
-                    with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
-                        got = f.read().splitlines()
-                    if order == "torch":
-                        idx = torch2.ask(q="dist", n=len(samples), world=world, rank=rank, seed=seed, epoch=epoch,
-                                         drop_last=False, shuffle=True, batch=batch, ldl=ldl)
-                    else:
-                        idx = torch2.ask(q="random", n=len(samples), seed=seed, batch=batch, ldl=ldl, shared=True,
-                                         epochs=epoch + 1)[epoch]
                     cases += 1
-                    if got != [samples[i] for i in idx]:
-                        bad += 1
-                        print("published order differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
+                    bad += published_differs(torch2, mnt, samples, order, world, seed, batch, ldl, epoch,
+                                             "tree %d %s" % (t, opts))
     h.check(bad == 0 and cases > 0, "torch %s: published .clairfs/order files equal ImageFolder + sampler through the "
             "mount: %d/%d (tree, order, epoch) cases" % (versions[0], cases - bad, cases))
 
@@ -188,15 +196,9 @@ try:
         opts = "seed=%d,world_size=%d,ranks=0-%d,batch_size=%d,samples=%s" % (seed, world, world - 1, batch, listed)
         with h.mounted(root, mnt, opts):
             for epoch in range(2):
-                rank = rnd.randrange(world)
-                with open("%s/.clairfs/order/epoch-%d/rank-%d" % (mnt, epoch, rank)) as f:
-                    got = f.read().splitlines()
-                idx = torch2.ask(q="dist", n=len(samples), world=world, rank=rank, seed=seed, epoch=epoch,
-                                 drop_last=False, shuffle=True, batch=batch, ldl=False)
                 cases += 1
-                if got != [samples[i] for i in idx]:
-                    bad += 1
-                    print("published order with samples= differs: tree %d %s epoch %d rank %d" % (t, opts, epoch, rank))
+                bad += published_differs(torch2, mnt, samples, "torch", world, seed, batch, False, epoch,
+                                         "tree %d %s" % (t, opts))
     h.check(bad == 0 and cases > 0, "torch %s: with samples= (ImageFolder with is_valid_file), the published order "
             "equals the job's dataset + DistributedSampler: %d/%d (tree, epoch) cases" % (versions[0], cases - bad, cases))
     torch2.close()
