@@ -627,6 +627,13 @@ bool LearningEngine::relearn() {
   // order turned) ranks off the plan: what they read now is the evidence.
   const bool other = old->other_readers() > 0;
   if (!other && old->ranks_off() == 0) return true;  // none reads in another order (any more)
+  if (told_) {
+    // A rank that never read may have started after the others, and one whose diagnosis found an epoch of
+    // the told seed reads that epoch: follow_epoch's, both (their opens would teach a seed of neither).
+    using Is = ClairvoyantEngine::RankAt::Is;
+    for (const auto& a : old->ranks_at())
+      if (a.is == Is::kUnread || (a.is == Is::kOff && a.epoch)) return false;
+  }
   if (old->followed()) {  // the learned order has its readers: the other is another job's, or not yet
     MutexLock lock(mutex_);
     relearn_tried_ = 0;

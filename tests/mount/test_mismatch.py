@@ -143,8 +143,11 @@ with h.tempdir() as tmp:
         os.unlink(log)
         off_at = next((f for b, f, v in verdicts if v == "off"), None)
         r, plan = s["ranks"][0], s["plan"]["world"]
-        h.check(ok and off_at is not None and off_at <= 16 * BATCHES, "%s: named off the plan after %s files %s" % (
-            name, off_at, err))
+        # (Named off between two of the job's looks at its verdict, and followed again by the next, the rank
+        # is seen off in the log alone: a plan for another seed came within the first batch once.)
+        off_in_log = any("rank 0 does not read in the planned order" in line for line in lines)
+        h.check(ok and ((off_at is not None and off_at <= 16 * BATCHES) or (off_at is None and off_in_log)),
+                "%s: named off the plan after %s files (in the log: %s) %s" % (name, off_at, off_in_log, err))
         if first is None:  # the seed: learned and planned for from the mount's start epoch
             right = (plan["epoch"], plan["order"]) == (0, "seed=7") and "reads as seed=7 from epoch 0, not as seed=42 told" \
                 in (said or [""])[0] and "from epoch 0 of seed=7" in text
