@@ -169,8 +169,9 @@ with h.tempdir() as tmp:
         h.check(mounted and state == "CANCELLED" and not left,
                 "scancel mid-job: %s, nothing left %s" % (state, left))
 
-        # The time-limit job, mounted and reading by now, is given its end now: Slurm ends it at its next
-        # look at time limits (every 30 s) as when its minute runs out.
+        # The time-limit job, once mounted (by now, as a rule), is given its end now: Slurm ends it at its
+        # next look at time limits (every 30 s) as when its minute runs out.
+        wait_for(lambda: "all 1 nodes mounted" in output(apart, limited), 120)
         ended = slurm.run(["scontrol", "update", "JobId=" + limited,
                            "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))])
 
