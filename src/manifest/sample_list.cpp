@@ -25,11 +25,12 @@ namespace clairfs {
 
 namespace {
 
-// Each path of a JSON list, with where it is ("element K"), to `add`; throws std::runtime_error at the
+// Each path of a JSON list, with where it is (element K), to `add`; throws std::runtime_error at the
 // first element that is no path (or pair whose first item is one).
 class JsonPaths final : public nlohmann::json_sax<nlohmann::json> {
  public:
-  using Add = std::function<void(std::string_view path, const std::string& where)>;
+  // (where: "line" or "element", and its number; said only in an error, so made only there)
+  using Add = std::function<void(std::string_view path, const char* where, uint64_t number)>;
   JsonPaths(const std::string& file, Add add) : file_(file), add_(std::move(add)) {}
 
   bool start_array(std::size_t) override {
@@ -46,10 +47,10 @@ class JsonPaths final : public nlohmann::json_sax<nlohmann::json> {
   }
   bool string(string_t& s) override {
     if (depth_ == 1) {
-      add_(s, where());
+      add_(s, "element", element_);
       ++element_;
     } else if (items_++ == 0) {
-      add_(s, where());
+      add_(s, "element", element_);
     }
     return true;
   }
@@ -123,9 +124,10 @@ void Manifest::use_samples(std::FILE* in, const std::string& file, const std::ve
   sample_paths_.clear();
   classes_.clear();
   warnings_.clear();
-  auto add = [&](std::string_view given, const std::string& where) {
+  auto add = [&](std::string_view given, const char* where, uint64_t number) {
     const auto fail = [&](const std::string& why) {
-      throw std::runtime_error("samples '" + file + "' " + where + ": '" + escape_controls(given) + "' " + why);
+      throw std::runtime_error("samples '" + file + "' " + where + " " + std::to_string(number) + ": '" +
+                               escape_controls(given) + "' " + why);
     };
     const std::string_view path = relative_to_root(given, roots);
     if (!path.empty() && path.front() == '/') {
@@ -167,7 +169,7 @@ void Manifest::use_samples(std::FILE* in, const std::string& file, const std::ve
       if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
       if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
       if (text.empty() || text.front() == '#') continue;
-      add(unescape_line(text), "line " + std::to_string(number));
+      add(unescape_line(text), "line", number);
     }
   }
   if (std::ferror(in)) throw std::runtime_error("samples '" + file + "' could not be read whole");
