@@ -601,14 +601,20 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     return false;
   }
   const std::vector<std::pair<EntryId, pid_t>> meanwhile = opens(seen, &seen);  // (`opens` may take mutex_)
-  MutexLock lock(mutex_);
-  if (watched_.load()) e->watching_opens();
-  e->catch_up(meanwhile);
-  late_tried_ = 0;  // the new plan's opens are counted from 0
-  oracles_[n + 1] = std::move(oracle);
-  engines_[n + 1] = std::move(e);
-  publish(n + 1, oracles_[n + 1].get());
-  old->free_ram();
+  ClairvoyantEngine* const now = e.get();
+  {
+    MutexLock lock(mutex_);
+    if (watched_.load()) e->watching_opens();
+    e->catch_up(meanwhile);
+    late_tried_ = 0;  // the new plan's opens are counted from 0
+    oracles_[n + 1] = std::move(oracle);
+    engines_[n + 1] = std::move(e);
+    publish(n + 1, oracles_[n + 1].get());
+    old->free_ram();
+  }
+  // The opens the old plan took after those, until the new one was published: its readers' too (a job
+  // reading 1,700 files a second left 120 of its epoch's opens counted by neither plan under ASan).
+  now->catch_up(opens(seen, &seen));
   return true;
 }
 

@@ -158,12 +158,7 @@ with h.tempdir() as tmp:
                 "%s: planned again from epoch %s: %s; %s; status %s%s" % (name, first, plan, said, [
                     line.strip() for line in text.splitlines() if "planned" in line],
                     "" if said else "; the log: %s; progress %s" % (lines[2:], s["progress"])))
-        # (A plan for a learned seed is handed the latest opens of the processes judged to read in another
-        # order; under ASan it missed 76 and 88 of the epoch's first opens, counted neither there nor here:
-        # the seed's epoch 0 may end short by the opens made before those processes were judged — a known
-        # defect, named in the closing note of 238f2ea's session; a tenth of the epoch allowed.)
-        short = 300 if first is None and len(epochs) == 1 else 0
-        h.check(r["epoch"] == (first or 0) + len(epochs) - 1 and 3000 - short <= r["done"] <= 3000 and r["total"] == 3000
+        h.check(r["epoch"] == (first or 0) + len(epochs) - 1 and r["done"] == 3000 and r["total"] == 3000
                 and r["verdict"] == "following",
                 "%s: followed to the end of the job's last epoch: %s" % (name, (r["epoch"], r["done"], r["total"], r["verdict"])))
         window = s["ram"]["budget"] + s["pagecache"]["budget"]
