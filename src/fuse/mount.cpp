@@ -339,6 +339,9 @@ std::vector<uint64_t> own_socket_pairs() {
   return inodes;
 }
 
+// Where the keeper finds the daemon's pidfd: after the socket (its stdin), stdout and stderr.
+constexpr int kKeeperPidfd = 3;
+
 // With auto_unmount, fusermount3 stays behind, waits for the daemon's end of a socket pair to close,
 // and then unmounts if the mount answers ENOTCONN. A process that dies closes its descriptors one at a
 // time, though, and the kernel releases the socket before the FUSE connection when the socket's number
@@ -365,13 +368,20 @@ void start_unmount_keeper(const std::vector<uint64_t>& before, int connection, c
     return;
   }
   ::fcntl(socket, F_SETFD, FD_CLOEXEC);  // no other child holds it
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));  // (close-on-exec, as every pidfd)
+  if (pidfd < 0) {
+    log_warning(std::string("auto_unmount: cannot open a pidfd for the keeper of fusermount3's socket: ") +
+                std::strerror(errno) + "; a daemon killed may leave its mount dead (clairfs cleanup removes it)");
+    return;
+  }
   posix_spawn_file_actions_t files;
   posix_spawnattr_t attributes;
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_adddup2(&files, socket, STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&files, pidfd, kKeeperPidfd);
   posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&files, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addclosefrom_np(&files, 3);
+  posix_spawn_file_actions_addclosefrom_np(&files, kKeeperPidfd + 1);
   posix_spawnattr_init(&attributes);
   // A session of its own (a launcher that kills its job's process groups leaves it), every signal held.
   sigset_t all;
@@ -387,6 +397,7 @@ void start_unmount_keeper(const std::vector<uint64_t>& before, int connection, c
   const int rc = posix_spawn(&keeper, "/proc/self/exe", &files, &attributes, argv, environ);
   posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&files);
+  ::close(pidfd);
   if (rc != 0)
     log_warning(std::string("auto_unmount: cannot start the keeper of fusermount3's socket: ") + std::strerror(rc) +
                 "; a daemon killed may leave its mount dead (clairfs cleanup removes it)");
@@ -394,15 +405,15 @@ void start_unmount_keeper(const std::vector<uint64_t>& before, int connection, c
 
 }  // namespace
 
-int run_unmount_keeper(int argc, char** argv) {
+int run_unmount_keeper(int argc, char** /*argv*/) {
   if (argc < 3) return 2;
-  const pid_t daemon = static_cast<pid_t>(std::atol(argv[2]));
   ::prctl(PR_SET_NAME, "clairfs-keeper");
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, daemon, 0));
-  // Once the daemon is no longer this process's parent it has exited already (and its PID may be
-  // another process's by now): the socket goes at once.
-  if (pidfd < 0 || ::getppid() != daemon) return 0;
-  pollfd gone{pidfd, POLLIN, 0};
+  // The daemon's pidfd, opened by the daemon and left at kKeeperPidfd: readable once every thread of it
+  // has exited, each descriptor with them. (Opened here from the daemon's PID, a keeper still starting
+  // when the daemon was killed could open it late — its parent then already another process once the
+  // thread that started it had exited, the others perhaps still closing the connection — and went at once:
+  // fusermount3 could then look too early.)
+  pollfd gone{kKeeperPidfd, POLLIN, 0};
   while (::poll(&gone, 1, -1) < 0 && errno == EINTR) {
   }
   return 0;

@@ -15,7 +15,8 @@ namespace clairfs {
 
 // The command (argv[1]) of the keeper that a mount made with auto_unmount starts: it holds fusermount3's
 // socket until the daemon has wholly exited (mount.cpp says why). Not for users: `clairfs-keeper
-// keep-auto-unmount DAEMON_PID MOUNTPOINT`, the mount point only for whoever reads `ps`.
+// keep-auto-unmount DAEMON_PID MOUNTPOINT` with the daemon's pidfd at descriptor 3, the PID and the mount
+// point only for whoever reads `ps`.
 inline constexpr const char* kUnmountKeeperCommand = "keep-auto-unmount";
 int run_unmount_keeper(int argc, char** argv);
 
