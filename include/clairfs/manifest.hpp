@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -193,9 +194,9 @@ class Manifest {
   // filler reads an entry's attributes (entry(), not just mode() or names) only after ensure().
   uint64_t attributes_pending() const;
   // Whether the entry's attributes are known now (false for one gone).
-  bool known(EntryId id) const { return entries_.late_state(id) == EntryTable::kKnown; }
+  bool known(EntryId id) const { return tree_->entries.late_state(id) == EntryTable::kKnown; }
   // Whether they are still to be read (neither known nor found gone).
-  bool pending(EntryId id) const { return entries_.late_state(id) == EntryTable::kUnknown; }
+  bool pending(EntryId id) const { return tree_->entries.late_state(id) == EntryTable::kUnknown; }
   // Asks the fill to read these entries' attributes before the rest's (the files a job reads next);
   // those known by then are passed over. At most kWantedFirst wait: the oldest go beyond.
   static constexpr size_t kWantedFirst = 65536;
@@ -239,13 +240,13 @@ class Manifest {
   static Manifest deserialize(std::string bytes, const std::vector<std::string>& extensions,
                               const std::string& source = "");
 
-  size_t size() const { return entries_.size(); }
-  Entry entry(EntryId id) const { return entries_[id]; }
+  size_t size() const { return tree_->entries.size(); }
+  Entry entry(EntryId id) const { return tree_->entries[id]; }
   std::string_view name(EntryId id) const;
   std::string_view link_target(EntryId id) const;
   bool is_dir(EntryId id) const;
   // Its st_mode; the type alone while late (see ensure()).
-  uint32_t mode(EntryId id) const { return entries_.mode(id); }
+  uint32_t mode(EntryId id) const { return tree_->entries.mode(id); }
 
   // The child of `dir` named `name`, or kNoEntry.
   EntryId lookup(EntryId dir, std::string_view name) const;
@@ -267,6 +268,14 @@ class Manifest {
   // ImageFolder's walk. `file` names the list in errors. Throws std::runtime_error naming the first path
   // that names nothing in SOURCE or a folder, or the first thing that is no path.
   void use_samples(std::FILE* in, const std::string& file, const std::vector<std::string>& roots);
+
+  // A view of the same tree (shared, not copied) whose samples are ImageFolder's of the folder `dir`, as
+  // use_root makes them, with the extensions of this manifest's walk: a job found to read a subfolder
+  // (LearningEngine). nullopt where `dir` is no folder or this manifest's samples are a list (samples=).
+  std::optional<Manifest> with_root(const std::string& dir) const;
+  // The folder (relative to the root, "" for the root) whose ImageFolder walk the samples are, or nullopt
+  // when they are a list (samples=).
+  const std::optional<std::string>& sample_root() const { return sample_root_; }
 
   const ReallocArray<EntryId>& samples() const { return samples_; }
   // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
@@ -307,15 +316,23 @@ class Manifest {
   // Publishes an entry's attributes (nullptr: gone) unless another thread did.
   void set_late(EntryId id, const struct stat* st) const;
 
-  mutable EntryTable entries_;  // mutable: late attributes are set by ensure() and fill_attributes()
-  std::unique_ptr<LateFill> late_;  // with late attributes: SOURCE and the fill's state
-  ReallocArray<char> names_;
-  std::string source_root_;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
+  // The tree, shared by a manifest and the views made of it (with_root): only the samples are a view's.
+  struct Tree {
+    Tree();
+    ~Tree();
+    mutable EntryTable entries;      // mutable: late attributes are set by ensure() and fill_attributes()
+    std::unique_ptr<LateFill> late;  // with late attributes: SOURCE and the fill's state
+    ReallocArray<char> names;
+    std::string source_root;  // absolute SOURCE, to resolve absolute symlink targets that stay inside
+  };
+  std::shared_ptr<Tree> tree_;
   ReallocArray<EntryId> samples_;
   uint64_t irregular_samples_ = 0;
   std::unordered_map<uint32_t, std::string> sample_paths_;  // sample_path where it is not the entry's
   std::vector<SampleClass> classes_;
   std::vector<std::string> warnings_;
+  std::optional<std::string> sample_root_;  // compute_samples's folder; nullopt after use_samples
+  std::vector<std::string> extensions_;     // and the extensions it walked with
 };
 
 }  // namespace clairfs

@@ -32,6 +32,12 @@ std::string learned_words(const Learned& found) {
          learned_options(found) + ")";
 }
 
+// How a job reading a subfolder's samples is named in the log: "ImageFolder(MOUNTPOINT/train) (1459 samples) ".
+std::string folder_words(const Manifest& view) {
+  return "ImageFolder(MOUNTPOINT/" + view.sample_root().value_or("") + ") (" + std::to_string(view.samples().size()) +
+         " samples) ";
+}
+
 // Handles of files opened before the engine was there are SOURCE's, marked by their low bit (both kinds
 // are pointers to objects aligned to at least 8).
 constexpr uint64_t kSourceHandle = 1;
@@ -121,6 +127,7 @@ LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, S
       told_(told),
       learn_from_(std::move(learn_from)),
       replanning_(replanning) {
+  lists_[0] = &manifest_;
   {
     MutexLock lock(mutex_);
     state_ = told_ ? "waiting" : "learning";
@@ -323,16 +330,19 @@ void LearningEngine::run() {
       if (!found) return;
       Schedule s = schedule_;
       apply(*found, s);
-      log_info("seed=auto: the job reads as " + learned_words(*found) + " from epoch " +
-               std::to_string(question_.start_epoch) + " (found after " + std::to_string(kept.size()) + " opens, " +
-               std::to_string(found->candidates) + " orders tried); staging follows it");
+      lists_[0] = learned_list_;
+      log_info("seed=auto: the job reads " + (lists_[0] != &manifest_ ? folder_words(*lists_[0]) : "") + "as " +
+               learned_words(*found) + " from epoch " + std::to_string(question_.start_epoch) + " (found after " +
+               std::to_string(kept.size()) + " opens, " + std::to_string(found->candidates) +
+               " orders tried); staging follows it");
       {
         MutexLock lock(mutex_);
         found_ = learned_options(*found);
         found_after_ = kept.size();
+        if (lists_[0] != &manifest_) folder_ = *lists_[0]->sample_root();
       }
       try {
-        oracles_[0] = std::make_unique<Oracle>(manifest_.samples().size(), s);
+        oracles_[0] = std::make_unique<Oracle>(lists_[0]->samples().size(), s);
       } catch (const std::exception& e) {
         MutexLock lock(mutex_);
         state_ = "failed";
@@ -362,7 +372,7 @@ bool LearningEngine::start(const Oracle& oracle, std::vector<std::pair<EntryId, 
   try {
     EngineConfig c = plan_config(config_.ranks, oracle.schedule().world_size, 0);
     c.opened_before = std::move(kept);
-    engines_[0] = std::make_unique<ClairvoyantEngine>(manifest_, oracle, reader_, std::move(c));
+    engines_[0] = std::make_unique<ClairvoyantEngine>(*lists_[0], oracle, reader_, std::move(c));
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -394,7 +404,10 @@ void LearningEngine::replan_loop() {
       // (world_said_ and other_said_ are set without the lock: a wake-up between the look and the wait
       // is caught a few seconds later.)
       if (!stop_ && !world_said_.load() && !other_said_.load())
-        lock.wait_for(wake_, pending || relearning || shifting ? kLookAgain : std::chrono::seconds(5));
+        lock.wait_for(wake_, look_soon_                          ? kLookSoon
+                             : pending || relearning || shifting ? kLookAgain
+                                                                 : std::chrono::seconds(5));
+      look_soon_ = false;
       if (stop_) return;
     }
     if (world_said_.exchange(false)) pending = true;
@@ -571,15 +584,16 @@ bool LearningEngine::follow_epoch() {
 
 bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
                                  const std::string& words, const OpensSince& opens, std::vector<uint64_t> shift,
-                                 std::vector<uint64_t> start_items, std::vector<bool> idle) {
+                                 std::vector<uint64_t> start_items, std::vector<bool> idle, const Manifest* list) {
   ClairvoyantEngine* old = plans_[n].load(std::memory_order_acquire);
+  const Manifest& samples = list ? *list : *lists_[n];
   // The new plan, placed by its readers' latest opens (and, below, by those made while it was built);
   // it takes the old engine's RAM copies before it starts staging.
   std::unique_ptr<ClairvoyantEngine> e;
   std::unique_ptr<Oracle> oracle;
   uint64_t seen = 0;
   try {
-    oracle = std::make_unique<Oracle>(manifest_.samples().size(), schedule);
+    oracle = std::make_unique<Oracle>(samples.samples().size(), schedule);
     const uint64_t world = schedule.world_size;
     EngineConfig c = plan_config(std::move(ranks), world, n + 1);
     c.start_epoch = epoch;
@@ -592,7 +606,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
       MutexLock lock(mutex_);  // stats() reads the engines under it
       return old->retire();
     };
-    e = std::make_unique<ClairvoyantEngine>(manifest_, *oracle, reader_, std::move(c));
+    e = std::make_unique<ClairvoyantEngine>(samples, *oracle, reader_, std::move(c));
   } catch (const std::exception& x) {
     gave_up_ = old->retired();
     log_warning(
@@ -609,6 +623,8 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     late_tried_ = 0;  // the new plan's opens are counted from 0
     oracles_[n + 1] = std::move(oracle);
     engines_[n + 1] = std::move(e);
+    lists_[n + 1] = &samples;
+    folder_ = &samples == &manifest_ ? "" : *samples.sample_root();
     publish(n + 1, oracles_[n + 1].get());
     old->free_ram();
   }
@@ -653,7 +669,12 @@ bool LearningEngine::relearn() {
     MutexLock lock(mutex_);
     learned_before = found_;
     keep_the_jobs(others);
-    if (others.size() < kMinDiagnosisOpens || seen < next_try(relearn_tried_)) return false;  // more to come
+    if (others.size() < kMinDiagnosisOpens || seen < next_try(relearn_tried_)) {
+      // More to come: while they come (a batch or two), looked at again shortly, not in a second.
+      look_soon_ = seen != relearn_seen_;
+      relearn_seen_ = seen;
+      return false;
+    }
     relearn_tried_ = seen;
     q.world_size = plan_.world;
     q.ranks = plan_.ranks;
@@ -663,12 +684,13 @@ bool LearningEngine::relearn() {
   // of them lies in one.
   std::optional<Learned> found;
   size_t used = others.size();
+  const Manifest* list = lists_[n];  // the samples it is found on: the plan's, or a subfolder's
   run_niced([&] {
     try {
       for (size_t from = 0;;) {
         std::vector<EntryId> ids;
         for (size_t i = from; i < others.size(); ++i) ids.push_back(others[i].first);
-        found = learn_seed(manifest_, q, ids);
+        found = learn_on(*lists_[n], q, ids, &list);
         used = ids.size();
         if (found || used / 2 < 4 * kMinDiagnosisOpens) break;
         from += used / 2;
@@ -679,18 +701,23 @@ bool LearningEngine::relearn() {
   });
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
   const Schedule& before = was->schedule();
-  if (!found || (found->seed == before.seed && found->order == before.order && found->draws == before.draws))
+  const bool new_list = list != lists_[n];
+  if (!found ||
+      (!new_list && found->seed == before.seed && found->order == before.order && found->draws == before.draws))
     return false;  // tried again after more opens
   // Told: an order that is the told seed's at a later epoch (torch shuffles epoch e of seed s by s + e) is
   // a job at another epoch, which follow_epoch plans for by its epoch once the diagnosis names it.
-  if (told_ && found->order == Order::kTorch && before.order == Order::kTorch) {
+  if (told_ && !new_list && found->order == Order::kTorch && before.order == Order::kTorch) {
     const SeedInt at = found->seed + static_cast<SeedInt>(q.start_epoch) - before.seed;
     if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs)) return false;
   }
-  const std::string words = std::string(told_ ? "" : "seed=auto: ") + "the job reads as " + learned_words(*found) +
-                            " from epoch " + std::to_string(q.start_epoch) + ", not as " +
-                            (told_ ? "seed=" + seed_text(before.seed) + " told" : learned_before + " learned before") +
-                            " (found from " + std::to_string(used) + " opens of processes reading in another order)";
+  const std::string not_as =
+      new_list ? "not the " + std::to_string(lists_[n]->samples().size()) + " of the plan's"
+               : "not as " + (told_ ? "seed=" + seed_text(before.seed) + " told" : learned_before + " learned before");
+  const std::string words = std::string(told_ ? "" : "seed=auto: ") + "the job reads " +
+                            (new_list ? folder_words(*list) : "") + "as " + learned_words(*found) + " from epoch " +
+                            std::to_string(q.start_epoch) + ", " + not_as + " (found from " + std::to_string(used) +
+                            " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
     return true;
@@ -702,12 +729,15 @@ bool LearningEngine::relearn() {
     MutexLock lock(mutex_);
     ranks = plan_.ranks;
   }
-  if (!switch_plan(n, s, ranks, q.start_epoch, words, [this, old](uint64_t after, uint64_t* last) {
-        std::vector<std::pair<EntryId, pid_t>> opens = old->opens_other(after, last);
-        MutexLock lock(mutex_);
-        keep_the_jobs(opens);
-        return opens;
-      }))
+  if (!switch_plan(
+          n, s, ranks, q.start_epoch, words,
+          [this, old](uint64_t after, uint64_t* last) {
+            std::vector<std::pair<EntryId, pid_t>> opens = old->opens_other(after, last);
+            MutexLock lock(mutex_);
+            keep_the_jobs(opens);
+            return opens;
+          },
+          {}, {}, {}, list))
     return true;
   MutexLock lock(mutex_);
   found_ = learned_options(*found);
@@ -717,6 +747,52 @@ bool LearningEngine::relearn() {
   log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
               " files in RAM kept); staging follows it");
   return true;
+}
+
+std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const LearnQuestion& q,
+                                                const std::vector<EntryId>& ids, const Manifest** used) {
+  // The subfolders first: opens that all lie in one are evidence of it (of a walk of the root over train/
+  // and val/, 16 opens lie in train/ alone 1 time in 20), and a seed is found on them only if it fits.
+  for (const Manifest* view : subfolder_views(list, ids))
+    if (std::optional<Learned> found = learn_seed(*view, q, ids)) {
+      *used = view;
+      return found;
+    }
+  *used = &list;
+  return learn_seed(list, q, ids);
+}
+
+std::vector<const Manifest*> LearningEngine::subfolder_views(const Manifest& list, const std::vector<EntryId>& ids) {
+  const std::optional<std::string>& root = list.sample_root();
+  if (!root || ids.empty()) return {};
+  // The folders every file lies in, below the root's: the longest common run of their paths' folders.
+  std::vector<std::string_view> common = list.components(ids[0]);
+  if (!common.empty()) common.pop_back();  // the file's own name
+  for (size_t i = 1; i < ids.size() && !common.empty(); ++i) {
+    const std::vector<std::string_view> path = list.components(ids[i]);
+    size_t k = 0;
+    while (k < common.size() && k + 1 < path.size() && path[k] == common[k]) ++k;
+    common.resize(k);
+  }
+  const size_t below = root->empty() ? 0 : static_cast<size_t>(std::count(root->begin(), root->end(), '/')) + 1;
+  std::vector<const Manifest*> views;
+  std::string folder;
+  for (size_t k = 0; k < common.size() && views.size() < kSubfolderDepth; ++k) {
+    folder += (k ? "/" : "") + std::string(common[k]);
+    if (k < below) {
+      if (k + 1 == below && folder != *root) return {};  // not under the root (a path through a symlink)
+      continue;
+    }
+    auto it = std::find_if(views_.begin(), views_.end(), [&](const auto& v) { return *v->sample_root() == folder; });
+    if (it == views_.end()) {
+      std::optional<Manifest> view = list.with_root(folder);
+      if (!view) break;
+      views_.push_back(std::make_unique<Manifest>(std::move(*view)));
+      it = views_.end() - 1;
+    }
+    views.push_back(it->get());
+  }
+  return views;
 }
 
 std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_t>>& kept) {
@@ -741,7 +817,7 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
       for (const auto& o : opens_) ids.push_back(o.first);
     }
     try {
-      if (std::optional<Learned> found = learn_seed(manifest_, question_, ids)) return found;
+      if (std::optional<Learned> found = learn_on(manifest_, question_, ids, &learned_list_)) return found;
     } catch (const std::exception& e) {
       log_warning(std::string("seed=auto: ") + e.what());
     }
@@ -775,6 +851,7 @@ nlohmann::json LearningEngine::stats() const {
                           // the order planned for: the told seed until the job's own was found
                           {"order", found_.empty() && told_ ? "seed=" + seed_text(told_->schedule().seed) : found_},
                           {"replanned", replanned_},
+                          {"folder", folder_},  // the subfolder whose samples the job was found to read, if any
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
     j["waited"] = {{"state", state_}, {"source_bytes", source_bytes_.load()}, {"source_files", source_files_.load()}};

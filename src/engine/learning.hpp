@@ -81,6 +81,7 @@ class LearningEngine final : public Engine {
  public:
   static constexpr size_t kMaxOpens = 65536;
   static constexpr size_t kPlans = 4;  // handles carry the plan's number in two bits
+  static constexpr size_t kSubfolderDepth = 3;  // folders below the samples' root tried as the job's (subfolder_views)
 
   // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
   // `config`: the engine's. `told`: the oracle of the seed given instead (nothing learned), or nullptr:
@@ -148,17 +149,27 @@ class LearningEngine final : public Engine {
   using OpensSince = std::function<std::vector<std::pair<EntryId, pid_t>>(uint64_t after, uint64_t* last)>;
   // Builds plan number n + 1 for `schedule`, serving `ranks` from `epoch` (each shifted to its own epoch
   // and starting at its item or idle, EngineConfig::epoch_shift, start_items, idle_ranks), placed by `opens` (those
-  // kept before it was built, then those made meanwhile), hands it plan n's RAM copies, and switches to it. False
-  // (said, after `words`) when it could not start.
+  // kept before it was built, then those made meanwhile), hands it plan n's RAM copies, and switches to it; its
+  // samples are `list`'s (nullptr: plan n's). False (said, after `words`) when it could not start.
   bool switch_plan(uint64_t n, const Schedule& schedule, std::vector<uint64_t> ranks, uint64_t epoch,
                    const std::string& words, const OpensSince& opens, std::vector<uint64_t> shift = {},
-                   std::vector<uint64_t> start_items = {}, std::vector<bool> idle = {}) EXCLUDES(mutex_);
+                   std::vector<uint64_t> start_items = {}, std::vector<bool> idle = {}, const Manifest* list = nullptr)
+      EXCLUDES(mutex_);
   // The engine's configuration for plan number `plan`, of `world` ranks, serving `ranks`.
   EngineConfig plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan);
   // Makes plan number `plan` (its engine in engines_) the one served.
   void publish(uint64_t plan, const Oracle* oracle);
   static constexpr uint64_t kTagBits = 7;  // a handle's low bits: SOURCE's (kSourceHandle), the plan's number
   static constexpr auto kLookAgain = std::chrono::seconds(1);
+  static constexpr auto kLookSoon = std::chrono::milliseconds(100);  // relearn() waits for a few more opens
+  // learn_seed on `list`'s samples; where no seed fits them, on those of the folder below `list`'s root
+  // that the opens all lie in (subfolder_view). *used: the manifest whose samples it was found with.
+  std::optional<Learned> learn_on(const Manifest& list, const LearnQuestion& q, const std::vector<EntryId>& ids,
+                                  const Manifest** used);
+  // Views (Manifest::with_root) of the folders below `list`'s sample root that every file of `ids` lies in,
+  // the shallowest first: a job reading ImageFolder(MOUNTPOINT/train) where SOURCE holds val/ too. Made once
+  // per folder and kept (views_). None where `list` is a sample list or the files lie in no folder of it.
+  std::vector<const Manifest*> subfolder_views(const Manifest& list, const std::vector<EntryId>& ids);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
@@ -193,11 +204,19 @@ class LearningEngine final : public Engine {
   uint64_t relearned_ GUARDED_BY(mutex_) = 0;       // seeds learned again (relearn)
   size_t relearn_tried_ GUARDED_BY(mutex_) = 0;     // the plan's opens when relearning last tried
   size_t late_tried_ GUARDED_BY(mutex_) = 0;        // the same, looking for ranks started late (follow_epoch)
+  bool look_soon_ GUARDED_BY(mutex_) = false;       // relearn() waits for a few more opens (kLookSoon)
+  uint64_t relearn_seen_ GUARDED_BY(mutex_) = 0;    // the plan's opens when relearn() last waited for more
 
   // Each plan's oracle and engine, written by the learning thread before the plan's number is published
   // (plans_, plan_now_); the engines stay to the end, for the handles opened through them.
   std::unique_ptr<Oracle> oracles_[kPlans];
   std::unique_ptr<ClairvoyantEngine> engines_[kPlans];
+  // The same of the manifest whose samples each plan is of: the mount's, or a view of the subfolder the
+  // job was found to read. The views are made on the learning thread and kept to the end.
+  const Manifest* lists_[kPlans] = {};
+  std::vector<std::unique_ptr<Manifest>> views_;
+  const Manifest* learned_list_ = nullptr;  // the samples learn() found the seed on (the learning thread's)
+  std::string folder_ GUARDED_BY(mutex_);   // the folder the current plan's samples are of, where learned
   std::atomic<ClairvoyantEngine*> plans_[kPlans] = {};
   std::atomic<uint64_t> plan_now_{0};
   std::atomic<uint64_t> source_bytes_{0};  // read from SOURCE for the engine's callers before it was there

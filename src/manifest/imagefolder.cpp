@@ -46,7 +46,7 @@ EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int d
   EntryId at = start_dir;
   if (!target.empty() && target.front() == '/') {
     // Absolute: inside only if it names SOURCE itself or something under it.
-    std::string_view root = source_root_;
+    std::string_view root = tree_->source_root;
     while (root.size() > 1 && root.back() == '/') root.remove_suffix(1);
     if (root.empty() || target.substr(0, root.size()) != root ||
         (target.size() > root.size() && target[root.size()] != '/'))
@@ -64,12 +64,12 @@ EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int d
     if (!is_dir(at)) return kNoEntry;
     if (part == "..") {
       if (at == 0) return kNoEntry;  // above SOURCE
-      at = entries_.parent(at);
+      at = tree_->entries.parent(at);
       continue;
     }
     EntryId next = lookup(at, part);
     if (next == kNoEntry) return kNoEntry;
-    if (S_ISLNK(entries_.mode(next))) {
+    if (S_ISLNK(tree_->entries.mode(next))) {
       next = resolve_path(at, link_target(next), depth + 1);
       if (next == kNoEntry) return kNoEntry;
     }
@@ -79,8 +79,8 @@ EntryId Manifest::resolve_path(EntryId start_dir, std::string_view target, int d
 }
 
 EntryId Manifest::resolve(EntryId id) const {
-  if (!S_ISLNK(entries_.mode(id))) return id;
-  return resolve_path(entries_.parent(id), link_target(id), 1);
+  if (!S_ISLNK(tree_->entries.mode(id))) return id;
+  return resolve_path(tree_->entries.parent(id), link_target(id), 1);
 }
 
 void Manifest::use_root(const std::string& dir, const std::vector<std::string>& extensions) {
@@ -91,7 +91,19 @@ void Manifest::use_root(const std::string& dir, const std::vector<std::string>& 
   compute_samples(extensions, top, dir);
 }
 
+std::optional<Manifest> Manifest::with_root(const std::string& dir) const {
+  if (!sample_root_) return std::nullopt;
+  const EntryId top = resolve_relative(dir);
+  if (top == kNoEntry || !is_dir(top)) return std::nullopt;
+  Manifest view;
+  view.tree_ = tree_;
+  view.compute_samples(extensions_, top, dir);
+  return view;
+}
+
 void Manifest::compute_samples(const std::vector<std::string>& extensions, EntryId top, const std::string& top_path) {
+  sample_root_ = top_path;
+  extensions_ = extensions;
   samples_.clear();
   irregular_samples_ = 0;
   sample_paths_.clear();
@@ -103,14 +115,14 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
   };
   auto warn_outside = [&](EntryId id) {
     const EntryId r = resolve(id);
-    if (S_ISLNK(entries_.mode(id)) && r == kNoEntry && warnings_.size() < 100)
+    if (S_ISLNK(tree_->entries.mode(id)) && r == kNoEntry && warnings_.size() < 100)
       warnings_.push_back("symlink '" + path(id) + "' leads outside SOURCE or nowhere; clairfs does not follow it");
   };
 
   // At most one sample per entry; the room never written costs no memory, and the block is large enough
   // for huge pages from the start (growing it would fault its first megabytes in 4 KiB pages).
-  samples_.reserve(entries_.size());
-  const Entry root = entries_[top];
+  samples_.reserve(tree_->entries.size());
+  const Entry root = tree_->entries[top];
   // Reached through a symlink, the folder's samples are named by the path given, not their entries'.
   const bool top_via_link = top != 0 && path(top) != top_path;
   const std::string prefix = top_path.empty() ? "" : top_path + "/";
@@ -138,7 +150,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
       bool via_link;
     };
     std::vector<Frame> todo = {
-        {class_dir, prefix + std::string(name(c)), 0, top_via_link || S_ISLNK(entries_.mode(c))}};
+        {class_dir, prefix + std::string(name(c)), 0, top_via_link || S_ISLNK(tree_->entries.mode(c))}};
     stack.clear();
     while (!todo.empty()) {
       Frame f = std::move(todo.back());
@@ -146,7 +158,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
       stack.resize(f.depth);
       stack.push_back(f.dir);
       dirs.push_back({f.path, f.dir, f.via_link});
-      const Entry d = entries_[f.dir];
+      const Entry d = tree_->entries[f.dir];
       for (EntryId k = d.first_child + d.child_count; k-- > d.first_child;) {
         const EntryId sub = followed_dir(k);
         if (sub == kNoEntry) continue;
@@ -155,16 +167,17 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
             warnings_.push_back("symlink cycle at '" + path(k) + "': ImageFolder would list its files repeatedly; clairfs lists them once");
           continue;
         }
-        todo.push_back({sub, f.path + "/" + std::string(name(k)), f.depth + 1, f.via_link || S_ISLNK(entries_.mode(k))});
+        todo.push_back(
+            {sub, f.path + "/" + std::string(name(k)), f.depth + 1, f.via_link || S_ISLNK(tree_->entries.mode(k))});
       }
     }
     std::sort(dirs.begin(), dirs.end(), [](const WalkDir& a, const WalkDir& b) { return a.path < b.path; });
     for (const WalkDir& w : dirs) {
-      const Entry d = entries_[w.dir];
+      const Entry d = tree_->entries[w.dir];
       for (EntryId k = d.first_child; k < d.first_child + d.child_count; ++k) {
         // A directory, or a symlink to one: os.walk lists it under dirs, not files. Most entries are
         // regular files, taken without resolving.
-        const uint32_t mode = entries_.mode(k);
+        const uint32_t mode = tree_->entries.mode(k);
         if (S_ISDIR(mode) || (S_ISLNK(mode) && followed_dir(k) != kNoEntry)) continue;
         if (!has_extension(name(k), extensions)) continue;
         const EntryId target = S_ISLNK(mode) ? resolve(k) : k;
@@ -175,7 +188,7 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
           sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         const EntryId sample = target == kNoEntry ? k : target;
         samples_.push_back(sample);
-        irregular_samples_ += !S_ISREG(sample == k ? mode : entries_.mode(sample));
+        irregular_samples_ += !S_ISREG(sample == k ? mode : tree_->entries.mode(sample));
       }
     }
   }

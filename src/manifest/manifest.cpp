@@ -99,18 +99,19 @@ void write_all(int fd, const void* data, size_t len, const std::string& file) {
 }  // namespace
 
 std::string_view Manifest::name(EntryId id) const {
-  return view(names_).substr(entries_.name_off(id), entries_.name_len(id));
+  return view(tree_->names).substr(tree_->entries.name_off(id), tree_->entries.name_len(id));
 }
 
 std::string_view Manifest::link_target(EntryId id) const {
-  return view(names_).substr(entries_.name_off(id) + entries_.name_len(id), entries_.link_len(id));
+  return view(tree_->names)
+      .substr(tree_->entries.name_off(id) + tree_->entries.name_len(id), tree_->entries.link_len(id));
 }
 
-bool Manifest::is_dir(EntryId id) const { return S_ISDIR(entries_.mode(id)); }
+bool Manifest::is_dir(EntryId id) const { return S_ISDIR(tree_->entries.mode(id)); }
 
 EntryId Manifest::lookup(EntryId dir, std::string_view child) const {
-  if (!S_ISDIR(entries_.mode(dir))) return kNoEntry;  // before reading the rest: a file's may be late
-  const Entry d = entries_[dir];
+  if (!S_ISDIR(tree_->entries.mode(dir))) return kNoEntry;  // before reading the rest: a file's may be late
+  const Entry d = tree_->entries[dir];
   EntryId lo = d.first_child, hi = d.first_child + d.child_count;
   while (lo < hi) {
     EntryId mid = lo + (hi - lo) / 2;
@@ -125,7 +126,7 @@ std::vector<std::string_view> Manifest::components(EntryId id) const {
   std::vector<std::string_view> parts;
   while (id != 0) {
     parts.push_back(name(id));
-    id = entries_.parent(id);
+    id = tree_->entries.parent(id);
   }
   std::reverse(parts.begin(), parts.end());
   return parts;
@@ -141,8 +142,8 @@ std::string Manifest::path(EntryId id) const {
 }
 
 size_t Manifest::memory_bytes() const {
-  size_t bytes = entries_.memory_bytes() + names_.capacity() + samples_.capacity() * sizeof(EntryId) +
-         classes_.capacity() * sizeof(SampleClass);
+  size_t bytes = tree_->entries.memory_bytes() + tree_->names.capacity() + samples_.capacity() * sizeof(EntryId) +
+                 classes_.capacity() * sizeof(SampleClass);
   for (const auto& [i, p] : sample_paths_) bytes += 48 + p.capacity();  // a node and its string
   return bytes;
 }
@@ -161,29 +162,30 @@ Manifest Manifest::from_parts(EntryTable entries, ReallocArray<char> names, cons
   entries.finish();
   names.shrink_to_fit();
   Manifest m;
-  m.entries_ = std::move(entries);
-  m.names_ = std::move(names);
-  m.source_root_ = std::move(source_root);
+  m.tree_->entries = std::move(entries);
+  m.tree_->names = std::move(names);
+  m.tree_->source_root = std::move(source_root);
   m.validate();
   m.compute_samples(extensions);
   return m;
 }
 
 void Manifest::validate() const {
-  const size_t n = entries_.size();
+  const size_t n = tree_->entries.size();
   if (n == 0) corrupt("no root entry");
   if (n >= kNoEntry) corrupt("too many entries");
-  if (!S_ISDIR(entries_.mode(0)) || entries_.parent(0) != 0 || entries_.name_len(0) != 0)
+  if (!S_ISDIR(tree_->entries.mode(0)) || tree_->entries.parent(0) != 0 || tree_->entries.name_len(0) != 0)
     corrupt("entry 0 is not a root directory");
   // Every name in range first: the structure checks below compare the names of later entries.
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t off = entries_.name_off(i);
-    if (off > names_.size() || uint64_t{entries_.name_len(i)} + entries_.link_len(i) > names_.size() - off)
+    const uint64_t off = tree_->entries.name_off(i);
+    if (off > tree_->names.size() ||
+        uint64_t{tree_->entries.name_len(i)} + tree_->entries.link_len(i) > tree_->names.size() - off)
       corrupt("entry " + std::to_string(i) + " names bytes outside the name table");
   }
   uint64_t children_total = 0;
   for (size_t i = 0; i < n; ++i) {
-    const Entry e = entries_[i];
+    const Entry e = tree_->entries[i];
     if (i != 0) {
       std::string_view nm = name(static_cast<EntryId>(i));
       if (nm.empty() || nm == "." || nm == ".." || nm.find('/') != std::string_view::npos ||
@@ -198,10 +200,10 @@ void Manifest::validate() const {
       uint32_t subdirs = 0;
       for (uint32_t c = 0; c < e.child_count; ++c) {
         const EntryId child = e.first_child + c;
-        if (entries_.parent(child) != i) corrupt("entry " + std::to_string(child) + " has the wrong parent");
+        if (tree_->entries.parent(child) != i) corrupt("entry " + std::to_string(child) + " has the wrong parent");
         if (c > 0 && !(name(child - 1) < name(child)))
           corrupt("directory " + std::to_string(i) + " has unsorted or duplicate names");
-        if (S_ISDIR(entries_.mode(child))) ++subdirs;
+        if (S_ISDIR(tree_->entries.mode(child))) ++subdirs;
       }
       if (subdirs != e.subdir_count) corrupt("directory " + std::to_string(i) + " has a wrong subdirectory count");
       children_total += e.child_count;
@@ -213,16 +215,16 @@ void Manifest::validate() const {
 }
 
 uint64_t Manifest::serialized_size() const {
-  return sizeof(Header) + entries_.size() * sizeof(Entry) + names_.size() + source_root_.size();
+  return sizeof(Header) + tree_->entries.size() * sizeof(Entry) + tree_->names.size() + tree_->source_root.size();
 }
 
 void Manifest::serialize_to(const Sink& sink) const {
   std::vector<Entry> piece;
   piece.reserve(kEntriesPerPiece);
   auto each_piece = [&](const auto& f) {
-    for (size_t i = 0; i < entries_.size();) {
+    for (size_t i = 0; i < tree_->entries.size();) {
       piece.clear();
-      for (; i < entries_.size() && piece.size() < kEntriesPerPiece; ++i) piece.push_back(entries_[i]);
+      for (; i < tree_->entries.size() && piece.size() < kEntriesPerPiece; ++i) piece.push_back(tree_->entries[i]);
       f(reinterpret_cast<const char*>(piece.data()), piece.size() * sizeof(Entry));
     }
   };
@@ -236,14 +238,15 @@ void Manifest::serialize_to(const Sink& sink) const {
   h.version = kFormatVersion;
   h.byte_order = kByteOrderMark;
   h.entry_size = sizeof(Entry);
-  h.root_len = static_cast<uint32_t>(source_root_.size());
-  h.entry_count = entries_.size();
-  h.names_size = names_.size();
-  h.hash = hash_bytes(source_root_.data(), source_root_.size(), hash_bytes(names_.data(), names_.size(), hv));
+  h.root_len = static_cast<uint32_t>(tree_->source_root.size());
+  h.entry_count = tree_->entries.size();
+  h.names_size = tree_->names.size();
+  h.hash = hash_bytes(tree_->source_root.data(), tree_->source_root.size(),
+                      hash_bytes(tree_->names.data(), tree_->names.size(), hv));
   sink(reinterpret_cast<const char*>(&h), sizeof(h));
   each_piece(sink);
-  sink(names_.data(), names_.size());
-  sink(source_root_.data(), source_root_.size());
+  sink(tree_->names.data(), tree_->names.size());
+  sink(tree_->source_root.data(), tree_->source_root.size());
 }
 
 std::string Manifest::serialize() const {

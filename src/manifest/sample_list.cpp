@@ -112,13 +112,14 @@ bool Manifest::names(EntryId id, std::string_view path) const {
     const size_t slash = path.rfind('/');
     const std::string_view last = slash == std::string_view::npos ? path : path.substr(slash + 1);
     if (id == 0 || last != name(id)) return false;
-    id = entries_.parent(id);
+    id = tree_->entries.parent(id);
     if (slash == std::string_view::npos) return id == 0;
     path = path.substr(0, slash);
   }
 }
 
 void Manifest::use_samples(std::FILE* in, const std::string& file, const std::vector<std::string>& roots) {
+  sample_root_.reset();
   samples_.clear();
   irregular_samples_ = 0;
   sample_paths_.clear();

@@ -314,7 +314,7 @@ Manifest Manifest::scan(const std::string& source, const std::vector<std::string
   Scan walk(root.get(), source, threads, files == Attributes::kLater);
   walk.run(st);
   Manifest m = from_parts(std::move(walk.entries()), std::move(walk.names()), extensions, source);
-  if (m.entries_.has_late()) m.late_ = std::make_unique<LateFill>(std::move(root), m.entries_);
+  if (m.tree_->entries.has_late()) m.tree_->late = std::make_unique<LateFill>(std::move(root), m.tree_->entries);
   return m;
 }
 
@@ -334,33 +334,38 @@ struct Manifest::LateFill {
 };
 
 void Manifest::want_first(const std::vector<EntryId>& ids) const {
-  if (!late_ || ids.empty()) return;
-  MutexLock lock(late_->wanted_mutex);
-  late_->wanted.insert(late_->wanted.end(), ids.begin(), ids.end());
-  if (late_->wanted.size() > kWantedFirst)
-    late_->wanted.erase(late_->wanted.begin(), late_->wanted.end() - static_cast<std::ptrdiff_t>(kWantedFirst));
-  late_->any_wanted.store(true, std::memory_order_release);
+  if (!tree_->late || ids.empty()) return;
+  MutexLock lock(tree_->late->wanted_mutex);
+  tree_->late->wanted.insert(tree_->late->wanted.end(), ids.begin(), ids.end());
+  if (tree_->late->wanted.size() > kWantedFirst)
+    tree_->late->wanted.erase(tree_->late->wanted.begin(),
+                              tree_->late->wanted.end() - static_cast<std::ptrdiff_t>(kWantedFirst));
+  tree_->late->any_wanted.store(true, std::memory_order_release);
 }
 
-Manifest::Manifest() = default;
+Manifest::Tree::Tree() = default;
+Manifest::Tree::~Tree() = default;
+Manifest::Manifest() : tree_(std::make_shared<Tree>()) {}
 Manifest::~Manifest() = default;
 Manifest::Manifest(Manifest&&) noexcept = default;
 Manifest& Manifest::operator=(Manifest&&) noexcept = default;
 
-uint64_t Manifest::attributes_pending() const { return late_ ? late_->pending.load(std::memory_order_acquire) : 0; }
+uint64_t Manifest::attributes_pending() const {
+  return tree_->late ? tree_->late->pending.load(std::memory_order_acquire) : 0;
+}
 
 void Manifest::set_late(EntryId id, const struct stat* st) const {
-  MutexLock lock(late_->mutex);
-  if (entries_.late_state(id) != EntryTable::kUnknown) return;  // stat-ed meanwhile by another thread
-  entries_.set_late(id, st);
-  if (entries_.late_state(id) == EntryTable::kGone) late_->gone++;
-  late_->pending.fetch_sub(1, std::memory_order_release);
+  MutexLock lock(tree_->late->mutex);
+  if (tree_->entries.late_state(id) != EntryTable::kUnknown) return;  // stat-ed meanwhile by another thread
+  tree_->entries.set_late(id, st);
+  if (tree_->entries.late_state(id) == EntryTable::kGone) tree_->late->gone++;
+  tree_->late->pending.fetch_sub(1, std::memory_order_release);
 }
 
 bool Manifest::ensure(EntryId id) const {
-  EntryTable::LateState state = entries_.late_state(id);
+  EntryTable::LateState state = tree_->entries.late_state(id);
   if (state == EntryTable::kUnknown) {
-    const int fd = open_beneath(late_->root.get(), components(entries_.parent(id)), O_RDONLY | O_DIRECTORY);
+    const int fd = open_beneath(tree_->late->root.get(), components(tree_->entries.parent(id)), O_RDONLY | O_DIRECTORY);
     struct stat st {};
     int err = fd < 0 ? -fd : 0;
     if (fd >= 0 && ::fstatat(fd, std::string(name(id)).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) err = errno;
@@ -368,21 +373,21 @@ bool Manifest::ensure(EntryId id) const {
     // Out of descriptors, memory, a signal: not known now, asked again next time (the fill too).
     if (err != 0 && err != ENOENT && err != ENOTDIR && err != ELOOP && err != EXDEV && err != EACCES) return false;
     set_late(id, err == 0 ? &st : nullptr);
-    state = entries_.late_state(id);
+    state = tree_->entries.late_state(id);
   }
   return state == EntryTable::kKnown;
 }
 
-uint64_t Manifest::gone_at_fill() const { return late_ ? late_->gone.load() : 0; }
+uint64_t Manifest::gone_at_fill() const { return tree_->late ? tree_->late->gone.load() : 0; }
 
 void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) const {
   if (!attributes_pending()) return;
   std::vector<EntryId> dirs;  // those with late children
   for (size_t i = 0; i < size(); ++i) {
     if (!is_dir(static_cast<EntryId>(i))) continue;
-    const Entry d = entries_[i];
+    const Entry d = tree_->entries[i];
     for (EntryId c = d.first_child; c < d.first_child + d.child_count; ++c)
-      if (entries_.late_state(c) == EntryTable::kUnknown) {
+      if (tree_->entries.late_state(c) == EntryTable::kUnknown) {
         dirs.push_back(static_cast<EntryId>(i));
         break;
       }
@@ -392,29 +397,29 @@ void Manifest::fill_attributes(const std::atomic<bool>& stop, unsigned threads) 
   std::atomic<size_t> next{0};
   // The entries asked for first (want_first), one by one, before each directory and between its files.
   auto wanted = [&] {
-    while (late_->any_wanted.load(std::memory_order_acquire) && !stop.load(std::memory_order_relaxed)) {
+    while (tree_->late->any_wanted.load(std::memory_order_acquire) && !stop.load(std::memory_order_relaxed)) {
       EntryId id = 0;
       {
-        MutexLock lock(late_->wanted_mutex);
-        if (late_->wanted.empty()) {
-          late_->any_wanted.store(false, std::memory_order_relaxed);
+        MutexLock lock(tree_->late->wanted_mutex);
+        if (tree_->late->wanted.empty()) {
+          tree_->late->any_wanted.store(false, std::memory_order_relaxed);
           return;
         }
-        id = late_->wanted.front();
-        late_->wanted.pop_front();
+        id = tree_->late->wanted.front();
+        tree_->late->wanted.pop_front();
       }
       ensure(id);
     }
   };
   auto work = [&] {
     for (size_t k; !stop.load(std::memory_order_relaxed) && (wanted(), k = next.fetch_add(1)) < dirs.size();) {
-      UniqueFd dir(open_beneath(late_->root.get(), components(dirs[k]), O_RDONLY | O_DIRECTORY));
+      UniqueFd dir(open_beneath(tree_->late->root.get(), components(dirs[k]), O_RDONLY | O_DIRECTORY));
       if (!dir)
         log_warning("cannot open directory '" + path(dirs[k]) + "' in SOURCE again: " + std::strerror(-dir.get()) +
                     "; its files are taken as gone");
-      const Entry d = entries_[dirs[k]];
+      const Entry d = tree_->entries[dirs[k]];
       for (EntryId c = d.first_child; c < d.first_child + d.child_count && !stop.load(std::memory_order_relaxed); ++c) {
-        if (entries_.late_state(c) != EntryTable::kUnknown) continue;
+        if (tree_->entries.late_state(c) != EntryTable::kUnknown) continue;
         wanted();
         struct stat st {};
         const bool ok = dir && ::fstatat(dir.get(), std::string(name(c)).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;

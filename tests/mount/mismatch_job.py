@@ -5,7 +5,7 @@ optionally the mistakes people make: no sampler.set_epoch(e), shuffle=False. Rea
 checks it against SOURCE's digests. After each epoch it prints the mount's stats (once the mount's watch has
 caught up) as one JSON line: "STATS {...}".
 
-    mismatch_job.py --data DIR --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
+    mismatch_job.py --data DIR [--mount MNT] --digests FILE [--seed 42] [--world-size 1] [--rank 0] [--epochs 1]
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
                     [--watch-batches N] [--start-barrier DIR] [--start-after FILE] [--compute SECONDS]
                     [--global-seed [--draws K]] [--skip-batches N]
@@ -15,6 +15,7 @@ caught up) as one JSON line: "STATS {...}".
 generator (torch.rand(K), as a model's initialisation would), then DataLoader(shuffle=True) with no
 sampler and no generator (RandomSampler seeds its own from torch's each epoch).
 
+--mount MNT: the mount point, where --data is a folder under it (ImageFolder(MNT/train)).
 --watch-batches N: after each of the first N batches, the first rank's verdict ("VERDICT batch files v").
 --compute SECONDS: the time a training step takes, after each batch (a sleep: the CPU is left to the
 mount's background work, as a GPU's step leaves it).
@@ -111,6 +112,7 @@ def settled_stats(root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
+    ap.add_argument("--mount")
     ap.add_argument("--digests", required=True)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--world-size", type=int, default=1)
@@ -180,10 +182,10 @@ def main():
             if args.compute:
                 time.sleep(args.compute)
             if batches <= args.watch_batches:
-                ranks = stats(args.data).get("ranks")  # none with ram=0
+                ranks = stats(args.mount or args.data).get("ranks")  # none with ram=0
                 if ranks:
                     print("VERDICT %d %d %s" % (batches, read, ranks[0]["verdict"]), flush=True)
-        print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": settled_stats(args.data)}), flush=True)
+        print("STATS " + json.dumps({"epoch": epoch, "after": read, "stats": settled_stats(args.mount or args.data)}), flush=True)
     print("DONE %d files, %d wrong, %d bytes" % (read, wrong, size), flush=True)
 
 

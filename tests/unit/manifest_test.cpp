@@ -64,6 +64,27 @@ TEST_F(ManifestTest, ClassesSortByBytesAndHiddenOnesCount) {
   EXPECT_EQ(m.classes()[3].first_sample, 3u);
 }
 
+TEST_F(ManifestTest, AViewOfASubfolderHasItsSamplesOnTheSameTree) {
+  // SOURCE holds train/ and val/; a job reads ImageFolder(MOUNTPOINT/train): the view's samples are that
+  // folder's walk (its classes a and b, with the extensions the manifest walked with), on the same entries.
+  file("train/b/2.png");
+  file("train/a/1.png");
+  file("train/a/skip.txt");
+  file("val/a/3.png");
+  const Manifest m = Manifest::scan(root_, {".png"});
+  EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"train/a/1.png", "train/b/2.png", "val/a/3.png"}));
+  EXPECT_EQ(m.sample_root(), "");
+  const std::optional<Manifest> train = m.with_root("train");
+  ASSERT_TRUE(train);
+  EXPECT_EQ(sample_paths(*train), (std::vector<std::string>{"train/a/1.png", "train/b/2.png"}));
+  EXPECT_EQ(train->sample_root(), "train");
+  EXPECT_EQ(train->classes().size(), 2u);
+  EXPECT_EQ(train->samples()[0], m.samples()[0]);  // the same entries
+  EXPECT_EQ(train->size(), m.size());
+  EXPECT_FALSE(m.with_root("train/a/1.png"));  // no folder
+  EXPECT_FALSE(m.with_root("nothing"));
+}
+
 TEST_F(ManifestTest, DirectoriesWalkInSortedPathOrderDashBeforeSlash) {
   file("c/x/z/3.png");
   file("c/x-y/2.png");
@@ -272,6 +293,8 @@ TEST_F(SampleListTest, ALineListInItsOwnOrderWithAnyFileAndPathsUnderTheMountOrS
             "");
   EXPECT_EQ(sample_paths(m), (std::vector<std::string>{"dog/notes.txt", "dog/1.jpg", "cat/1.jpg", "cat/2.jpg"}));
   EXPECT_TRUE(m.classes().empty());
+  EXPECT_FALSE(m.sample_root());  // a list: no walk of a folder, and no view of one
+  EXPECT_FALSE(m.with_root("cat"));
 }
 
 TEST_F(SampleListTest, AJsonListOfPathsOrOfPathLabelPairsAsTorchvisionHasThem) {
