@@ -210,9 +210,8 @@ void print_status(const nlohmann::json& j, const std::string& mountpoint) {
         j["plan"]["world"].value("order", std::string("its seed")).c_str(),
         static_cast<unsigned long long>(get(j, {"plan", "world", "kept_files"})));
   if (j.contains("plan") && j["plan"].contains("world")) {
-    const std::string folder = j["plan"]["world"].value("folder", std::string());
-    if (!folder.empty())
-      std::printf("  samples   ImageFolder(MOUNTPOINT/%s), the folder the job's opens lie in\n", folder.c_str());
+    const std::string samples = j["plan"]["world"].value("samples", std::string());
+    if (!samples.empty()) std::printf("  samples   %s, learned from the job's opens\n", samples.c_str());
   }
   if (const uint64_t others = get(j, {"progress", "other_opens"}))
     std::printf(

@@ -271,11 +271,19 @@ class Manifest {
 
   // A view of the same tree (shared, not copied) whose samples are ImageFolder's of the folder `dir`, as
   // use_root makes them, with the extensions of this manifest's walk: a job found to read a subfolder
-  // (LearningEngine). nullopt where `dir` is no folder or this manifest's samples are a list (samples=).
+  // (LearningEngine). nullopt where `dir` is no folder or this manifest's samples are no walk (a list,
+  // samples=, or a glob).
   std::optional<Manifest> with_root(const std::string& dir) const;
-  // The folder (relative to the root, "" for the root) whose ImageFolder walk the samples are, or nullopt
-  // when they are a list (samples=).
+  // A view of the same tree whose samples are those of a job's sorted glob of the folder `dir`:
+  // `sorted(glob(f"{dir}/**/*{suffix}", recursive=True))` for each of `suffixes` together (glob.cpp).
+  // nullopt where `dir` is no folder.
+  std::optional<Manifest> with_sorted_glob(const std::string& dir, const std::vector<std::string>& suffixes) const;
+  // The folder (relative to the root, "" for the root) whose ImageFolder walk — or, globbed(), sorted glob —
+  // the samples are, or nullopt when they are a list (samples=).
   const std::optional<std::string>& sample_root() const { return sample_root_; }
+  bool globbed() const { return globbed_; }
+  // The extensions of the walk (lower case), or the suffixes of the glob (as matched).
+  const std::vector<std::string>& sample_suffixes() const { return extensions_; }
 
   const ReallocArray<EntryId>& samples() const { return samples_; }
   // Samples that are no regular file (a link that leads nowhere, a FIFO named like an image): none, as
@@ -306,6 +314,10 @@ class Manifest {
   // ImageFolder's samples of the folder `top`, whose path ImageFolder is given is `top_path` (relative to
   // the root; "" for the root).
   void compute_samples(const std::vector<std::string>& extensions, EntryId top = 0, const std::string& top_path = "");
+  // No samples yet, to be those of `root`'s walk or glob (nullopt: a list) with `suffixes`.
+  void reset_samples(std::optional<std::string> root, std::vector<std::string> suffixes, bool globbed);
+  // A sorted glob's samples of the folder `top` (with_sorted_glob).
+  void compute_glob_samples(EntryId top, const std::string& top_path, const std::vector<std::string>& suffixes);
   // Follows symlinks (up to 40, like the kernel) from `id`; kNoEntry if it leaves SOURCE or dangles.
   EntryId resolve(EntryId id) const;
   EntryId resolve_path(EntryId start_dir, std::string_view target, int depth) const;
@@ -332,7 +344,8 @@ class Manifest {
   std::vector<SampleClass> classes_;
   std::vector<std::string> warnings_;
   std::optional<std::string> sample_root_;  // compute_samples's folder; nullopt after use_samples
-  std::vector<std::string> extensions_;     // and the extensions it walked with
+  std::vector<std::string> extensions_;     // and the extensions it walked with (a glob's suffixes)
+  bool globbed_ = false;                    // the samples are a sorted glob's (compute_glob_samples)
 };
 
 }  // namespace clairfs

@@ -32,10 +32,16 @@ std::string learned_words(const Learned& found) {
          learned_options(found) + ")";
 }
 
-// How a job reading a subfolder's samples is named in the log: "ImageFolder(MOUNTPOINT/train) (1459 samples) ".
+// How a job reading another list than the mount's is named in the log and the stats:
+// "ImageFolder(MOUNTPOINT/train) (1459 samples)", "sorted(glob('MOUNTPOINT/**/*.jpg')) (1500 samples)".
 std::string folder_words(const Manifest& view) {
-  return "ImageFolder(MOUNTPOINT/" + view.sample_root().value_or("") + ") (" + std::to_string(view.samples().size()) +
-         " samples) ";
+  const std::string dir = "MOUNTPOINT" + (view.sample_root().value_or("").empty() ? "" : "/" + *view.sample_root());
+  std::string what = "ImageFolder(" + dir + ")";
+  if (view.globbed()) {
+    what = "sorted(glob('" + dir + "/**/*" + view.sample_suffixes().front() + "'))";
+    for (size_t i = 1; i < view.sample_suffixes().size(); ++i) what += " + *" + view.sample_suffixes()[i];
+  }
+  return what + " (" + std::to_string(view.samples().size()) + " samples)";
 }
 
 // Handles of files opened before the engine was there are SOURCE's, marked by their low bit (both kinds
@@ -331,7 +337,7 @@ void LearningEngine::run() {
       Schedule s = schedule_;
       apply(*found, s);
       lists_[0] = learned_list_;
-      log_info("seed=auto: the job reads " + (lists_[0] != &manifest_ ? folder_words(*lists_[0]) : "") + "as " +
+      log_info("seed=auto: the job reads " + (lists_[0] != &manifest_ ? folder_words(*lists_[0]) + " " : "") + "as " +
                learned_words(*found) + " from epoch " + std::to_string(question_.start_epoch) + " (found after " +
                std::to_string(kept.size()) + " opens, " + std::to_string(found->candidates) +
                " orders tried); staging follows it");
@@ -339,7 +345,7 @@ void LearningEngine::run() {
         MutexLock lock(mutex_);
         found_ = learned_options(*found);
         found_after_ = kept.size();
-        if (lists_[0] != &manifest_) folder_ = *lists_[0]->sample_root();
+        if (lists_[0] != &manifest_) samples_words_ = folder_words(*lists_[0]);
       }
       try {
         oracles_[0] = std::make_unique<Oracle>(lists_[0]->samples().size(), s);
@@ -624,7 +630,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     oracles_[n + 1] = std::move(oracle);
     engines_[n + 1] = std::move(e);
     lists_[n + 1] = &samples;
-    folder_ = &samples == &manifest_ ? "" : *samples.sample_root();
+    samples_words_ = &samples == &manifest_ ? "" : folder_words(samples);
     publish(n + 1, oracles_[n + 1].get());
     old->free_ram();
   }
@@ -715,9 +721,9 @@ bool LearningEngine::relearn() {
       new_list ? "not the " + std::to_string(lists_[n]->samples().size()) + " of the plan's"
                : "not as " + (told_ ? "seed=" + seed_text(before.seed) + " told" : learned_before + " learned before");
   const std::string words = std::string(told_ ? "" : "seed=auto: ") + "the job reads " +
-                            (new_list ? folder_words(*list) : "") + "as " + learned_words(*found) + " from epoch " +
-                            std::to_string(q.start_epoch) + ", " + not_as + " (found from " + std::to_string(used) +
-                            " opens of processes reading in another order)";
+                            (new_list ? folder_words(*list) + " " : "") + "as " + learned_words(*found) +
+                            " from epoch " + std::to_string(q.start_epoch) + ", " + not_as + " (found from " +
+                            std::to_string(used) + " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
     return true;
@@ -751,47 +757,79 @@ bool LearningEngine::relearn() {
 
 std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const LearnQuestion& q,
                                                 const std::vector<EntryId>& ids, const Manifest** used) {
-  // The subfolders first: opens that all lie in one are evidence of it (of a walk of the root over train/
-  // and val/, 16 opens lie in train/ alone 1 time in 20), and a seed is found on them only if it fits.
-  for (const Manifest* view : subfolder_views(list, ids))
-    if (std::optional<Learned> found = learn_seed(*view, q, ids)) {
-      *used = view;
-      return found;
-    }
-  *used = &list;
-  return learn_seed(list, q, ids);
+  auto on = [&](const Manifest& samples) {
+    std::optional<Learned> found = learn_seed(samples, q, ids);
+    if (found) *used = &samples;
+    return found;
+  };
+  // A subfolder's walk first: opens that all lie in one are evidence of it (of a walk of the root over
+  // train/ and val/, 16 opens lie in train/ alone 1 time in 20); a seed is found on a list only if it fits.
+  // Then the list's own samples; then the globs, made only when those fail on a few batches' opens (each
+  // walks the tree: seconds at 14 M files).
+  for (const Manifest* view : candidate_views(list, ids, false))
+    if (std::optional<Learned> found = on(*view)) return found;
+  if (std::optional<Learned> found = on(list)) return found;
+  if (ids.size() < kGlobAfter) return std::nullopt;
+  for (const Manifest* view : candidate_views(list, ids, true))
+    if (std::optional<Learned> found = on(*view)) return found;
+  return std::nullopt;
 }
 
-std::vector<const Manifest*> LearningEngine::subfolder_views(const Manifest& list, const std::vector<EntryId>& ids) {
-  const std::optional<std::string>& root = list.sample_root();
-  if (!root || ids.empty()) return {};
+std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& list, const std::vector<EntryId>& ids,
+                                                             bool globs) {
+  const std::optional<std::string>& root = manifest_.sample_root();
+  if (!root || ids.empty()) return {};  // the mount's samples are the job's list (samples=)
   // The folders every file lies in, below the root's: the longest common run of their paths' folders.
-  std::vector<std::string_view> common = list.components(ids[0]);
+  std::vector<std::string_view> common = manifest_.components(ids[0]);
   if (!common.empty()) common.pop_back();  // the file's own name
   for (size_t i = 1; i < ids.size() && !common.empty(); ++i) {
-    const std::vector<std::string_view> path = list.components(ids[i]);
+    const std::vector<std::string_view> path = manifest_.components(ids[i]);
     size_t k = 0;
     while (k < common.size() && k + 1 < path.size() && path[k] == common[k]) ++k;
     common.resize(k);
   }
   const size_t below = root->empty() ? 0 : static_cast<size_t>(std::count(root->begin(), root->end(), '/')) + 1;
-  std::vector<const Manifest*> views;
+  std::vector<std::string> folders;
   std::string folder;
-  for (size_t k = 0; k < common.size() && views.size() < kSubfolderDepth; ++k) {
+  for (size_t k = 0; k < common.size() && folders.size() < kSubfolderDepth; ++k) {
     folder += (k ? "/" : "") + std::string(common[k]);
-    if (k < below) {
-      if (k + 1 == below && folder != *root) return {};  // not under the root (a path through a symlink)
-      continue;
-    }
-    auto it = std::find_if(views_.begin(), views_.end(), [&](const auto& v) { return *v->sample_root() == folder; });
-    if (it == views_.end()) {
-      std::optional<Manifest> view = list.with_root(folder);
-      if (!view) break;
-      views_.push_back(std::make_unique<Manifest>(std::move(*view)));
-      it = views_.end() - 1;
-    }
-    views.push_back(it->get());
+    if (k + 1 == below && folder != *root) return {};  // not under the root (a path through a symlink)
+    if (k >= below) folders.push_back(folder);
   }
+  // The names' suffixes, as a glob's pattern matches them ("*.jpg"): a few, or no glob.
+  std::vector<std::string> suffixes;
+  for (EntryId id : ids) {
+    const std::string_view name = manifest_.name(id);
+    const size_t dot = name.rfind('.');
+    if (dot == std::string_view::npos || dot == 0) continue;
+    const std::string suffix(name.substr(dot));
+    if (std::find(suffixes.begin(), suffixes.end(), suffix) == suffixes.end()) suffixes.push_back(suffix);
+  }
+  if (suffixes.size() > kGlobSuffixes) suffixes.clear();
+  std::sort(suffixes.begin(), suffixes.end());
+  // A view of each kind asked for, made once and kept (at most kViews: past them, only those made).
+  auto view = [&](bool glob, const std::string& dir) -> const Manifest* {
+    for (const auto& v : views_)
+      if (v->globbed() == glob && *v->sample_root() == dir && (!glob || v->sample_suffixes() == suffixes))
+        return v.get();
+    if (views_.size() >= kViews) return nullptr;
+    std::optional<Manifest> made = glob ? manifest_.with_sorted_glob(dir, suffixes) : manifest_.with_root(dir);
+    if (!made) return nullptr;
+    views_.push_back(std::make_unique<Manifest>(std::move(*made)));
+    return views_.back().get();
+  };
+  // ImageFolder of a subfolder, the shallowest first; or a sorted glob of the root and of each. (A glob
+  // that lists the walk's very files adds nothing: left out.)
+  std::vector<const Manifest*> views;
+  if (!globs)
+    for (const std::string& f : folders) views.push_back(view(false, f));
+  if (globs && !suffixes.empty()) {
+    views.push_back(view(true, *root));
+    for (const std::string& f : folders) views.push_back(view(true, f));
+  }
+  std::erase_if(views, [&](const Manifest* v) {
+    return v == nullptr || v == &list || (v->globbed() && std::ranges::equal(v->samples(), list.samples()));
+  });
   return views;
 }
 
@@ -851,7 +889,9 @@ nlohmann::json LearningEngine::stats() const {
                           // the order planned for: the told seed until the job's own was found
                           {"order", found_.empty() && told_ ? "seed=" + seed_text(told_->schedule().seed) : found_},
                           {"replanned", replanned_},
-                          {"folder", folder_},  // the subfolder whose samples the job was found to read, if any
+                          // the list the job was found to read, where not the mount's: "ImageFolder(MOUNTPOINT/train)
+                          // (1459 samples)", "sorted(glob('MOUNTPOINT/**/*.jpg')) (1500 samples)"
+                          {"samples", samples_words_},
                           {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
   if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
     j["waited"] = {{"state", state_}, {"source_bytes", source_bytes_.load()}, {"source_files", source_files_.load()}};

@@ -81,7 +81,10 @@ class LearningEngine final : public Engine {
  public:
   static constexpr size_t kMaxOpens = 65536;
   static constexpr size_t kPlans = 4;  // handles carry the plan's number in two bits
-  static constexpr size_t kSubfolderDepth = 3;  // folders below the samples' root tried as the job's (subfolder_views)
+  static constexpr size_t kSubfolderDepth = 3;  // folders below the samples' root tried as the job's (candidate_views)
+  static constexpr size_t kGlobSuffixes = 8;    // more suffixes among the opens: no glob tried
+  static constexpr size_t kGlobAfter = 64;      // opens a glob is tried on at the fewest
+  static constexpr size_t kViews = 12;          // views made at most (each holds its samples: 4 bytes a file)
 
   // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
   // `config`: the engine's. `told`: the oracle of the seed given instead (nothing learned), or nullptr:
@@ -162,14 +165,16 @@ class LearningEngine final : public Engine {
   static constexpr uint64_t kTagBits = 7;  // a handle's low bits: SOURCE's (kSourceHandle), the plan's number
   static constexpr auto kLookAgain = std::chrono::seconds(1);
   static constexpr auto kLookSoon = std::chrono::milliseconds(100);  // relearn() waits for a few more opens
-  // learn_seed on `list`'s samples; where no seed fits them, on those of the folder below `list`'s root
-  // that the opens all lie in (subfolder_view). *used: the manifest whose samples it was found with.
+  // learn_seed on the subfolders' walks the opens point to, on `list`'s samples, then on the globs
+  // (candidate_views). *used: the manifest whose samples it was found with.
   std::optional<Learned> learn_on(const Manifest& list, const LearnQuestion& q, const std::vector<EntryId>& ids,
                                   const Manifest** used);
-  // Views (Manifest::with_root) of the folders below `list`'s sample root that every file of `ids` lies in,
-  // the shallowest first: a job reading ImageFolder(MOUNTPOINT/train) where SOURCE holds val/ too. Made once
-  // per folder and kept (views_). None where `list` is a sample list or the files lie in no folder of it.
-  std::vector<const Manifest*> subfolder_views(const Manifest& list, const std::vector<EntryId>& ids);
+  // Views of the mount's tree whose samples a job reading `ids` may have (`list` itself left out): ImageFolder of
+  // each folder below the samples' root that every file lies in, the shallowest first (ImageFolder(MOUNTPOINT/
+  // train) where SOURCE holds val/ too); or, `globs`, a sorted glob of the files with the opens' suffixes, of the
+  // root and of those folders. Made once each and kept (views_). None where the mount's samples are a list
+  // (samples=).
+  std::vector<const Manifest*> candidate_views(const Manifest& list, const std::vector<EntryId>& ids, bool globs);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
@@ -216,7 +221,7 @@ class LearningEngine final : public Engine {
   const Manifest* lists_[kPlans] = {};
   std::vector<std::unique_ptr<Manifest>> views_;
   const Manifest* learned_list_ = nullptr;  // the samples learn() found the seed on (the learning thread's)
-  std::string folder_ GUARDED_BY(mutex_);   // the folder the current plan's samples are of, where learned
+  std::string samples_words_ GUARDED_BY(mutex_);  // the current plan's list, where learned (folder_words)
   std::atomic<ClairvoyantEngine*> plans_[kPlans] = {};
   std::atomic<uint64_t> plan_now_{0};
   std::atomic<uint64_t> source_bytes_{0};  // read from SOURCE for the engine's callers before it was there

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "clairfs/manifest.hpp"
 
@@ -92,7 +93,7 @@ void Manifest::use_root(const std::string& dir, const std::vector<std::string>& 
 }
 
 std::optional<Manifest> Manifest::with_root(const std::string& dir) const {
-  if (!sample_root_) return std::nullopt;
+  if (!sample_root_ || globbed_) return std::nullopt;
   const EntryId top = resolve_relative(dir);
   if (top == kNoEntry || !is_dir(top)) return std::nullopt;
   Manifest view;
@@ -101,14 +102,19 @@ std::optional<Manifest> Manifest::with_root(const std::string& dir) const {
   return view;
 }
 
-void Manifest::compute_samples(const std::vector<std::string>& extensions, EntryId top, const std::string& top_path) {
-  sample_root_ = top_path;
-  extensions_ = extensions;
+void Manifest::reset_samples(std::optional<std::string> root, std::vector<std::string> suffixes, bool globbed) {
+  sample_root_ = std::move(root);
+  extensions_ = std::move(suffixes);
+  globbed_ = globbed;
   samples_.clear();
   irregular_samples_ = 0;
   sample_paths_.clear();
   classes_.clear();
   warnings_.clear();
+}
+
+void Manifest::compute_samples(const std::vector<std::string>& extensions, EntryId top, const std::string& top_path) {
+  reset_samples(top_path, extensions, false);
   auto followed_dir = [&](EntryId id) {
     EntryId r = resolve(id);
     return (r != kNoEntry && is_dir(r)) ? r : kNoEntry;

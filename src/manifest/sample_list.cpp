@@ -119,12 +119,7 @@ bool Manifest::names(EntryId id, std::string_view path) const {
 }
 
 void Manifest::use_samples(std::FILE* in, const std::string& file, const std::vector<std::string>& roots) {
-  sample_root_.reset();
-  samples_.clear();
-  irregular_samples_ = 0;
-  sample_paths_.clear();
-  classes_.clear();
-  warnings_.clear();
+  reset_samples(std::nullopt, {}, false);
   auto add = [&](std::string_view given, const char* where, uint64_t number) {
     const auto fail = [&](const std::string& why) {
       throw std::runtime_error("samples '" + file + "' " + where + " " + std::to_string(number) + ": '" +

@@ -9,7 +9,7 @@ caught up) as one JSON line: "STATS {...}".
                     [--first-epoch 0] [--no-set-epoch] [--no-shuffle] [--batch-size 16] [--workers 2]
                     [--watch-batches N] [--start-barrier DIR] [--start-after FILE] [--compute SECONDS]
                     [--global-seed [--draws K]] [--skip-batches N]
-                    [--dataset imagefolder|skip|by-name] [--write-samples FILE [--as-lines]]
+                    [--dataset imagefolder|skip|by-name|glob] [--write-samples FILE [--as-lines]]
 
 --global-seed: the usual single-GPU script instead: torch.manual_seed(SEED), K outputs drawn from torch's
 generator (torch.rand(K), as a model's initialisation would), then DataLoader(shuffle=True) with no
@@ -23,7 +23,8 @@ mount's background work, as a GPU's step leaves it).
 loaded), as a checkpoint taken mid-epoch is resumed.
 --dataset: the job's Dataset. `imagefolder` (default); `skip`: ImageFolder with an is_valid_file that
 leaves out the files whose number (the name) is 3 modulo 7 (a seventh); `by-name`: a list of its own,
-every file of the tree sorted by its name alone (a custom Dataset over a glob).
+every file of the tree sorted by its name alone (a custom Dataset over a glob); `glob`: the .jpg files a
+sorted glob lists (sorted(glob(f"{root}/**/*.jpg", recursive=True))).
 --write-samples FILE: the one line a job adds for samples=FILE: its Dataset's samples written as JSON
 (json.dump(ds.samples, f): [path, label] pairs), or one path a line with --as-lines.
 --start-barrier DIR: the ranks start reading together (each leaves its mark in DIR and waits for the
@@ -79,9 +80,18 @@ class ByName(torch.utils.data.Dataset):
         return digest_of(self.samples[i][0]), 0
 
 
+class Globbed(ByName):
+    """The files a sorted glob lists: sorted(glob(f"{root}/**/*.jpg", recursive=True))."""
+
+    def __init__(self, root):
+        self.samples = [(p, 0) for p in sorted(glob.glob(os.path.join(root, "**", "*.jpg"), recursive=True))]
+
+
 def make_dataset(kind, root):
     if kind == "by-name":
         return ByName(root)
+    if kind == "glob":
+        return Globbed(root)
     valid = None
     if kind == "skip":
         def valid(path):
@@ -132,7 +142,7 @@ def main():
     ap.add_argument("--global-seed", action="store_true")
     ap.add_argument("--draws", type=int, default=0)
     ap.add_argument("--skip-batches", type=int, default=0)
-    ap.add_argument("--dataset", choices=("imagefolder", "skip", "by-name"), default="imagefolder")
+    ap.add_argument("--dataset", choices=("imagefolder", "skip", "by-name", "glob"), default="imagefolder")
     ap.add_argument("--write-samples")
     ap.add_argument("--as-lines", action="store_true")
     args = ap.parse_args()

@@ -6,8 +6,8 @@ its first batch, no open mispredicted, its epoch counted to the end, every byte 
 by SOURCE (RAM holds a third of the data set) no more often than an ImageFolder job's on the same mount
 (+0.02 of the opens); seed=auto learns the seed on the list. Without it the same job is off the plan and
 most of its opens go to SOURCE. Bad lists are refused by line or element. A job reading a subfolder of the
-mount (ImageFolder(MOUNTPOINT/train) where SOURCE holds val/ too) has that folder's samples learned from its
-opens, told seed or seed=auto, and is followed.
+mount (ImageFolder(MOUNTPOINT/train) where SOURCE holds val/ too), or a sorted glob of it, has its list learned
+from its opens, told seed or seed=auto, and is followed.
 """
 import json
 import os
@@ -112,56 +112,68 @@ with h.tempdir() as tmp:
     r = h.run_clairfs([data, mnt, "-o", "seed=42,root=c0000,samples=" + skipping])
     h.check(r.returncode == 2 and "samples= or root=" in r.stderr, "samples= with root= refused: %s" % r.stderr.strip())
 
-    # A data set in a subfolder: SOURCE holds train/ and val/, the mount is over SOURCE, the job reads
-    # ImageFolder(MOUNTPOINT/train) for 2 epochs. Its opens all lie in train/, so the samples of that folder
-    # are tried with the seed: told seed=42, the mount plans again for them (said in the log, stats'
-    # plan.world.folder, clairfs status); seed=auto learns them with the seed. Either follows the job to its last epoch's end,
-    # its opens served by SOURCE no more than with the folder told (root=train) + 0.02 once followed (epoch 1),
-    # and fewer than a plain mount's (every open) while it learns (epoch 0).
+    # A data set in a subfolder, and a sorted glob of it: SOURCE holds train/ (1,200 .jpg files and 120 .png
+    # thumbnails) and val/, the mount is over SOURCE, and the job reads ImageFolder(MOUNTPOINT/train) (1,320
+    # samples) or sorted(glob("MOUNTPOINT/train/**/*.jpg")) (1,200) for 2 epochs. Its opens all lie in train/
+    # and are all .jpg, so that folder's walk and its glob are tried with the seed: told seed=42, the mount
+    # plans again for the job's list (said in the log, the stats' plan.world.samples, clairfs status);
+    # seed=auto learns the list with the seed. Each follows the job to its last epoch's end, its opens served
+    # by SOURCE no more than with the folder told (root=train) + 0.02 once followed (epoch 1), and fewer than
+    # a plain mount's (every open) while it learns (epoch 0).
     split = tmp + "/split"
-    train_want, train_total = h.dataset(split + "/train", 1200, 10, 8, 16)
+    h.make_dataset(split + "/train", 1200, 10, 8, 16)
     h.dataset(split + "/val", 240, 10, 8, 16)
+    for i in range(0, 1200, 10):
+        with open(split + "/train/c%04d/t%07d.png" % (i % 10, i), "wb") as f:
+            f.write(os.urandom(2000 + i))
     with open(digests, "w") as f:
-        json.dump(train_want, f)
+        json.dump(h.digests(split + "/train"), f)
+    folder = "ImageFolder(MOUNTPOINT/train) (1320 samples)"
+    globbed = "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (1200 samples)"
+    train_total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(split + "/train") for n in names)
+    told, auto = BASE % (train_total // 3), (BASE % (train_total // 3)).replace("seed=42", "seed=auto")
     served = {}
-    for name, options in (("told the folder (root=train)", (BASE % (train_total // 3)) + ",root=train"),
-                          ("told seed=42", BASE % (train_total // 3)),
-                          ("seed=auto", (BASE % (train_total // 3)).replace("seed=42", "seed=auto"))):
+    for name, options, dataset, samples, learned in (
+            ("ImageFolder, told the folder (root=train)", told + ",root=train", "imagefolder", 1320, ""),
+            ("ImageFolder, told seed=42", told, "imagefolder", 1320, folder),
+            ("ImageFolder, seed=auto", auto, "imagefolder", 1320, folder),
+            ("sorted glob, told seed=42", told, "glob", 1200, globbed),
+            ("sorted glob, seed=auto", auto, "glob", 1200, globbed)):
         log = tmp + "/split.log"
         with h.mounted(split, mnt, options + ",log=" + log):
             r = subprocess.run([sys.executable, JOB, "--data", mnt + "/train", "--mount", mnt, "--digests", digests,
-                                "--epochs", "2", "--compute", "0.005"], capture_output=True, text=True, timeout=600)
+                                "--dataset", dataset, "--epochs", "2", "--compute", "0.005"], capture_output=True,
+                               text=True, timeout=600)
             # (with seed=auto the engine hears the opens after those SOURCE served while it learned)
-            s = h.settled_stats(mnt, 2400 - h.stats(mnt).get("learned", {}).get("source_files", 0))
+            s = h.settled_stats(mnt, 2 * samples - h.stats(mnt).get("learned", {}).get("source_files", 0))
             status = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
         with open(log) as f:
-            said = [line[25:].strip() for line in f if "ImageFolder(MOUNTPOINT/train)" in line]
+            said = [line[25:].strip() for line in f if "MOUNTPOINT/train" in line]
         os.unlink(log)
         epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
         ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 2
-        h.check(ok, "a subfolder, %s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
+        h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
         if not ok:
             continue
         at = [e["stalls"]["opens"] for e in epochs]
-        served[name] = (at[0] / 1200, (at[1] - at[0]) / 1200)
+        served[name] = (at[0] / samples, (at[1] - at[0]) / samples)
         rank, world = s["ranks"][0], s["plan"].get("world", {})
-        folder = "" if name.startswith("told the folder") else "train"
-        right = (rank["epoch"], rank["done"], rank["total"], rank["verdict"]) == (1, 1200, 1200, "following") and \
-            world.get("folder") == folder and (("ImageFolder(MOUNTPOINT/train)" in status) == bool(folder))
-        if name == "told seed=42":
-            right = right and len(said) == 1 and "the job reads ImageFolder(MOUNTPOINT/train) (1200 samples) as " \
-                "seed=42 from epoch 0, not the 1440 of the plan's" in said[0] and "planned again" in said[0]
-        if name == "seed=auto":
-            right = right and s["learned"]["seed"] == "seed=42" and len(said) == 1 and "found after" in said[0]
-        h.check(right, "a subfolder, %s: %s followed to the end of epoch 1: %s, plan %s, said %s" % (
-            name, folder or "the folder told", (rank["epoch"], rank["done"], rank["total"], rank["verdict"]), world, said))
-    if len(served) == 3:
-        told = served["told the folder (root=train)"]
-        for name in ("told seed=42", "seed=auto"):
-            h.check(served[name][1] <= told[1] + 0.02 and served[name][0] < 1,
-                    "a subfolder, %s: opens served by SOURCE %.3f in epoch 0 (a plain mount: 1), %.3f in epoch 1 "
-                    "(the folder told %.3f)" % (name, served[name][0], served[name][1], told[1]))
-        print("a subfolder: opens served by SOURCE / the job's, epochs 0 and 1: " + "; ".join(
+        right = (rank["epoch"], rank["done"], rank["total"], rank["verdict"]) == (1, samples, samples, "following") \
+            and world.get("samples") == learned and ((learned + ", learned from the job's opens") in status) == bool(learned)
+        if "told seed=42" in name:
+            right = right and len(said) == 1 and ("the job reads %s as seed=42 from epoch 0, not the 1560 of the "
+                                                  "plan's" % learned) in said[0] and "planned again" in said[0]
+        if "seed=auto" in name:
+            right = right and s["learned"]["seed"] == "seed=42" and len(said) == 1 and "found after" in said[0] \
+                and learned in said[0]
+        h.check(right, "%s: followed to the end of epoch 1: %s, plan %s, said %s" % (
+            name, (rank["epoch"], rank["done"], rank["total"], rank["verdict"]), world, said))
+    if len(served) == 5:
+        ideal = served["ImageFolder, told the folder (root=train)"][1]
+        for name, (first, second) in served.items():
+            h.check(second <= ideal + 0.02 and first < 1, "%s: opens served by SOURCE %.3f in epoch 0 (a plain mount: "
+                    "1), %.3f in epoch 1 (the folder told %.3f)" % (name, first, second, ideal))
+        print("a subfolder, a glob: opens served by SOURCE / the job's, epochs 0 and 1: " + "; ".join(
             "%s %.3f %.3f" % (name, a, b) for name, (a, b) in served.items()))
 
 h.finish()

@@ -85,6 +85,32 @@ TEST_F(ManifestTest, AViewOfASubfolderHasItsSamplesOnTheSameTree) {
   EXPECT_FALSE(m.with_root("nothing"));
 }
 
+TEST_F(ManifestTest, ASortedGlobViewListsTheFilesWithItsSuffixesInPathOrder) {
+  // sorted(glob(f"{dir}/**/*.jpg", recursive=True)): every name but those starting with '.', at any depth
+  // (the folder's own files too), the suffix matched with case; the paths sorted as strings ("a-b.jpg"
+  // before "a/...", '-' being before '/').
+  file("a/x.jpg");
+  file("a-b.jpg");
+  file("a/sub/y.jpg");
+  file("a/z.JPG");
+  file("a/.h.jpg");
+  file(".hid/w.jpg");
+  file("b/c.png");
+  file("a/x.jpg.txt");
+  const Manifest m = scan();
+  const std::optional<Manifest> all = m.with_sorted_glob("", {".jpg"});
+  ASSERT_TRUE(all);
+  EXPECT_EQ(sample_paths(*all), (std::vector<std::string>{"a-b.jpg", "a/sub/y.jpg", "a/x.jpg"}));
+  EXPECT_TRUE(all->globbed());
+  EXPECT_TRUE(all->classes().empty());
+  const std::optional<Manifest> a = m.with_sorted_glob("a", {".JPG", ".jpg"});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(sample_paths(*a), (std::vector<std::string>{"a/sub/y.jpg", "a/x.jpg", "a/z.JPG"}));
+  EXPECT_EQ(a->sample_root(), "a");
+  EXPECT_FALSE(a->with_root("a/sub"));  // no walk to take the extensions of
+  EXPECT_FALSE(m.with_sorted_glob("a-b.jpg", {".jpg"}));
+}
+
 TEST_F(ManifestTest, DirectoriesWalkInSortedPathOrderDashBeforeSlash) {
   file("c/x/z/3.png");
   file("c/x-y/2.png");
