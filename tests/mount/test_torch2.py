@@ -11,6 +11,7 @@ mounts run here.
    order=torch-random, on awkward trees (symlinked directories and files), equals torch 2.x's
    ImageFolder(mount).samples taken in its sampler's order — paths and all.
 5. The same with a job's own sample list (samples=FILE): ImageFolder with an is_valid_file.
+6. Jobs whose list the mount learns from their opens: ImageFolder of a subfolder, a sorted glob.
 """
 import json
 import os
@@ -201,6 +202,45 @@ try:
                                          "tree %d %s" % (t, opts))
     h.check(bad == 0 and cases > 0, "torch %s: with samples= (ImageFolder with is_valid_file), the published order "
             "equals the job's dataset + DistributedSampler: %d/%d (tree, epoch) cases" % (versions[0], cases - bad, cases))
+
+    # 6. Jobs whose list the mount learns (issue 32), run by torch 2.x in the chroot over a mount of a SOURCE
+    # that holds train/ and val/: ImageFolder(MOUNTPOINT/train) on a mount told seed=42, and a sorted glob of
+    # train/'s .jpg files (120 .png among them) with seed=auto. Each read right, its list named in the stats,
+    # followed to the end of its second epoch, and no open of that epoch served by SOURCE.
+    split = os.path.join(work, "split")
+    h.make_dataset(split + "/train", 600, 6, 8, 7)
+    h.make_dataset(split + "/val", 120, 6, 8, 8)
+    for i in range(0, 600, 5):
+        with open(split + "/train/c%04d/t%07d.png" % (i % 6, i), "wb") as f:
+            f.write(os.urandom(1000 + i))
+    digests = os.path.join(work, "digests.json")
+    with open(digests, "w") as f:
+        json.dump(h.digests(split + "/train"), f)
+    shutil.copy(os.path.join(os.path.dirname(__file__), "mismatch_job.py"), work)
+    inside = lambda path: "/" + os.path.relpath(path, CHROOT)  # noqa: E731
+    for dataset, options, samples, named in (
+            ("imagefolder", "seed=42", 720, "ImageFolder(MOUNTPOINT/train) (720 samples)"),
+            ("glob", "seed=auto", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)")):
+        with h.mounted(split, mnt, options + ",batch_size=16,workers=2,ram=%d" % (4 << 20)):
+            r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
+                                "--data", inside(mnt) + "/train", "--mount", inside(mnt), "--digests", inside(digests),
+                                "--dataset", dataset, "--epochs", "2", "--compute", "0.005"], capture_output=True,
+                               text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+        # (the stats the job printed after each epoch, once the mount's watch had caught up with it)
+        epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
+        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 2
+        s = epochs[-1] if ok else {"ranks": [{}], "plan": {}}
+        rank, world = s["ranks"][0], s["plan"].get("world", {})
+        # (opens served by SOURCE so far; while seed=auto learns, the stats are SOURCE's, with no stalls)
+        at = [e["stalls"]["opens"] if "stalls" in e else e["tiers"]["source"]["files"] for e in epochs]
+        second = at[1] - at[0] if ok else None
+        h.check(ok and world.get("samples") == named and second == 0 and
+                (rank.get("epoch"), rank.get("done"), rank.get("total"), rank.get("verdict")) == (1, samples, samples,
+                                                                                         "following"),
+                "torch %s, %s with %s: list learned %r, followed to %s, epoch 1's opens served by SOURCE %s %s" % (
+                    versions[0], dataset, options, world.get("samples"),
+                    (rank.get("epoch"), rank.get("done"), rank.get("total"), rank.get("verdict")), second,
+                    s.get("learned", r.stderr.strip()[-300:])))
     torch2.close()
     oracle.close()
 finally:
