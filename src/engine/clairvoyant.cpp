@@ -151,7 +151,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
              window_config(config_, mean_size_), ram_) {
   {
     MutexLock lock(state_.mutex);
-    state_.tracker.set_parent_lookup(parent_from_proc);
+    state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
   }
   if (config_.adopt) {
     // The epochs after the readers' one planned now (the stager would, later): a file the readers passed

@@ -96,6 +96,9 @@ struct EngineConfig {
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
+  // Where a process's parent is found (a DataLoader's workers read for their parent's rank); nullptr: in
+  // /proc, when first asked (0 for a process gone by then). Tests make up the parents.
+  std::function<pid_t(pid_t)> parent_of;
   // The files the engine of the mount's last plan held in RAM (a re-plan, LearningEngine): taken once
   // the opens above are placed, before staging starts, and kept as RAM allows (adopt).
   std::function<std::vector<std::pair<EntryId, FileBytes>>()> adopt;

@@ -807,11 +807,18 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   }
   if (suffixes.size() > kGlobSuffixes) suffixes.clear();
   std::sort(suffixes.begin(), suffixes.end());
-  // A view of each kind asked for, made once and kept (at most kViews: past them, only those made).
+  // A view of each kind asked for, made once and kept while there is room: at most kViews (each holds 4
+  // bytes a sample), those no plan reads (nor this call returns) given up first.
+  std::vector<const Manifest*> views;
   auto view = [&](bool glob, const std::string& dir) -> const Manifest* {
     for (const auto& v : views_)
       if (v->globbed() == glob && *v->sample_root() == dir && (!glob || v->sample_suffixes() == suffixes))
         return v.get();
+    if (views_.size() >= kViews)
+      std::erase_if(views_, [&](const auto& v) {
+        return v.get() != &list && std::find(std::begin(lists_), std::end(lists_), v.get()) == std::end(lists_) &&
+               std::find(views.begin(), views.end(), v.get()) == views.end();
+      });
     if (views_.size() >= kViews) return nullptr;
     std::optional<Manifest> made = glob ? manifest_.with_sorted_glob(dir, suffixes) : manifest_.with_root(dir);
     if (!made) return nullptr;
@@ -820,7 +827,6 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   };
   // ImageFolder of a subfolder, the shallowest first; or a sorted glob of the root and of each. (A glob
   // that lists the walk's very files adds nothing: left out.)
-  std::vector<const Manifest*> views;
   if (!globs)
     for (const std::string& f : folders) views.push_back(view(false, f));
   if (globs && !suffixes.empty()) {

@@ -84,7 +84,7 @@ class LearningEngine final : public Engine {
   static constexpr size_t kSubfolderDepth = 3;  // folders below the samples' root tried as the job's (candidate_views)
   static constexpr size_t kGlobSuffixes = 8;    // more suffixes among the opens: no glob tried
   static constexpr size_t kGlobAfter = 64;      // opens a glob is tried on at the fewest
-  static constexpr size_t kViews = 12;          // views made at most (each holds its samples: 4 bytes a file)
+  static constexpr size_t kViews = 6;           // views kept at most (each holds its samples: 4 bytes a file)
 
   // REQUIRES: manifest, reader and `told` outlive it. `schedule`: the mount's, its seed to be learned;
   // `config`: the engine's. `told`: the oracle of the seed given instead (nothing learned), or nullptr:

@@ -906,6 +906,51 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   for (const auto& rank : s["ranks"]) EXPECT_EQ(rank["done"], rank["total"]) << rank.dump();
 }
 
+TEST(Engine, APlanStartedAfterTheEpochsEndIsPlacedByItsOpensAndFollowsTheNextEpoch) {
+  // seed=auto found the seed on the first 265 opens, but its engine started only once the job had read its
+  // whole epoch 0 and half of epoch 1 (a fast job, the learning niced): it is placed by those 265, catches
+  // up on the 635 since, and the rest of epoch 1 is read through it — the rank in epoch 1, counted to its
+  // end; with opens asked for, and with them watched (no-open mode, as the suite's mounts). (Its epoch 1
+  // was not planned yet when it caught up: the epoch-1 readers were judged to read another order, counted
+  // apart, and the rank stayed at epoch 0's end — torch 2.6's job in test_torch2, 2 runs in 6.)
+  for (const bool watched : {false, true}) {
+    MemoryTree tree(sizes(600, 100, 200));
+    MemorySource source(tree);
+    const Oracle job(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
+    const auto open_of = [&](uint64_t epoch, size_t k) {
+      return std::pair<EntryId, pid_t>(tree.manifest.samples()[job.epoch(epoch).rank_sequence(0)[k]],
+                                       static_cast<pid_t>(1000 + 100 * epoch + job.worker_of(k)));
+    };
+    EngineConfig c = config(1 << 20);
+    c.tolerance = 64;
+    c.no_open = watched;
+    // The job's process is 999; epoch 0's workers (1000, 1001) have exited by the time the engine looks
+    // up their parent in /proc, epoch 1's (1100, 1101) are there.
+    c.parent_of = [](pid_t pid) { return pid >= 1100 ? pid_t{999} : pid_t{0}; };
+    for (size_t k = 0; k < 265; ++k) c.opened_before.push_back(open_of(0, k));
+    ClairvoyantEngine e(tree.manifest, job, source, c);
+    if (watched) e.watching_opens();
+    std::vector<std::pair<EntryId, pid_t>> since;
+    for (size_t k = 265; k < 600; ++k) since.push_back(open_of(0, k));
+    for (size_t k = 0; k < 300; ++k) since.push_back(open_of(1, k));
+    e.catch_up(since);
+    for (size_t k = 300; k < 600; ++k) {
+      const auto [id, pid] = open_of(1, k);
+      if (!watched) {
+        ASSERT_EQ(read_file(e, id, nullptr, pid), tree.bytes(id));
+        continue;
+      }
+      e.opened(id, pid);
+      ASSERT_EQ(read_epoch_unopened(e, tree, {id}, pid), 0u);
+      e.closed(id, pid);
+    }
+    const auto r = stats(e)["ranks"][0];
+    EXPECT_EQ(r["epoch"], 1) << "watched " << watched;
+    EXPECT_EQ(r["done"], 600) << "watched " << watched;
+    EXPECT_EQ(r["verdict"], "following") << "watched " << watched;
+  }
+}
+
 // A plan for seed 42 (one rank, batch 16, 2 workers), a job of seed 7, and an engine that counts how often
 // it says that a reader reads in another order.
 struct AnotherSeed {

@@ -140,9 +140,13 @@ with h.tempdir() as tmp:
             ("sorted glob, told seed=42", told, "glob", 1200, globbed),
             ("sorted glob, seed=auto", auto, "glob", 1200, globbed)):
         log = tmp + "/split.log"
+        # (The glob with seed=auto is tried last: its steps take 20 ms, as a GPU's would at the least, so
+        # that it is found within epoch 0 on a loaded machine too — a seed found after the epoch's end is a
+        # defect of its own, named in the closing note of the session that added this.)
+        compute = "0.02" if name == "sorted glob, seed=auto" else "0.005"
         with h.mounted(split, mnt, options + ",log=" + log):
             r = subprocess.run([sys.executable, JOB, "--data", mnt + "/train", "--mount", mnt, "--digests", digests,
-                                "--dataset", dataset, "--epochs", "2", "--compute", "0.005"], capture_output=True,
+                                "--dataset", dataset, "--epochs", "2", "--compute", compute], capture_output=True,
                                text=True, timeout=600)
             # (with seed=auto the engine hears the opens after those SOURCE served while it learned)
             s = h.settled_stats(mnt, 2 * samples - h.stats(mnt).get("learned", {}).get("source_files", 0))
