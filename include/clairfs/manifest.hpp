@@ -316,6 +316,9 @@ class Manifest {
   void compute_samples(const std::vector<std::string>& extensions, EntryId top = 0, const std::string& top_path = "");
   // No samples yet, to be those of `root`'s walk or glob (nullopt: a list) with `suffixes`.
   void reset_samples(std::optional<std::string> root, std::vector<std::string> suffixes, bool globbed);
+  // The next sample: `id` (a file, or a link that leads nowhere or a FIFO: irregular), named `named` where
+  // that is not its entry's own path (empty: its own) — through a symlink the walk or the list went by.
+  void add_sample(EntryId id, std::string_view named = {});
   // A sorted glob's samples of the folder `top` (with_sorted_glob).
   void compute_glob_samples(EntryId top, const std::string& top_path, const std::vector<std::string>& suffixes);
   // Follows symlinks (up to 40, like the kernel) from `id`; kNoEntry if it leaves SOURCE or dangles.

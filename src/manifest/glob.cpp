@@ -110,10 +110,7 @@ void Manifest::compute_glob_samples(EntryId top, const std::string& top_path,
     if (!matches(name(c.entry), suffixes)) continue;
     const uint32_t mode = tree_->entries.mode(c.entry);
     const EntryId target = S_ISLNK(mode) ? resolve(c.entry) : c.entry;
-    if (via_link) sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), path);
-    const EntryId sample = target == kNoEntry ? c.entry : target;
-    samples_.push_back(sample);
-    irregular_samples_ += !S_ISREG(sample == c.entry ? mode : tree_->entries.mode(sample));
+    add_sample(target == kNoEntry ? c.entry : target, via_link ? std::string_view(path) : std::string_view());
   }
   samples_.shrink_to_fit();
 }

@@ -113,6 +113,12 @@ void Manifest::reset_samples(std::optional<std::string> root, std::vector<std::s
   warnings_.clear();
 }
 
+void Manifest::add_sample(EntryId id, std::string_view named) {
+  if (!named.empty()) sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), std::string(named));
+  samples_.push_back(id);
+  irregular_samples_ += !S_ISREG(tree_->entries.mode(id));
+}
+
 void Manifest::compute_samples(const std::vector<std::string>& extensions, EntryId top, const std::string& top_path) {
   reset_samples(top_path, extensions, false);
   auto followed_dir = [&](EntryId id) {
@@ -190,11 +196,11 @@ void Manifest::compute_samples(const std::vector<std::string>& extensions, Entry
         if (target == kNoEntry) warn_outside(k);
         // ImageFolder names a sample by the path it walked: through symlinked directories, and the
         // link itself for a linked file. Kept where that is not the entry's own path.
-        if (w.via_link || S_ISLNK(mode))
-          sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), w.path + "/" + std::string(name(k)));
         const EntryId sample = target == kNoEntry ? k : target;
-        samples_.push_back(sample);
-        irregular_samples_ += !S_ISREG(sample == k ? mode : tree_->entries.mode(sample));
+        if (w.via_link || S_ISLNK(mode))
+          add_sample(sample, w.path + "/" + std::string(name(k)));
+        else
+          add_sample(sample);
       }
     }
   }

@@ -140,10 +140,8 @@ void Manifest::use_samples(std::FILE* in, const std::string& file, const std::ve
     const EntryId target = resolve(entry);
     if (target != kNoEntry && is_dir(target)) fail("is a folder, not a file");
     const EntryId id = target == kNoEntry ? entry : target;
-    irregular_samples_ += !S_ISREG(mode(id));
     if (samples_.size() == UINT32_MAX) fail("is one sample too many (at most 4,294,967,295)");
-    if (!names(id, path)) sample_paths_.emplace(static_cast<uint32_t>(samples_.size()), std::string(path));
-    samples_.push_back(id);
+    add_sample(id, names(id, path) ? std::string_view() : path);
   };
 
   int c = std::fgetc(in);
