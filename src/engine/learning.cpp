@@ -766,17 +766,17 @@ std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const Lear
   // train/ and val/, 16 opens lie in train/ alone 1 time in 20); a seed is found on a list only if it fits.
   // Then the list's own samples; then the globs, made only when those fail on a few batches' opens (each
   // walks the tree: seconds at 14 M files).
-  for (const Manifest* view : candidate_views(list, ids, false))
+  const Pointed pointed = pointed_to(ids);
+  for (const Manifest* view : candidate_views(list, pointed, false))
     if (std::optional<Learned> found = on(*view)) return found;
   if (std::optional<Learned> found = on(list)) return found;
   if (ids.size() < kGlobAfter) return std::nullopt;
-  for (const Manifest* view : candidate_views(list, ids, true))
+  for (const Manifest* view : candidate_views(list, pointed, true))
     if (std::optional<Learned> found = on(*view)) return found;
   return std::nullopt;
 }
 
-std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& list, const std::vector<EntryId>& ids,
-                                                             bool globs) {
+LearningEngine::Pointed LearningEngine::pointed_to(const std::vector<EntryId>& ids) const {
   const std::optional<std::string>& root = manifest_.sample_root();
   if (!root || ids.empty()) return {};  // the mount's samples are the job's list (samples=)
   // The folders every file lies in, below the root's: the longest common run of their paths' folders.
@@ -789,15 +789,15 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
     common.resize(k);
   }
   const size_t below = root->empty() ? 0 : static_cast<size_t>(std::count(root->begin(), root->end(), '/')) + 1;
-  std::vector<std::string> folders;
+  Pointed pointed{*root, {}, {}};
   std::string folder;
-  for (size_t k = 0; k < common.size() && folders.size() < kSubfolderDepth; ++k) {
+  for (size_t k = 0; k < common.size() && pointed.folders.size() < kSubfolderDepth; ++k) {
     folder += (k ? "/" : "") + std::string(common[k]);
     if (k + 1 == below && folder != *root) return {};  // not under the root (a path through a symlink)
-    if (k >= below) folders.push_back(folder);
+    if (k >= below) pointed.folders.push_back(folder);
   }
   // The names' suffixes, as a glob's pattern matches them ("*.jpg"): a few, or no glob.
-  std::vector<std::string> suffixes;
+  std::vector<std::string>& suffixes = pointed.suffixes;
   for (EntryId id : ids) {
     const std::string_view name = manifest_.name(id);
     const size_t dot = name.rfind('.');
@@ -807,6 +807,12 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   }
   if (suffixes.size() > kGlobSuffixes) suffixes.clear();
   std::sort(suffixes.begin(), suffixes.end());
+  return pointed;
+}
+
+std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& list, const Pointed& pointed, bool globs) {
+  if (!pointed.root) return {};
+  const std::vector<std::string>& suffixes = pointed.suffixes;
   // A view of each kind asked for, made once and kept while there is room: at most kViews (each holds 4
   // bytes a sample), those no plan reads (nor this call returns) given up first.
   std::vector<const Manifest*> views;
@@ -828,10 +834,10 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   // ImageFolder of a subfolder, the shallowest first; or a sorted glob of the root and of each. (A glob
   // that lists the walk's very files adds nothing: left out.)
   if (!globs)
-    for (const std::string& f : folders) views.push_back(view(false, f));
+    for (const std::string& f : pointed.folders) views.push_back(view(false, f));
   if (globs && !suffixes.empty()) {
-    views.push_back(view(true, *root));
-    for (const std::string& f : folders) views.push_back(view(true, f));
+    views.push_back(view(true, *pointed.root));
+    for (const std::string& f : pointed.folders) views.push_back(view(true, f));
   }
   std::erase_if(views, [&](const Manifest* v) {
     return v == nullptr || v == &list || (v->globbed() && std::ranges::equal(v->samples(), list.samples()));

@@ -169,12 +169,19 @@ class LearningEngine final : public Engine {
   // (candidate_views). *used: the manifest whose samples it was found with.
   std::optional<Learned> learn_on(const Manifest& list, const LearnQuestion& q, const std::vector<EntryId>& ids,
                                   const Manifest** used);
-  // Views of the mount's tree whose samples a job reading `ids` may have (`list` itself left out): ImageFolder of
-  // each folder below the samples' root that every file lies in, the shallowest first (ImageFolder(MOUNTPOINT/
-  // train) where SOURCE holds val/ too); or, `globs`, a sorted glob of the files with the opens' suffixes, of the
-  // root and of those folders. Made once each and kept (views_). None where the mount's samples are a list
-  // (samples=).
-  std::vector<const Manifest*> candidate_views(const Manifest& list, const std::vector<EntryId>& ids, bool globs);
+  // What a job's opens point to: the mount's samples' root (nullopt where they are a list, samples=), the
+  // folders below it that every file opened lies in (the shallowest first: ImageFolder(MOUNTPOINT/train)
+  // where SOURCE holds val/ too), and the opened names' suffixes (".jpg"; none where they are many).
+  struct Pointed {
+    std::optional<std::string> root;
+    std::vector<std::string> folders;
+    std::vector<std::string> suffixes;
+  };
+  Pointed pointed_to(const std::vector<EntryId>& ids) const;
+  // Views of the mount's tree whose samples a job reading there may have (`list` itself left out):
+  // ImageFolder of each of those folders; or, `globs`, a sorted glob of the files with those suffixes, of
+  // the root and of each folder. Made once each and kept (views_).
+  std::vector<const Manifest*> candidate_views(const Manifest& list, const Pointed& pointed, bool globs);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
