@@ -689,22 +689,22 @@ bool LearningEngine::relearn() {
   // job's workers ended and new ones began), and no one order explains both epochs; the latest part
   // of them lies in one.
   std::optional<Learned> found;
-  size_t used = others.size();
+  size_t from = 0;                   // the first of the opens it is found on
   const Manifest* list = lists_[n];  // the samples it is found on: the plan's, or a subfolder's
   run_niced([&] {
     try {
-      for (size_t from = 0;;) {
+      for (;;) {
         std::vector<EntryId> ids;
         for (size_t i = from; i < others.size(); ++i) ids.push_back(others[i].first);
         found = learn_on(*lists_[n], q, ids, &list);
-        used = ids.size();
-        if (found || used / 2 < 4 * kMinDiagnosisOpens) break;
-        from += used / 2;
+        if (found || ids.size() / 2 < 4 * kMinDiagnosisOpens) break;
+        from += ids.size() / 2;
       }
     } catch (const std::exception& e) {
       log_warning(std::string("seed=auto: ") + e.what());
     }
   });
+  const size_t used = others.size() - from;
   const Oracle* was = oracle_ready_.load(std::memory_order_acquire);
   const Schedule& before = was->schedule();
   const bool new_list = list != lists_[n];
@@ -713,16 +713,22 @@ bool LearningEngine::relearn() {
     return false;  // tried again after more opens
   // Told: an order that is the told seed's at a later epoch (torch shuffles epoch e of seed s by s + e) is
   // a job at another epoch, which follow_epoch plans for by its epoch once the diagnosis names it.
-  if (told_ && !new_list && found->order == Order::kTorch && before.order == Order::kTorch) {
+  // On another list it is that epoch of the told seed, planned so here (the list changes with the plan).
+  uint64_t epoch = q.start_epoch;
+  if (told_ && found->order == Order::kTorch && before.order == Order::kTorch) {
     const SeedInt at = found->seed + static_cast<SeedInt>(q.start_epoch) - before.seed;
-    if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs)) return false;
+    if (at >= 0 && at <= static_cast<SeedInt>(kFollowedEpochs)) {
+      if (!new_list) return false;
+      found->seed = before.seed;
+      epoch = static_cast<uint64_t>(at);
+    }
   }
   const std::string not_as =
       new_list ? "not the " + std::to_string(lists_[n]->samples().size()) + " of the plan's"
                : "not as " + (told_ ? "seed=" + seed_text(before.seed) + " told" : learned_before + " learned before");
   const std::string words = std::string(told_ ? "" : "seed=auto: ") + "the job reads " +
                             (new_list ? folder_words(*list) + " " : "") + "as " + learned_words(*found) +
-                            " from epoch " + std::to_string(q.start_epoch) + ", " + not_as + " (found from " +
+                            " from epoch " + std::to_string(epoch) + ", " + not_as + " (found from " +
                             std::to_string(used) + " opens of processes reading in another order)";
   if (n + 1 >= kPlans) {
     log_warning(words + "; this mount planned " + std::to_string(kPlans) + " times already: remount to follow it");
@@ -735,10 +741,19 @@ bool LearningEngine::relearn() {
     MutexLock lock(mutex_);
     ranks = plan_.ranks;
   }
+  // The new plan is placed by the opens the order was found on, not by earlier ones (of an epoch before:
+  // in a small data set, many of those lie near some place of the new plan's epoch, and move its rank on
+  // by epochs), then by those made since.
+  others.erase(others.begin(), others.begin() + static_cast<ptrdiff_t>(from));
   if (!switch_plan(
-          n, s, ranks, q.start_epoch, words,
-          [this, old](uint64_t after, uint64_t* last) {
-            std::vector<std::pair<EntryId, pid_t>> opens = old->opens_other(after, last);
+          n, s, ranks, epoch, words,
+          [this, old, other, found_on = std::move(others), found_at = seen](uint64_t after, uint64_t* last) {
+            if (after == 0) {
+              *last = found_at;
+              return found_on;
+            }
+            std::vector<std::pair<EntryId, pid_t>> opens =
+                other ? old->opens_other(after, last) : old->latest_opens(after, last);
             MutexLock lock(mutex_);
             keep_the_jobs(opens);
             return opens;
@@ -748,6 +763,7 @@ bool LearningEngine::relearn() {
   MutexLock lock(mutex_);
   found_ = learned_options(*found);
   found_after_ = used;
+  plan_.epoch = epoch;
   relearn_tried_ = 0;
   ++(told_ ? replanned_ : relearned_);
   log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
