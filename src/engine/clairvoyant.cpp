@@ -153,13 +153,9 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
   }
-  if (config_.adopt) {
-    // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
-    // already is kept for its next use there.
-    MutexLock lock(state_.mutex);
-    while (auto want = state_.planner.wanted_epoch())
-      state_.grow_plan(Planner::build(streams_, *want, state_.tracker.ranks(), manifest_.size()));
-  }
+  // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
+  // already is kept for its next use there.
+  if (config_.adopt) plan_wanted(kNever);
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
@@ -261,12 +257,47 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   return data;
 }
 
+bool ClairvoyantEngine::plan_wanted(uint64_t up_to) {
+  for (;;) {
+    std::optional<uint64_t> want;
+    uint64_t ranks = 0;
+    {
+      MutexLock lock(state_.mutex);
+      want = state_.planner.planned_end() < up_to ? state_.planner.wanted_epoch() : std::nullopt;
+      ranks = state_.tracker.ranks();
+    }
+    if (!want) return true;
+    std::optional<EpochStreams> e;
+    try {
+      e = Planner::build(streams_, *want, ranks, manifest_.size());
+    } catch (const std::exception&) {
+      return false;  // (out of memory, most likely: the stager says so when it tries)
+    }
+    MutexLock lock(state_.mutex);
+    if (state_.planner.wanted_epoch() == want) state_.grow_plan(std::move(e));
+  }
+}
+
 void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
   if (opens.empty()) return;
   ReaderTracker::Seen all;
+  // Opens past the end of the epochs planned would have no place: the next epoch is planned first (the
+  // opens made while a seed was learned may reach into the job's next epoch, before the stager plans it)
+  // — but no further than these opens can go, a step each: where an epoch is not much longer than the
+  // tolerance, the opens of another epoch lie near some place of this one by chance, and would carry a
+  // rank on without end.
+  uint64_t up_to = 0;
   {
     MutexLock lock(state_.mutex);
-    for (const auto& [id, pid] : opens) {
+    up_to = state_.planner.planned_end() + opens.size() * state_.tracker.ranks();
+  }
+  bool planning = true;  // (until an epoch cannot be built, or the opens' reach: placed in what is planned)
+  for (size_t i = 0; i < opens.size();) {
+    if (planning) planning = plan_wanted(up_to);
+    MutexLock lock(state_.mutex);
+    if (state_.planner.planned_end() >= up_to) planning = false;
+    for (; i < opens.size() && !(planning && state_.planner.wanted_epoch()); ++i) {
+      const auto& [id, pid] = opens[i];
       const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, true);
       all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
       if (seen.other) all.other = seen.other;

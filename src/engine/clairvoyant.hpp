@@ -234,6 +234,10 @@ class ClairvoyantEngine final : public Engine {
   void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
   // The readers moved: residents and pages of passed uses are re-keyed or dropped.
   void progressed() REQUIRES(state_.mutex);
+  // Plans the epochs the readers' places call for (as the stager does on its thread), each built off the
+  // lock, until the plan reaches key `up_to`: opens caught up on may lie past the epoch the plan starts
+  // at. False if one could not be built.
+  bool plan_wanted(uint64_t up_to) EXCLUDES(state_.mutex);
   uint64_t lead_files(uint64_t rank) const REQUIRES(state_.mutex);
   void ranks_json(nlohmann::json& j) const REQUIRES(state_.mutex);
 

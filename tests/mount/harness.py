@@ -301,6 +301,17 @@ def settled_stats(mnt, opens, timeout=20):
         time.sleep(0.05)
 
 
+def stats_when(mnt, done, timeout=20):
+    """Stats once done(stats) holds (a plan that follows the job's last opens may come a moment after the
+    job's end, when the job was quicker than the learning), or the last read at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(mnt)
+        if done(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
 def quiet_stats(mnt, timeout=20):
     """Stats once every open the watch heard of has its close heard too and nothing has changed for 0.3 s
     (for a check that cannot know how many opens there were)."""

@@ -143,11 +143,9 @@ with h.tempdir() as tmp:
             ("sorted glob, seed=auto", auto, "glob", 1200, globbed, 0),
             ("sorted glob, told seed=42, restarted at epoch 1", told, "glob", 1200, globbed, 1)):
         log = tmp + "/split.log"
-        # (The jobs' steps take 20 ms, as a GPU's would at the least, so that their list is found within
-        # epoch 0 on a loaded machine too. Found only after the epoch's end — 1 run in 4 with 5 ms steps —
-        # a list with seed=auto has its next epoch's readers counted apart: a defect of its own, named in
-        # the closing notes.)
-        compute = "0.02"
+        # (Steps of 5 ms: the list is found after the job's epoch 0 in some runs, and the plan is then
+        # placed by the opens of both epochs — its next epoch planned before those are caught up on.)
+        compute = "0.005"
         with h.mounted(split, mnt, options + ",log=" + log):
             r = subprocess.run([sys.executable, JOB, "--data", mnt + "/train", "--mount", mnt, "--digests", digests,
                                 "--dataset", dataset, "--epochs", "2", "--first-epoch", str(first), "--compute",
@@ -155,6 +153,8 @@ with h.tempdir() as tmp:
                                text=True, timeout=600)
             # (with seed=auto the engine hears the opens after those SOURCE served while it learned)
             s = h.settled_stats(mnt, 2 * samples - h.stats(mnt).get("learned", {}).get("source_files", 0))
+            # (the job's list found from its last opens, its plan follows a moment after the job)
+            s = h.stats_when(mnt, lambda s: (s["ranks"][0]["epoch"], s["ranks"][0]["done"]) == (first + 1, samples))
             status = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
         with open(log) as f:
             said = [line[25:].strip() for line in f if "MOUNTPOINT/train" in line]
@@ -171,8 +171,10 @@ with h.tempdir() as tmp:
                                                                                   "following") \
             and world.get("samples") == learned and ((learned + ", learned from the job's opens") in status) == bool(learned)
         if "told seed=42" in name:
-            right = right and len(said) == 1 and ("the job reads %s as seed=42 from epoch %d, not the 1560 of the "
-                                                  "plan's" % (learned, first)) in said[0] and "planned again" in said[0]
+            # (its list found in the job's first epoch, or, the job being quick, in its second)
+            right = right and len(said) == 1 and any(
+                "the job reads %s as seed=42 from epoch %d, not the 1560 of the plan's" % (learned, e) in said[0]
+                for e in (first, first + 1)) and "planned again" in said[0]
         if "seed=auto" in name:
             right = right and s["learned"]["seed"] == "seed=42" and len(said) == 1 and "found after" in said[0] \
                 and learned in said[0]

@@ -12,6 +12,7 @@ mounts run here.
    ImageFolder(mount).samples taken in its sampler's order — paths and all.
 5. The same with a job's own sample list (samples=FILE): ImageFolder with an is_valid_file.
 6. Jobs whose list the mount learns from their opens: ImageFolder of a subfolder, a sorted glob.
+7. Jobs resumed from a checkpoint: at a later epoch (not told), mid-epoch (start_batch= told).
 """
 import json
 import os
@@ -206,11 +207,10 @@ try:
 
     # 6. Jobs whose list the mount learns (issue 32), run by torch 2.x in the chroot over a mount of a SOURCE
     # that holds train/ and val/: ImageFolder(MOUNTPOINT/train) with seed=auto, and a sorted glob of train/'s
-    # .jpg files (120 .png among them) on a mount told seed=42. (Not the glob with seed=auto: found after
-    # epoch 0's end, as this fast job can make it, its plan judged the epoch-1 workers another job's — a
-    # defect named in the closing note of the session that added this part, not fixed.) Each read right, its list named in the stats,
-    # followed to the end of its second epoch, at most 2% of that epoch's opens served by SOURCE (none once
-    # followed).
+    # .jpg files (120 .png among them) with seed=auto and on a mount told seed=42 (this fast job's list may
+    # be found after its epoch 0's end: the plan is then placed by the opens of both epochs). Each read
+    # right, its list named in the stats, followed to the end of its second epoch, at most 2% of that
+    # epoch's opens served by SOURCE (none once followed).
     split = os.path.join(work, "split")
     h.make_dataset(split + "/train", 600, 6, 8, 7)
     h.make_dataset(split + "/val", 120, 6, 8, 8)
@@ -224,6 +224,7 @@ try:
     inside = lambda path: "/" + os.path.relpath(path, CHROOT)  # noqa: E731
     for dataset, options, samples, named in (
             ("imagefolder", "seed=auto", 720, "ImageFolder(MOUNTPOINT/train) (720 samples)"),
+            ("glob", "seed=auto", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)"),
             ("glob", "seed=42", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)")):
         with h.mounted(split, mnt, options + ",batch_size=16,workers=2,ram=%d" % (4 << 20)):
             r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
@@ -252,6 +253,35 @@ try:
                     versions[0], dataset, options, world.get("samples"),
                     (rank.get("epoch"), rank.get("done"), rank.get("total"), rank.get("verdict")), second,
                     s.get("learned", r.stderr.strip()[-300:])))
+
+    # 7. Jobs restarted from a checkpoint (issue 32), run by torch 2.x: resumed at its epoch 5 on a mount
+    # told seed=42 from epoch 0 (named off the plan, then planned again from epoch 5, followed to the end
+    # of the job's last epoch), and resumed mid-epoch — epoch 1 from batch 20, the 320 samples before
+    # skipped by its sampler — on a mount told start_epoch=1,start_batch=20 (followed to the epoch's end,
+    # no open mispredicted). 3,000 samples: an epoch well beyond the tolerance (576 opens here), as data
+    # sets are; where an epoch is not much longer, another epoch's opens lie near some place of it by chance.
+    resume = os.path.join(work, "resume")
+    h.make_dataset(resume, 3000, 10, 4, 9)
+    with open(digests, "w") as f:
+        json.dump(h.digests(resume), f)
+    for name, options, args, end in (
+            ("resumed at epoch 5", "seed=42", ["--epochs", "2", "--first-epoch", "5"], 6),
+            ("resumed at batch 20 of epoch 1", "seed=42,start_epoch=1,epochs=2,start_batch=20",
+             ["--first-epoch", "1", "--skip-batches", "20"], 1)):
+        with h.mounted(resume, mnt, options + ",batch_size=16,workers=2,ram=%d" % (8 << 20)):
+            r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
+                                "--data", inside(mnt), "--digests", inside(digests), "--compute", "0.005"] + args,
+                               capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+            s = h.stats_when(mnt, lambda s: (s["ranks"][0]["epoch"], s["ranks"][0]["done"]) == (end, 3000))
+        rank, world = s["ranks"][0], s.get("plan", {}).get("world", {})
+        at = (rank["epoch"], rank["done"], rank["total"], rank["verdict"])
+        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and at == (end, 3000, 3000, "following")
+        if end == 6:
+            ok = ok and world.get("epoch") == 5 and world.get("replanned") == 1
+        else:
+            ok = ok and s["mispredicted_opens"] == 0
+        h.check(ok, "torch %s, %s: followed to %s, plan %s, %d mispredicted %s" % (
+            versions[0], name, at, world, s["mispredicted_opens"], r.stderr.strip()[-300:]))
     torch2.close()
     oracle.close()
 finally:
