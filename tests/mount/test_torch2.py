@@ -12,7 +12,8 @@ mounts run here.
    ImageFolder(mount).samples taken in its sampler's order — paths and all.
 5. The same with a job's own sample list (samples=FILE): ImageFolder with an is_valid_file.
 6. Jobs whose list the mount learns from their opens: ImageFolder of a subfolder, a sorted glob.
-7. Jobs resumed from a checkpoint: at a later epoch (not told), mid-epoch (start_batch= told).
+7. The global-seed script learned (seed=auto); jobs resumed from a checkpoint: at a later epoch (not told),
+   mid-epoch (start_batch= told).
 """
 import json
 import os
@@ -254,7 +255,9 @@ try:
                     (rank.get("epoch"), rank.get("done"), rank.get("total"), rank.get("verdict")), second,
                     s.get("learned", r.stderr.strip()[-300:])))
 
-    # 7. Jobs restarted from a checkpoint (issue 32), run by torch 2.x: resumed at its epoch 5 on a mount
+    # 7. The usual single-GPU script with seed=auto (torch.manual_seed(5), 100 draws, a DataLoader that
+    # shuffles with no generator: its seed and draws learned, the job followed into its epoch 1), and jobs
+    # restarted from a checkpoint (issue 32), run by torch 2.x: resumed at its epoch 5 on a mount
     # told seed=42 from epoch 0 (named off the plan, then planned again from epoch 5, followed to the end
     # of the job's last epoch), and resumed mid-epoch — epoch 1 from batch 20, the 320 samples before
     # skipped by its sampler — on a mount told start_epoch=1,start_batch=20 (followed to the epoch's end,
@@ -267,7 +270,9 @@ try:
     for name, options, args, end in (
             ("resumed at epoch 5", "seed=42", ["--epochs", "2", "--first-epoch", "5"], 6),
             ("resumed at batch 20 of epoch 1", "seed=42,start_epoch=1,epochs=2,start_batch=20",
-             ["--first-epoch", "1", "--skip-batches", "20"], 1)):
+             ["--first-epoch", "1", "--skip-batches", "20"], 1),
+            ("torch.manual_seed(5), 100 draws, DataLoader(shuffle=True) with no generator", "seed=auto",
+             ["--seed", "5", "--global-seed", "--draws", "100", "--epochs", "2"], 1)):
         with h.mounted(resume, mnt, options + ",batch_size=16,workers=2,ram=%d" % (8 << 20)):
             r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
                                 "--data", inside(mnt), "--digests", inside(digests), "--compute", "0.005"] + args,
@@ -278,10 +283,13 @@ try:
         ok = r.returncode == 0 and ", 0 wrong," in r.stdout and at == (end, 3000, 3000, "following")
         if end == 6:
             ok = ok and world.get("epoch") == 5 and world.get("replanned") == 1
+        elif "seed=auto" in options:
+            ok = ok and s["learned"]["seed"] == "seed=5,order=torch-global,draws=100"
         else:
             ok = ok and s["mispredicted_opens"] == 0
-        h.check(ok, "torch %s, %s: followed to %s, plan %s, %d mispredicted %s" % (
-            versions[0], name, at, world, s["mispredicted_opens"], r.stderr.strip()[-300:]))
+        h.check(ok, "torch %s, %s: followed to %s, plan %s, learned %s, %d mispredicted %s" % (
+            versions[0], name, at, world, s.get("learned", {}).get("seed"), s["mispredicted_opens"],
+            r.stderr.strip()[-300:]))
     torch2.close()
     oracle.close()
 finally:
