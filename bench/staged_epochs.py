@@ -7,7 +7,13 @@ and all the mount will push is pushed, then one reader opening, reading and clos
 right after: files/s of each epoch, clairfs ÷ tmpfs, with --baseline OTHER_BUILD's clairfs beside this
 one's in the same rotation. Prints medians of R runs and the pushes and refused pushes of the last run.
 
+With --nvme DIR the mount has an NVMe tier in DIR and RAM for a few files (--ram, 1 MiB; its default page-cache window, a quarter of that): epoch 0 is
+read first by one reader (staged through RAM, each file written to the tier on its way), then with the page caches
+dropped epoch 1 (the tier's copies read back, a few files ahead) against the tier's own copies of the
+same files read straight from DIR's device in a seeded random order, cold too.
+
     bench/staged_epochs.py BUILD [--files 5200] [--classes 4] [--mean-kb 110] [--reps 3] [--threads 1] [--baseline OTHER]
+                                 [--nvme DIR [--ram SIZE]]
 """
 import argparse
 import json
@@ -31,9 +37,19 @@ def read_files(build, root, order, threads):
     return out["files_per_s"], out["bytes"] / out["seconds"] / 1e9
 
 
-def mounted_run(clairfs, build, data, mnt, work, threads):
-    """Files/s of epochs 0 and 1 through a fresh mount, and its page-cache counters before reading."""
-    subprocess.run([clairfs, data, mnt, "-o", "seed=3,batch_size=32,epochs=2"], check=True)
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
+    """Files/s of epochs 0 and 1 through a fresh mount, and its page-cache counters before reading. With
+    `nvme`: the files staged there, every read cold, and the tier's copies read after each epoch's."""
+    options = "seed=3,batch_size=32,epochs=2"
+    if nvme:
+        options += ",ram=%s,nvme=%s" % (ram, nvme)
+    subprocess.run([clairfs, data, mnt, "-o", options], check=True)
     try:
         for _ in os.walk(mnt):  # ImageFolder's listing: names and types, no stat of the files
             pass
@@ -43,18 +59,43 @@ def mounted_run(clairfs, build, data, mnt, work, threads):
             with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, epoch)) as f, open(path, "w") as out:
                 out.write(f.read())
             orders.append(path)
+        if nvme:
+            # (the tier filled on the way: one reader, as more outrun the staging and the writes of the files
+            # they read on demand, and far fewer reach the tier)
+            first = read_files(build, mnt, orders[0], 1)
         deadline, last, since = time.monotonic() + 120, None, time.monotonic()
         while time.monotonic() < deadline:
             with open(mnt + "/.clairfs/stats") as f:
                 s = json.load(f)
-            now = (s["ram"]["files"], s["pagecache"]["pushes"])
+            now = (s["ram"]["files"], s["pagecache"]["pushes"], s.get("nvme", {}).get("files", 0))
             if now != last:
                 last, since = now, time.monotonic()
-            elif time.monotonic() - since > 1.0 and now[0] > 0:
+            elif time.monotonic() - since > 1.0 and now[2 if nvme else 0] > 0:
                 break
             time.sleep(0.1)
         pagecache = dict(s["pagecache"])
-        return [read_files(build, mnt, order, threads) for order in orders], orders, pagecache
+        if not nvme:
+            return [read_files(build, mnt, order, threads) for order in orders], orders, pagecache
+        pagecache["nvme_files"] = s["nvme"]["files"]
+        copies = s["nvme"]["dir"]
+        listed = "%s/copies" % work
+        with open(listed, "w") as out:
+            out.write("".join(name + "\n" for name in os.listdir(copies)
+                              if len(name) == 8 and all(c in "0123456789abcdef" for c in name)))
+        drop_caches()
+        got = read_files(build, mnt, orders[1], threads)
+        drop_caches()
+        r = subprocess.run([build + "/bench/read_files", copies, "--list", listed, "--threads", str(threads),
+                            "--seed", "1"], capture_output=True, text=True, check=True)
+        out = json.loads(r.stdout)
+        assert out["errors"] == 0, out
+        with open(mnt + "/.clairfs/stats") as f:
+            s = json.load(f)
+        pagecache["served"] = {t: s["tiers"][t]["files"] for t in ("ram", "nvme", "source")}
+        # (epoch 0 against SOURCE itself, as the mount read it: from the tmpfs copy, warm)
+        pagecache["direct"] = [read_files(build, data, orders[0], 1),
+                               (out["files_per_s"], out["bytes"] / out["seconds"] / 1e9)]
+        return [first, got], orders, pagecache
     finally:
         unmount(mnt)
 
@@ -69,6 +110,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default="/dev/shm/clairfs-bench-staged")
     ap.add_argument("--baseline", help="another build whose clairfs runs beside this one's")
+    ap.add_argument("--nvme", help="stage on an NVMe tier in this directory, and read cold")
+    ap.add_argument("--ram", default="1M", help="with --nvme: the mount's RAM budget")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     data = "%s/%d-%d-%g" % (a.data, a.files, a.classes, a.mean_kb)
@@ -81,29 +124,33 @@ def main():
         systems.append(("baseline", os.path.abspath(a.baseline) + "/clairfs"))
     rates = {}
     counters = {}
+    against = ("tmpfs", "the NVMe copies, cold" if a.nvme else "tmpfs")
     for rep in range(a.reps):
         for name, clairfs in systems[rep % len(systems):] + systems[:rep % len(systems)]:
-            got, orders, counters[name] = mounted_run(clairfs, build, data, mnt, work, a.threads)
-            tmpfs = [read_files(build, data, order, a.threads) for order in orders]
+            got, orders, counters[name] = mounted_run(clairfs, build, data, mnt, work, a.threads, a.nvme, a.ram)
+            tmpfs = counters[name].get("direct") or [read_files(build, data, order, a.threads) for order in orders]
             for epoch in (0, 1):
                 rates.setdefault((name, epoch), []).append(got[epoch][0])
                 rates.setdefault((name + " tmpfs", epoch), []).append(tmpfs[epoch][0])
                 rates.setdefault((name, epoch, "GB/s"), []).append(got[epoch][1])
-            print("rep %d %s: epoch 0 %.0f (tmpfs %.0f), epoch 1 %.0f (tmpfs %.0f) files/s" % (
-                rep, name, got[0][0], tmpfs[0][0], got[1][0], tmpfs[1][0]), file=sys.stderr)
+            print("rep %d %s: epoch 0 %.0f (%s %.0f), epoch 1 %.0f (%s %.0f) files/s" % (
+                rep, name, got[0][0], against[0], tmpfs[0][0], got[1][0], against[1], tmpfs[1][0]), file=sys.stderr)
     os.rmdir(mnt)
     for name in os.listdir(work):
         os.unlink(os.path.join(work, name))
     os.rmdir(work)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print("| system | epoch 0 files/s (GB/s) | ÷ tmpfs | epoch 1 files/s (GB/s) | ÷ tmpfs | pushes, refused (last run) |")
+    last = "NVMe files (last run)" if a.nvme else "pushes, refused (last run)"
+    print("| system | epoch 0 files/s (GB/s) | ÷ %s | epoch 1 files/s (GB/s) | ÷ %s | %s |" % (against + (last,)))
     print("|---|---:|---:|---:|---:|---|")
     for name, _ in systems:
-        print("| %s | %.0f (%.2f) | **%.2f×** | %.0f (%.2f) | **%.2f×** | %d, %d |" % (
+        c = counters[name]
+        print("| %s | %.0f (%.2f) | **%.2f×** | %.0f (%.2f) | **%.2f×** | %s |" % (
             name, med[(name, 0)], med[(name, 0, "GB/s")], med[(name, 0)] / med[(name + " tmpfs", 0)],
             med[(name, 1)], med[(name, 1, "GB/s")], med[(name, 1)] / med[(name + " tmpfs", 1)],
-            counters[name]["pushes"], counters[name]["push_failures"]))
+            "%d; served %s" % (c["nvme_files"], c["served"]) if a.nvme else "%d, %d" % (c["pushes"],
+                                                                                     c["push_failures"])))
 
 
 if __name__ == "__main__":
