@@ -283,13 +283,14 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
   ReaderTracker::Seen all;
   // Opens past the end of the epochs planned would have no place: the next epoch is planned first (the
   // opens made while a seed was learned may reach into the job's next epoch, before the stager plans it)
-  // — but no further than these opens can go, a step each: where an epoch is not much longer than the
-  // tolerance, the opens of another epoch lie near some place of this one by chance, and would carry a
-  // rank on without end.
+  // — but no further than these opens can go, a step each and the tolerance from the rank furthest on
+  // (so a start epoch planned by its head alone is not built whole here, and where an epoch is not much
+  // longer than the tolerance, the opens of another epoch, lying near some place of this one by chance,
+  // do not carry a rank on without end).
   uint64_t up_to = 0;
   {
     MutexLock lock(state_.mutex);
-    up_to = state_.planner.planned_end() + opens.size() * state_.tracker.ranks();
+    up_to = state_.planner.furthest() + (opens.size() + config_.tolerance) * state_.tracker.ranks();
   }
   bool planning = true;  // (until an epoch cannot be built, or the opens' reach: placed in what is planned)
   for (size_t i = 0; i < opens.size();) {

@@ -125,6 +125,14 @@ const EpochStreams* Planner::epoch_of_step(uint64_t step, uint64_t* base) const 
   return nullptr;
 }
 
+uint64_t Planner::furthest() const {
+  uint64_t f = 0;
+  bool any = false;
+  for (const Rank& r : ranks_)
+    if (r.live) f = std::max(f, r.next), any = true;
+  return any ? f : cursor_;
+}
+
 uint64_t Planner::planned_end() const { return (base_.back() + epochs_.back().steps) * config_.ranks; }
 
 std::optional<EntryId> Planner::item(uint64_t key) const {

@@ -218,6 +218,8 @@ class Planner {
   std::vector<std::pair<uint64_t, EntryId>> take_passed();
 
   uint64_t cursor() const { return cursor_; }
+  // The next key of the live rank furthest on (the cursor when none is live).
+  uint64_t furthest() const;
   // Keys below this are planned (items known).
   uint64_t planned_end() const;
   // The entry at a key; nullopt for a hole (a shorter rank) or a key outside the plan.

@@ -242,6 +242,38 @@ TEST(Engine, StagingStartsWithTheStartEpochsHeadWhileTheWholeEpochIsBuilt) {
   EXPECT_EQ(s["ranks"][0]["total"], tree.files());
 }
 
+TEST(Engine, OpensMadeBeforeTheEngineDoNotHaveTheStartEpochBuiltWholeFirst) {
+  // seed=auto found the seed after the job's first opens: the engine is placed by them, and starts
+  // staging from the start epoch's head as any other (opens far short of the head's end need no more of
+  // the plan than the head).
+  MemoryTree tree(sizes(60, 1000, 2000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  std::promise<void> built;
+  std::shared_future<void> go = built.get_future().share();
+  StreamSource slow = [&streams, go](uint64_t epoch) {
+    go.wait_for(std::chrono::seconds(5));
+    return streams(epoch);
+  };
+  EngineConfig c = config(1 << 20);
+  c.head = [&streams](uint64_t epoch) {
+    auto seq = streams(epoch);
+    for (auto& s : seq) s.resize(std::min<size_t>(s.size(), 10));
+    return seq;
+  };
+  c.head_steps = 10;
+  c.epochs = 1;
+  c.tolerance = 4;
+  for (size_t k = 0; k < 2; ++k) c.opened_before.emplace_back(tree.manifest.samples()[streams(0)[0][k]], 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  ClairvoyantEngine e(tree.manifest, slow, source, c);
+  const auto made = std::chrono::steady_clock::now() - t0;
+  const auto planned = stats(e)["plan"]["planned_up_to"];
+  built.set_value();
+  EXPECT_LT(made, std::chrono::seconds(2));  // not the whole epoch's build (5 s here)
+  EXPECT_EQ(planned, 10u);                   // the head alone
+}
+
 TEST(Engine, FilesLargerThanTheBudgetAreReadOnDemand) {
   MemoryTree tree(sizes(20, 3000, 6000));
   MemorySource source(tree);
