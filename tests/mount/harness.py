@@ -301,6 +301,12 @@ def settled_stats(mnt, opens, timeout=20):
         time.sleep(0.05)
 
 
+def rank0(s):
+    """Rank 0's place in the stats — (epoch, done, total, verdict) — or () while there is no plan."""
+    r = (s.get("ranks") or [None])[0]
+    return (r["epoch"], r["done"], r["total"], r["verdict"]) if r else ()
+
+
 def stats_when(mnt, done, timeout=20):
     """Stats once done(stats) holds (a plan that follows the job's last opens may come a moment after the
     job's end, when the job was quicker than the learning), or the last read at the timeout."""

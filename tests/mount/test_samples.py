@@ -154,7 +154,7 @@ with h.tempdir() as tmp:
             # (with seed=auto the engine hears the opens after those SOURCE served while it learned)
             s = h.settled_stats(mnt, 2 * samples - h.stats(mnt).get("learned", {}).get("source_files", 0))
             # (the job's list found from its last opens, its plan follows a moment after the job)
-            s = h.stats_when(mnt, lambda s: (s["ranks"][0]["epoch"], s["ranks"][0]["done"]) == (first + 1, samples))
+            s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (first + 1, samples))
             status = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
         with open(log) as f:
             said = [line[25:].strip() for line in f if "MOUNTPOINT/train" in line]
