@@ -265,13 +265,10 @@ TEST(Engine, OpensMadeBeforeTheEngineDoNotHaveTheStartEpochBuiltWholeFirst) {
   c.epochs = 1;
   c.tolerance = 4;
   for (size_t k = 0; k < 2; ++k) c.opened_before.emplace_back(tree.manifest.samples()[streams(0)[0][k]], 1000);
-  const auto t0 = std::chrono::steady_clock::now();
   ClairvoyantEngine e(tree.manifest, slow, source, c);
-  const auto made = std::chrono::steady_clock::now() - t0;
   const auto planned = stats(e)["plan"]["planned_up_to"];
   built.set_value();
-  EXPECT_LT(made, std::chrono::seconds(2));  // not the whole epoch's build (5 s here)
-  EXPECT_EQ(planned, 10u);                   // the head alone
+  EXPECT_EQ(planned, 10u);  // the head alone (the whole epoch, built in the constructor, is 60)
 }
 
 TEST(Engine, FilesLargerThanTheBudgetAreReadOnDemand) {
