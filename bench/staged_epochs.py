@@ -7,10 +7,11 @@ and all the mount will push is pushed, then one reader opening, reading and clos
 right after: files/s of each epoch, clairfs ÷ tmpfs, with --baseline OTHER_BUILD's clairfs beside this
 one's in the same rotation. Prints medians of R runs and the pushes and refused pushes of the last run.
 
-With --nvme DIR the mount has an NVMe tier in DIR and RAM for a few files (--ram, 1 MiB; its default page-cache window, a quarter of that): epoch 0 is
-read first by one reader (staged through RAM, each file written to the tier on its way), then with the page caches
-dropped epoch 1 (the tier's copies read back, a few files ahead) against the tier's own copies of the
-same files read straight from DIR's device in a seeded random order, cold too.
+With --nvme DIR the mount has an NVMe tier in DIR and RAM for a few files (--ram, 1 MiB; the default
+page-cache window, a quarter of that): epoch 0 is read first by one reader (staged through RAM, each file
+written to the tier on its way), then, with the page caches dropped, epoch 1 (the tier's copies read back
+a RAM's worth ahead) against the tier's own copies of the same files read straight from DIR's device in a
+seeded random order, cold too.
 
     bench/staged_epochs.py BUILD [--files 5200] [--classes 4] [--mean-kb 110] [--reps 3] [--threads 1] [--baseline OTHER]
                                  [--nvme DIR [--ram SIZE]]
@@ -45,7 +46,7 @@ def drop_caches():
 
 def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
     """Files/s of epochs 0 and 1 through a fresh mount, and its page-cache counters before reading. With
-    `nvme`: the files staged there, every read cold, and the tier's copies read after each epoch's."""
+    `nvme`: epoch 0 read by one reader (filling the tier), epoch 1 cold, then the tier's copies cold."""
     options = "seed=3,batch_size=32,epochs=2"
     if nvme:
         options += ",ram=%s,nvme=%s" % (ram, nvme)
