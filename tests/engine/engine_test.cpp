@@ -206,68 +206,65 @@ TEST(Engine, AJobResumedMidEpochIsPlannedFromItsBatchAndTheSkippedAreNeverStaged
   for (size_t i = 0; i < 40; ++i) EXPECT_EQ(source.reads_of(order[i]), 0u) << "skipped file " << i << " staged";
 }
 
-// A start epoch slow to build whole (millions of files): the plan starts with its head (each rank's first
-// items, EngineConfig::head), staging with it, and the whole epoch built meanwhile on the planning thread
-// replaces the head: every file staged once, the reader followed from the head into the rest.
-TEST(Engine, StagingStartsWithTheStartEpochsHeadWhileTheWholeEpochIsBuilt) {
-  MemoryTree tree(sizes(60, 1000, 2000));
-  MemorySource source(tree);
-  const auto streams = one_rank(tree);
-  std::promise<void> built;  // the whole epoch's build waits for it
-  std::shared_future<void> go = built.get_future().share();
-  StreamSource slow = [&streams, go](uint64_t epoch) {
-    go.wait_for(std::chrono::seconds(5));  // (not for ever: a plan that waits for it would hang the test)
+// 60 files whose start epoch is slow to build whole (as millions of files are): the whole epoch's build
+// waits until built() (5 s at most: a plan that waited for it would hang the test otherwise), and the plan
+// starts with its head, each rank's first 10 items (EngineConfig::head).
+struct SlowStartEpoch {
+  EngineConfig engine_config() const {
+    EngineConfig c = config(1 << 20);
+    c.head = [this](uint64_t epoch) {
+      auto seq = streams(epoch);
+      for (auto& s : seq) s.resize(std::min<size_t>(s.size(), 10));
+      return seq;
+    };
+    c.head_steps = 10;
+    c.epochs = 1;
+    return c;
+  }
+  void built() { whole.set_value(); }
+
+  MemoryTree tree{sizes(60, 1000, 2000)};
+  MemorySource source{tree};
+  const StreamSource streams = one_rank(tree);
+  std::promise<void> whole;
+  const std::shared_future<void> go = whole.get_future().share();
+  const StreamSource slow = [this](uint64_t epoch) {
+    go.wait_for(std::chrono::seconds(5));
     return streams(epoch);
   };
-  EngineConfig c = config(1 << 20);
-  c.head = [&streams](uint64_t epoch) {
-    auto seq = streams(epoch);
-    for (auto& s : seq) s.resize(std::min<size_t>(s.size(), 10));
-    return seq;
-  };
-  c.head_steps = 10;
-  c.epochs = 1;
-  ClairvoyantEngine e(tree.manifest, slow, source, c);
+};
+
+// The plan starts with the start epoch's head, staging with it, and the whole epoch built meanwhile on the
+// planning thread replaces the head: every file staged once, the reader followed from the head into the
+// rest.
+TEST(Engine, StagingStartsWithTheStartEpochsHeadWhileTheWholeEpochIsBuilt) {
+  SlowStartEpoch t;
+  ClairvoyantEngine e(t.tree.manifest, t.slow, t.source, t.engine_config());
   const bool head_staged = wait_for(e, [](const nlohmann::json& s) { return s["staged"]["files"] == 10u; });
   const auto planned = stats(e)["plan"]["planned_up_to"];
-  built.set_value();
+  t.built();
   ASSERT_TRUE(head_staged) << e.stats().dump(2);
   EXPECT_EQ(planned, 10u);  // the head alone
-  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["files"] == tree.files(); }));
-  EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
+  ASSERT_TRUE(wait_for(e, [&](const nlohmann::json& s) { return s["staged"]["files"] == t.tree.files(); }));
+  EXPECT_EQ(read_epoch(e, t.tree, t.streams(0)[0]), 0u);
   const auto s = stats(e);
-  EXPECT_EQ(source.bytes_read(), tree.total());
+  EXPECT_EQ(t.source.bytes_read(), t.tree.total());
   EXPECT_EQ(s["mispredicted_opens"], 0u);
-  EXPECT_EQ(s["ranks"][0]["done"], tree.files());
-  EXPECT_EQ(s["ranks"][0]["total"], tree.files());
+  EXPECT_EQ(s["ranks"][0]["done"], t.tree.files());
+  EXPECT_EQ(s["ranks"][0]["total"], t.tree.files());
 }
 
 TEST(Engine, OpensMadeBeforeTheEngineDoNotHaveTheStartEpochBuiltWholeFirst) {
   // seed=auto found the seed after the job's first opens: the engine is placed by them, and starts
   // staging from the start epoch's head as any other (opens far short of the head's end need no more of
   // the plan than the head).
-  MemoryTree tree(sizes(60, 1000, 2000));
-  MemorySource source(tree);
-  const auto streams = one_rank(tree);
-  std::promise<void> built;
-  std::shared_future<void> go = built.get_future().share();
-  StreamSource slow = [&streams, go](uint64_t epoch) {
-    go.wait_for(std::chrono::seconds(5));
-    return streams(epoch);
-  };
-  EngineConfig c = config(1 << 20);
-  c.head = [&streams](uint64_t epoch) {
-    auto seq = streams(epoch);
-    for (auto& s : seq) s.resize(std::min<size_t>(s.size(), 10));
-    return seq;
-  };
-  c.head_steps = 10;
-  c.epochs = 1;
+  SlowStartEpoch t;
+  EngineConfig c = t.engine_config();
   c.tolerance = 4;
-  for (size_t k = 0; k < 2; ++k) c.opened_before.emplace_back(tree.manifest.samples()[streams(0)[0][k]], 1000);
-  ClairvoyantEngine e(tree.manifest, slow, source, c);
+  for (size_t k = 0; k < 2; ++k) c.opened_before.emplace_back(t.tree.manifest.samples()[t.streams(0)[0][k]], 1000);
+  ClairvoyantEngine e(t.tree.manifest, t.slow, t.source, c);
   const auto planned = stats(e)["plan"]["planned_up_to"];
-  built.set_value();
+  t.built();
   EXPECT_EQ(planned, 10u);  // the head alone (the whole epoch, built in the constructor, is 60)
 }
 
