@@ -223,15 +223,20 @@ try:
         json.dump(h.digests(split + "/train"), f)
     shutil.copy(os.path.join(os.path.dirname(__file__), "mismatch_job.py"), work)
     inside = lambda path: "/" + os.path.relpath(path, CHROOT)  # noqa: E731
+
+    def chroot_job(args):
+        """tests/mount/mismatch_job.py run by the chroot's torch 2.x with `args` (paths as seen inside)."""
+        return subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
+                               "--digests", inside(digests), "--compute", "0.005"] + args, capture_output=True,
+                              text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+
     for dataset, options, samples, named in (
             ("imagefolder", "seed=auto", 720, "ImageFolder(MOUNTPOINT/train) (720 samples)"),
             ("glob", "seed=auto", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)"),
             ("glob", "seed=42", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)")):
         with h.mounted(split, mnt, options + ",batch_size=16,workers=2,ram=%d" % (4 << 20)):
-            r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
-                                "--data", inside(mnt) + "/train", "--mount", inside(mnt), "--digests", inside(digests),
-                                "--dataset", dataset, "--epochs", "2", "--compute", "0.005"], capture_output=True,
-                               text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+            r = chroot_job(["--data", inside(mnt) + "/train", "--mount", inside(mnt), "--dataset", dataset,
+                            "--epochs", "2"])
             # The mount's count of the job's last epoch, once it has it all (the watch's news of the last
             # opens may come a moment after the job's end: under load, after the job's own look at it).
             deadline = time.monotonic() + 20
@@ -274,9 +279,7 @@ try:
             ("torch.manual_seed(5), 100 draws, DataLoader(shuffle=True) with no generator", "seed=auto",
              ["--seed", "5", "--global-seed", "--draws", "100", "--epochs", "2"], 1)):
         with h.mounted(resume, mnt, options + ",batch_size=16,workers=2,ram=%d" % (8 << 20)):
-            r = subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
-                                "--data", inside(mnt), "--digests", inside(digests), "--compute", "0.005"] + args,
-                               capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+            r = chroot_job(["--data", inside(mnt)] + args)
             s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (end, 3000))
         at, world = h.rank0(s), s.get("plan", {}).get("world", {})
         ok = r.returncode == 0 and ", 0 wrong," in r.stdout and at == (end, 3000, 3000, "following")
