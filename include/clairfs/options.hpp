@@ -71,6 +71,7 @@ struct Options {
   std::optional<uint64_t> epochs;  // empty: unbounded
   uint64_t start_epoch = 0;
   uint64_t start_batch = 0;  // the job resumes start_epoch at this batch (a mid-epoch checkpoint)
+  bool start_batch_given = false;  // told where in start_epoch the job starts (start_batch=, 0 too)
   bool drop_last = false;
   bool loader_drop_last = false;
   uint64_t workers = 0;

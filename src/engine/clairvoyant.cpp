@@ -106,8 +106,10 @@ PlannerConfig planner_config(const Manifest& manifest, const EngineConfig& c) {
 }
 
 PolicyConfig policy_config(const EngineConfig& c, uint64_t mean_size) {
-  return PolicyConfig{c.ram, served_ranks(c).size(), c.loader_window, c.depth, c.owner,
-                      c.peers ? c.peers->node() : 0, mean_size};
+  const int node = c.peers ? c.peers->node() : 0;
+  PolicyConfig p{c.ram, served_ranks(c).size(), c.loader_window, c.depth, c.owner, node, mean_size};
+  p.start_window = c.start_window;
+  return p;
 }
 
 WindowConfig window_config(const EngineConfig& c, uint64_t mean_size) {

@@ -60,6 +60,9 @@ struct EngineConfig {
   std::vector<uint64_t> ranks;     // the training ranks this node serves
   uint64_t start_epoch = 0;
   uint64_t start_item = 0;  // each served rank's first item of start_epoch (start_batch × batch_size)
+  // Files per rank staged before the opens confirmed a rank's place (PolicyConfig::start_window); 0: no
+  // bound.
+  uint64_t start_window = 0;
   // Per served rank (empty: all 0): in the plan's epoch e it reads its epoch e + shift — ranks that
   // started at different epochs (one started epochs after the others on its node). The least is 0.
   std::vector<uint64_t> epoch_shift;

@@ -207,6 +207,7 @@ uint64_t Planner::consume(Rank& r, uint64_t rank, uint64_t key) {
   r.silent.erase(key);  // presumed silent, but read through us after all (its pages went)
   r.reached = std::max(r.reached, key);
   r.read_any = true;
+  r.least = std::min(r.least, key);
   auto count_read = [&](uint64_t k) {
     if (const size_t i = epoch_index(k); i < epochs_.size()) epochs_[i].read[rank]++;
   };

@@ -240,6 +240,8 @@ class Planner {
   bool confirmed(uint64_t rank) const { return ranks_[rank].confirmed; }
   // Whether an open was ever placed in the rank (of this plan).
   bool read_any(uint64_t rank) const { return ranks_[rank].read_any; }
+  // The least key an open was placed at in the rank (kNever: none): where a job resumed mid-epoch began.
+  uint64_t least_read(uint64_t rank) const { return ranks_[rank].least; }
   // First key of the epoch after the one `key` lies in (kNever beyond the plan).
   uint64_t epoch_end_key(uint64_t key) const;
   // The epoch `key` lies in, if planned: its rank's own (see PlannerConfig::shift).
@@ -329,6 +331,7 @@ class Planner {
     std::set<uint64_t> tentative;  // keys opened by processes still judged: held (Reader::pending), counted as opened
     uint64_t reached = 0;         // the largest key opened (0: none since it was last placed)
     bool read_any = false;        // an open was placed in it (a rank that never read may start late)
+    uint64_t least = kNever;      // the least key an open was placed at
     uint64_t expected_in_block = 0;
     uint64_t presumed_in_block = 0;      // silent uses its opens counted as read
     uint64_t mispredicted_in_block = 0;  // unexpected opens by processes known to read for it

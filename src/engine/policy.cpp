@@ -89,7 +89,15 @@ bool StagingPolicy::upcoming(uint64_t key) const {
 
 std::optional<StagingPolicy::Candidate> StagingPolicy::next_candidate(const std::function<bool(EntryId)>& busy) {
   const uint64_t end = planner_.planned_end();
-  for (; stage_key_ < end; ++stage_key_) {
+  // Before the opens confirmed a rank's place, no further than the start window; then from where its
+  // first opens were (the uses before them were skipped: a job resumed mid-epoch, or read meanwhile).
+  for (uint64_t r = 0; !started_ && r < config_.ranks; ++r) {
+    started_ = config_.start_window == 0 || planner_.confirmed(r);
+    if (started_ && config_.start_window != 0)
+      stage_key_ = std::max(stage_key_, planner_.least_read(r) / config_.ranks * config_.ranks);
+  }
+  const uint64_t bound = started_ ? end : std::min(end, planner_.cursor() + config_.start_window * config_.ranks);
+  for (; stage_key_ < bound; ++stage_key_) {
     const uint64_t key = stage_key_;
     if (!upcoming(key)) continue;  // a hole, a rank off the plan, or opened already (read on demand)
     const auto item = planner_.item(key);

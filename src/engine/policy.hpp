@@ -39,6 +39,9 @@ struct PolicyConfig {
   std::vector<uint16_t> owner; // per entry: the node keeping it for all (empty: alone)
   int node = 0;
   uint64_t mean_size = 1;      // bytes of a sample, on average (mean_sample_size)
+  // Files per rank the walk stages before the opens confirmed a rank's place (0: no bound): where in its
+  // epoch the job starts is not known until then (a job resumed mid-epoch skips the batches it did).
+  uint64_t start_window = 0;
 };
 
 // The data set's mean sample size in bytes (at least 1): what budgets in bytes become in files.
@@ -90,6 +93,7 @@ class StagingPolicy {
   // The walk over the plan. next_candidate() skips holes, ranks off the plan, uses already opened,
   // files held, `busy` ones (in flight), files gone from SOURCE and files larger than the budget, and
   // returns the next file to stage; take() moves past it once it is staged (or room for it was found).
+  // Until the opens confirmed a rank's place, it goes no further than the start window past the cursor.
   // A file whose attributes are still to be read (a mount up before they all were) is returned as
   // `pending`, size unknown: the walk waits there until they are.
   struct Candidate {
@@ -118,6 +122,7 @@ class StagingPolicy {
   const Planner& planner_;
   const PolicyConfig config_;
   uint64_t evict_window_ = 0;
+  bool started_ = false;    // the opens confirmed a rank's place (the start window is lifted)
   uint64_t lead_ = 1;       // keys ahead of the cursor that may be needed soon
   uint64_t stage_key_ = 0;  // next key the walk considers
   TierIndex ram_, nvme_;    // residents by next use

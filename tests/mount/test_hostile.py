@@ -47,7 +47,8 @@ def special_files(data, rel):
 
 
 def squeeze_daemon(tmp, data, mnt):
-    """16 files of 24 MiB under ram=256M,idle=1: staging fills RAM, gives it back when no read comes for
+    """16 files of 24 MiB under ram=256M,idle=1 (start_batch=0: the job said to start at the epoch's
+    beginning, so that staging runs ahead before any read): staging fills RAM, gives it back when no read comes for
     a second; then the daemon's address space is limited to 64 MiB below what it maps, and the job reads
     every file. Staging for it needs new buffers (every file is 128 KiB or more, mapped anew), which
     the limit refuses."""
@@ -60,7 +61,7 @@ def squeeze_daemon(tmp, data, mnt):
             f.write(b)
         want["c/f%02d.jpg" % i] = hashlib.sha256(b).hexdigest()
     log = tmp + "/squeeze.log"
-    with h.mounted(data, mnt, "seed=1,ram=256M,idle=1,log=" + log):
+    with h.mounted(data, mnt, "seed=1,start_batch=0,ram=256M,idle=1,log=" + log):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] < (192 << 20):
             time.sleep(0.1)

@@ -40,6 +40,34 @@ TEST(Policy, WalksThePlanSkippingWhatIsHeldOrBusy) {
   EXPECT_EQ(policy.next_candidate([](EntryId) { return false; })->id, 5u);
 }
 
+// Not told where in its epoch the job starts, the walk stages its start window (files per rank) and
+// waits there until the job's opens show where it is (a job resumed mid-epoch: nothing it skipped is
+// staged but the window).
+TEST(Policy, StagesOnlyTheStartWindowBeforeARankIsConfirmed) {
+  fakes::MemoryTree tree(std::vector<uint64_t>(300, 100));
+  PlannerConfig pc = planner_config(tree.manifest);
+  pc.tolerance = 16;
+  Planner planner(pc, in_order(300));
+  PolicyConfig config{30000, 1, 2, 2, {}, 0, mean_sample_size(tree.manifest)};
+  config.start_window = 3;
+  StagingPolicy policy(tree.manifest, planner, config);
+  const auto none = [](EntryId) { return false; };
+  for (EntryId id = 2; id < 5; ++id, policy.take()) EXPECT_EQ(policy.next_candidate(none)->id, id);
+  EXPECT_FALSE(policy.next_candidate(none));
+  // The job's opens from its item 12 on (it skipped 0..11): the walk waits until they confirm the rank.
+  EntryId id = 14;
+  for (; !planner.confirmed(0) && id < 30; ++id) {
+    planner.on_open(id, 100, 1);
+    policy.catch_up();
+    if (!planner.confirmed(0)) {
+      EXPECT_FALSE(policy.next_candidate(none)) << "after the open of " << id;
+    }
+  }
+  const auto next = policy.next_candidate(none);  // past its opens, none of the skipped 3..11
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->id, id);
+}
+
 // "Needed soon" (latency matters, a keeper's refusal goes to SOURCE) reaches half the eviction window,
 // at most as far as the loaders hold files ahead, and never past the next epoch: a loader reads ahead within its epoch only, and with
 // windows larger than an epoch every planned epoch was "soon" — a node then read from SOURCE, for
