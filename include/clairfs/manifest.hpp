@@ -278,6 +278,12 @@ class Manifest {
   // `sorted(glob(f"{dir}/**/*{suffix}", recursive=True))` for each of `suffixes` together (glob.cpp).
   // nullopt where `dir` is no folder.
   std::optional<Manifest> with_sorted_glob(const std::string& dir, const std::vector<std::string>& suffixes) const;
+  // A view of the same tree whose samples are this manifest's, in their order, less those `keep` is
+  // false for (left_out() of them): a walk from which a job's Dataset leaves some files out (ImageFolder's
+  // is_valid_file), learned from the files the job opened (LearningEngine). Its root and suffixes are
+  // this manifest's; its classes are not kept.
+  Manifest with_samples_kept(const std::function<bool(EntryId)>& keep) const;
+  uint64_t left_out() const { return left_out_; }
   // The folder (relative to the root, "" for the root) whose ImageFolder walk — or, globbed(), sorted glob —
   // the samples are, or nullopt when they are a list (samples=).
   const std::optional<std::string>& sample_root() const { return sample_root_; }
@@ -349,6 +355,7 @@ class Manifest {
   std::optional<std::string> sample_root_;  // compute_samples's folder; nullopt after use_samples
   std::vector<std::string> extensions_;     // and the extensions it walked with (a glob's suffixes)
   bool globbed_ = false;                    // the samples are a sorted glob's (compute_glob_samples)
+  uint64_t left_out_ = 0;                   // samples of that walk or glob left out (with_samples_kept)
 };
 
 }  // namespace clairfs

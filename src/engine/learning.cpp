@@ -41,6 +41,9 @@ std::string folder_words(const Manifest& view) {
     what = "sorted(glob('" + dir + "/**/*" + view.sample_suffixes().front() + "'))";
     for (size_t i = 1; i < view.sample_suffixes().size(); ++i) what += " + *" + view.sample_suffixes()[i];
   }
+  if (view.left_out() > 0)  // (opened_view)
+    return what + " less the " + std::to_string(view.left_out()) + " files it never opened (" +
+           std::to_string(view.samples().size()) + " samples: is_valid_file?)";
   return what + " (" + std::to_string(view.samples().size()) + " samples)";
 }
 
@@ -122,6 +125,18 @@ std::optional<Replan> replan_for(const std::unordered_map<pid_t, ReaderTracker::
   return r;
 }
 
+OpenedFiles::OpenedFiles(size_t entries)
+    : words_((entries + 63) / 64), bits_(std::make_unique<std::atomic<uint64_t>[]>(words_)) {}
+
+void OpenedFiles::opened(EntryId id) {
+  if (id / 64 >= words_) return;
+  const uint64_t bit = uint64_t{1} << (id % 64);
+  if (bits_[id / 64].fetch_or(bit, std::memory_order_relaxed) & bit)
+    again_.fetch_add(1, std::memory_order_relaxed);
+  else
+    files_.fetch_add(1, std::memory_order_relaxed);
+}
+
 LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule,
                                LearnQuestion question, EngineConfig config, const Oracle* told,
                                std::vector<uid_t> learn_from, Replanning replanning)
@@ -132,7 +147,8 @@ LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, S
       config_(std::move(config)),
       told_(told),
       learn_from_(std::move(learn_from)),
-      replanning_(replanning) {
+      replanning_(replanning),
+      opened_(manifest.sample_root() ? manifest.size() : 0) {
   lists_[0] = &manifest_;
   {
     MutexLock lock(mutex_);
@@ -190,16 +206,15 @@ ClairvoyantEngine* LearningEngine::current(uint64_t* plan) const {
 }
 
 ClairvoyantEngine* LearningEngine::keep(EntryId id, pid_t pid, uint64_t* plan) {
-  if (ClairvoyantEngine* e = current(plan)) {
-    if (!told_) from_the_job(pid);  // asked while the process is there, for learning again later
-    return e;
-  }
+  const bool job = from_the_job(pid);  // (asked while the process is there, for learning again later)
+  if (job) opened_.opened(id);
+  if (ClairvoyantEngine* e = current(plan)) return e;
   bool wake = false;
   {
     MutexLock lock(mutex_);
     if (ClairvoyantEngine* e = current(plan)) return e;
     if (opens_.size() < kMaxOpens && (state_ == "learning" || state_ == "waiting")) {
-      if (!from_the_job(pid)) {
+      if (!job) {
         ++not_the_job_;
         return nullptr;
       }
@@ -781,14 +796,17 @@ std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const Lear
   // A subfolder's walk first: opens that all lie in one are evidence of it (of a walk of the root over
   // train/ and val/, 16 opens lie in train/ alone 1 time in 20); a seed is found on a list only if it fits.
   // Then the list's own samples; then the globs, made only when those fail on a few batches' opens (each
-  // walks the tree: seconds at 14 M files).
+  // walks the tree: seconds at 14 M files); then the opened files.
   const Pointed pointed = pointed_to(ids);
   for (const Manifest* view : candidate_views(list, pointed, false))
     if (std::optional<Learned> found = on(*view)) return found;
   if (std::optional<Learned> found = on(list)) return found;
-  if (ids.size() < kGlobAfter) return std::nullopt;
-  for (const Manifest* view : candidate_views(list, pointed, true))
-    if (std::optional<Learned> found = on(*view)) return found;
+  if (ids.size() >= kGlobAfter)
+    for (const Manifest* view : candidate_views(list, pointed, true))
+      if (std::optional<Learned> found = on(*view)) return found;
+  // Last, once an epoch of the job ended, the list less the files it never opened: a rule of its own
+  // left them out (a glob that lists the same files in the same order is the likelier account).
+  if (const Manifest* kept = opened_view(list)) return on(*kept);
   return std::nullopt;
 }
 
@@ -834,7 +852,8 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   std::vector<const Manifest*> views;
   auto view = [&](bool glob, const std::string& dir) -> const Manifest* {
     for (const auto& v : views_)
-      if (v->globbed() == glob && *v->sample_root() == dir && (!glob || v->sample_suffixes() == suffixes))
+      if (v->globbed() == glob && *v->sample_root() == dir && v->left_out() == 0 &&
+          (!glob || v->sample_suffixes() == suffixes))
         return v.get();
     if (views_.size() >= kViews)
       std::erase_if(views_, [&](const auto& v) {
@@ -859,6 +878,26 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
     return v == nullptr || v == &list || (v->globbed() && std::ranges::equal(v->samples(), list.samples()));
   });
   return views;
+}
+
+const Manifest* LearningEngine::opened_view(const Manifest& list) {
+  // An epoch ended: more files opened again than a DistributedSampler pads an epoch with (a few).
+  const uint64_t files = opened_.files();
+  if (opened_.again() < kMinDiagnosisOpens || files >= list.samples().size()) return nullptr;
+  if (opened_view_ && opened_view_base_ == &list && opened_view_files_ == files &&
+      std::find_if(views_.begin(), views_.end(), [&](const auto& v) { return v.get() == opened_view_; }) !=
+          views_.end())
+    return opened_view_;
+  Manifest view = list.with_samples_kept([&](EntryId id) { return opened_.has(id); });
+  if (view.samples().size() != files) return nullptr;  // the job opened files not in `list`
+  std::erase_if(views_, [&](const auto& v) {
+    return v.get() == opened_view_ && std::find(std::begin(lists_), std::end(lists_), v.get()) == std::end(lists_);
+  });
+  views_.push_back(std::make_unique<Manifest>(std::move(view)));
+  opened_view_ = views_.back().get();
+  opened_view_files_ = files;
+  opened_view_base_ = &list;
+  return opened_view_;
 }
 
 std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_t>>& kept) {

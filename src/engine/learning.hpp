@@ -77,6 +77,25 @@ struct Replanning {
   std::function<void()> after_late_diagnosis = nullptr;
 };
 
+// The files a job opened, a bit each (any thread; no lock): once it opened some of them again (an epoch
+// of its ended), they are the files of its list — where that list is a walk some files are left out of
+// (ImageFolder's is_valid_file), the walk less the files never opened.
+class OpenedFiles {
+ public:
+  explicit OpenedFiles(size_t entries);
+  void opened(EntryId id);
+  bool has(EntryId id) const {
+    return id / 64 < words_ && (bits_[id / 64].load(std::memory_order_relaxed) >> (id % 64)) & 1;
+  }
+  uint64_t files() const { return files_.load(std::memory_order_relaxed); }  // distinct
+  uint64_t again() const { return again_.load(std::memory_order_relaxed); }  // opens of a file opened before
+
+ private:
+  size_t words_;
+  std::unique_ptr<std::atomic<uint64_t>[]> bits_;
+  std::atomic<uint64_t> files_{0}, again_{0};
+};
+
 class LearningEngine final : public Engine {
  public:
   static constexpr size_t kMaxOpens = 65536;
@@ -182,6 +201,10 @@ class LearningEngine final : public Engine {
   // ImageFolder of each of those folders; or, `globs`, a sorted glob of the files with those suffixes, of
   // the root and of each folder. Made once each and kept (views_).
   std::vector<const Manifest*> candidate_views(const Manifest& list, const Pointed& pointed, bool globs);
+  // `list` less the files the job never opened, once an epoch of its ended (opened_), every file it
+  // opened being in `list` and some of `list` never opened; nullptr otherwise. Made again when the job
+  // opened more files since.
+  const Manifest* opened_view(const Manifest& list);
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
@@ -227,6 +250,10 @@ class LearningEngine final : public Engine {
   // job was found to read. The views are made on the learning thread and kept to the end.
   const Manifest* lists_[kPlans] = {};
   std::vector<std::unique_ptr<Manifest>> views_;
+  OpenedFiles opened_;                     // the job's (from_the_job)
+  const Manifest* opened_view_ = nullptr;  // the last opened_view made (in views_): of this list, these files
+  const Manifest* opened_view_base_ = nullptr;
+  uint64_t opened_view_files_ = 0;
   const Manifest* learned_list_ = nullptr;  // the samples learn() found the seed on (the learning thread's)
   std::string samples_words_ GUARDED_BY(mutex_);  // the current plan's list, where learned (folder_words)
   std::atomic<ClairvoyantEngine*> plans_[kPlans] = {};

@@ -102,10 +102,27 @@ std::optional<Manifest> Manifest::with_root(const std::string& dir) const {
   return view;
 }
 
+Manifest Manifest::with_samples_kept(const std::function<bool(EntryId)>& keep) const {
+  Manifest view;
+  view.tree_ = tree_;
+  view.reset_samples(sample_root_, extensions_, globbed_);
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    if (!keep(samples_[i])) {
+      ++view.left_out_;
+      continue;
+    }
+    const auto named = sample_paths_.find(static_cast<uint32_t>(i));
+    view.add_sample(samples_[i], named != sample_paths_.end() ? std::string_view(named->second) : std::string_view());
+  }
+  view.left_out_ += left_out_;
+  return view;
+}
+
 void Manifest::reset_samples(std::optional<std::string> root, std::vector<std::string> suffixes, bool globbed) {
   sample_root_ = std::move(root);
   extensions_ = std::move(suffixes);
   globbed_ = globbed;
+  left_out_ = 0;
   samples_.clear();
   irregular_samples_ = 0;
   sample_paths_.clear();

@@ -7,7 +7,8 @@ by SOURCE (RAM holds a third of the data set) no more often than an ImageFolder 
 (+0.02 of the opens); seed=auto learns the seed on the list. Without it the same job is off the plan and
 most of its opens go to SOURCE. Bad lists are refused by line or element. A job reading a subfolder of the
 mount (ImageFolder(MOUNTPOINT/train) where SOURCE holds val/ too), or a sorted glob of it, has its list learned
-from its opens, told seed or seed=auto, and is followed.
+from its opens, told seed or seed=auto, and is followed; the is_valid_file job without its list has it
+learned once its first epoch ended (the walk less the files it never opened), and is followed.
 """
 import json
 import os
@@ -90,6 +91,44 @@ with h.tempdir() as tmp:
     h.check(told <= served["ImageFolder"] + 0.02 and untold > 0.3, "opens served by SOURCE: %.3f of the job's with "
             "samples=, %.3f not told, ImageFolder %.3f" % (told, untold, served["ImageFolder"]))
     print("opens served by SOURCE / the job's opens: " + "; ".join("%s %.3f" % item for item in served.items()))
+
+    # ImageFolder with that is_valid_file, its list not given: the mount's walk fits none of the job's
+    # opens, until an epoch of the job ended — then its files are the list (the walk less those it never
+    # opened). Told seed=42, or seed=auto, the mount plans again on that list (said in the log and the
+    # stats), follows the job to the end of its epoch 2, and serves that epoch's opens from SOURCE no more
+    # often than with the list given (samples=) + 0.02.
+    served = {}
+    for name, options in (("is_valid_file, samples= given", (BASE % ram) + ",samples=" + skipping),
+                          ("is_valid_file, told seed=42", BASE % ram),
+                          ("is_valid_file, seed=auto", (BASE % ram).replace("seed=42", "seed=auto"))):
+        log = tmp + "/skip.log"
+        with h.mounted(data, mnt, options + ",log=" + log):
+            r = subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--dataset", "skip",
+                                "--epochs", "3", "--compute", "0.005"], capture_output=True, text=True, timeout=600)
+            s = h.stats_when(mnt, lambda s: h.rank0(s)[:3] == (2, kept, kept))
+        with open(log) as f:
+            said = [line[25:].strip() for line in f if "never opened" in line]
+        os.unlink(log)
+        epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
+        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 3
+        h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
+        if not ok:
+            continue
+        # (seed=auto, still learning: no engine's stalls yet, each open SOURCE's)
+        at = [0] + [e["stalls"]["opens"] if "stalls" in e else e["learned"]["source_files"] for e in epochs]
+        served[name] = [(at[i + 1] - at[i]) / kept for i in range(3)]
+        words = "ImageFolder(MOUNTPOINT) less the %d files it never opened (%d samples: is_valid_file?)" % (
+            FILES - kept, kept)
+        learned = s["plan"].get("world", {}).get("samples", "")
+        h.check(h.rank0(s) == (2, kept, kept, "following")
+                and ("samples=" in name or (learned == words and len(said) == 1 and words in said[0])),
+                "%s: followed to the end of its epoch 2: %s, list %s, said %s" % (name, h.rank0(s), learned, said))
+    if len(served) == 3:
+        given = served["is_valid_file, samples= given"][2]
+        h.check(all(v[2] <= given + 0.02 for v in served.values()), "is_valid_file, list learned: opens served by "
+                "SOURCE in epoch 2 no more than with the list given (%.3f) + 0.02" % given)
+        print("is_valid_file: opens served by SOURCE / the job's, epochs 0, 1, 2: " + "; ".join(
+            "%s %.3f %.3f %.3f" % (name, *v) for name, v in served.items()))
 
     # Bad lists: one line naming the file and where in it, nothing mounted.
     bad = tmp + "/bad.txt"

@@ -85,6 +85,22 @@ TEST_F(ManifestTest, AViewOfASubfolderHasItsSamplesOnTheSameTree) {
   EXPECT_FALSE(m.with_root("nothing"));
 }
 
+TEST_F(ManifestTest, AViewLessSomeFilesKeepsTheWalksOrderAndCountsThoseLeftOut) {
+  // ImageFolder with an is_valid_file: the walk's samples in its order, less those the rule left out.
+  file("a/1.png");
+  file("a/2.png");
+  file("b/3.png");
+  file("b/4.png");
+  const Manifest m = scan();
+  const EntryId left = m.samples()[1];
+  const Manifest kept = m.with_samples_kept([&](EntryId id) { return id != left; });
+  EXPECT_EQ(sample_paths(kept), (std::vector<std::string>{"a/1.png", "b/3.png", "b/4.png"}));
+  EXPECT_EQ(kept.left_out(), 1u);
+  EXPECT_EQ(kept.sample_root(), m.sample_root());
+  EXPECT_EQ(m.left_out(), 0u);
+  EXPECT_EQ(kept.with_samples_kept([](EntryId) { return true; }).left_out(), 1u);  // of the walk, still
+}
+
 TEST_F(ManifestTest, ASortedGlobViewListsTheFilesWithItsSuffixesInPathOrder) {
   // sorted(glob(f"{dir}/**/*.jpg", recursive=True)): every name but those starting with '.', at any depth
   // (the folder's own files too), the suffix matched with case; the paths sorted as strings ("a-b.jpg"
