@@ -8,7 +8,7 @@
 #   PrologFlags=Alloc          (run at allocation, on every node of the job, before its script)
 #
 # A job asks with its comment, SOURCE (no ':' in it) and the mount options:
-#   #SBATCH --comment=clairfs:/lustre/datasets/imagenet/train:seed=42,batch_size=256,workers=8,world_size=16,ranks_per_node=4
+#   #SBATCH --comment=clairfs:/lustre/datasets/imagenet/train:seed=42,start_batch=0,batch_size=256,workers=8,world_size=16,ranks_per_node=4
 # and reads /run/clairfs-jobs/$SLURM_JOB_ID/mnt. If the mount failed, the reason is in
 # /run/clairfs-jobs/$SLURM_JOB_ID/error (the job decides: stop, or read SOURCE directly).
 #

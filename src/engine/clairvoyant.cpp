@@ -262,10 +262,11 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
 bool ClairvoyantEngine::plan_wanted(uint64_t up_to) {
   for (;;) {
     std::optional<uint64_t> want;
-    uint64_t ranks = 0;
+    uint64_t ranks = 0, end = 0;
     {
       MutexLock lock(state_.mutex);
-      want = state_.planner.planned_end() < up_to ? state_.planner.wanted_epoch() : std::nullopt;
+      end = state_.planner.planned_end();
+      want = end < up_to ? state_.planner.wanted_epoch() : std::nullopt;
       ranks = state_.tracker.ranks();
     }
     if (!want) return true;
@@ -277,8 +278,16 @@ bool ClairvoyantEngine::plan_wanted(uint64_t up_to) {
     }
     MutexLock lock(state_.mutex);
     if (state_.planner.wanted_epoch() == want) state_.grow_plan(std::move(e));
+    if (state_.planner.planned_end() == end) return true;  // epochs with no uses: never nearer
   }
 }
+
+uint64_t ClairvoyantEngine::reach(size_t opens) {
+  MutexLock lock(state_.mutex);
+  return state_.planner.furthest() + (opens + config_.tolerance) * state_.tracker.ranks();
+}
+
+void ClairvoyantEngine::plan_for(size_t opens) { plan_wanted(reach(opens)); }
 
 void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
   if (opens.empty()) return;
@@ -289,11 +298,7 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
   // (so a start epoch planned by its head alone is not built whole here, and where an epoch is not much
   // longer than the tolerance, the opens of another epoch, lying near some place of this one by chance,
   // do not carry a rank on without end).
-  uint64_t up_to = 0;
-  {
-    MutexLock lock(state_.mutex);
-    up_to = state_.planner.furthest() + (opens.size() + config_.tolerance) * state_.tracker.ranks();
-  }
+  const uint64_t up_to = reach(opens.size());
   bool planning = true;  // (until an epoch cannot be built, or the opens' reach: placed in what is planned)
   for (size_t i = 0; i < opens.size();) {
     if (planning) planning = plan_wanted(up_to);

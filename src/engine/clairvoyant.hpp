@@ -142,6 +142,9 @@ class ClairvoyantEngine final : public Engine {
   // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
   // order, as if made now, so that it starts where the readers are.
   void catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.mutex);
+  // Plans the epochs `opens` opens could reach, as catch_up does first: called before it where opens wait
+  // while it runs (an epoch of a large data set takes seconds to build).
+  void plan_for(size_t opens) EXCLUDES(state_.mutex);
 
   // The counters as JSON (.clairfs/stats).
   nlohmann::json stats() const override;
@@ -241,6 +244,8 @@ class ClairvoyantEngine final : public Engine {
   // lock, until the plan reaches key `up_to`: opens caught up on may lie past the epoch the plan starts
   // at. False if one could not be built.
   bool plan_wanted(uint64_t up_to) EXCLUDES(state_.mutex);
+  // The key `opens` opens could reach at most: the furthest rank's next, a step each and the tolerance.
+  uint64_t reach(size_t opens) EXCLUDES(state_.mutex);
   uint64_t lead_files(uint64_t rank) const REQUIRES(state_.mutex);
   void ranks_json(nlohmann::json& j) const REQUIRES(state_.mutex);
 

@@ -397,6 +397,13 @@ bool LearningEngine::start(const Oracle& oracle, std::vector<std::pair<EntryId, 
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  // The epochs the opens kept meanwhile reach, built before the lock (under it, opens wait for the switch).
+  size_t meanwhile = 0;
+  {
+    MutexLock lock(mutex_);
+    meanwhile = opens_.size() - placed;
+  }
+  if (failure.empty() && meanwhile > 0) engines_[0]->plan_for(meanwhile);
   MutexLock lock(mutex_);
   if (!failure.empty()) {
     state_ = "failed";

@@ -85,6 +85,9 @@ Planner::Planner(PlannerConfig config, const StreamSource& source)
 
 std::optional<uint64_t> Planner::wanted_epoch() const {
   const uint64_t last = epochs_.back().epoch;
+  // No samples (none of SOURCE's files is an image ImageFolder lists, say), or fewer than the world's
+  // ranks with drop_last: every epoch is as empty, and planning more would never end.
+  if (epochs_.back().steps == 0) return std::nullopt;
   if (head_only_) return last;  // the rest of it first
   if (last + 1 >= config_.end_epoch) return std::nullopt;
   // The furthest live rank's epoch, not the cursor's: a rank that has not begun yet (started after the

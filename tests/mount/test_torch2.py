@@ -13,7 +13,8 @@ mounts run here.
 5. The same with a job's own sample list (samples=FILE): ImageFolder with an is_valid_file.
 6. Jobs whose list the mount learns from their opens: ImageFolder of a subfolder, a sorted glob.
 7. The global-seed script learned (seed=auto); jobs resumed from a checkpoint: at a later epoch (not told),
-   mid-epoch (start_batch= told).
+   mid-epoch (start_batch= told, and not); ImageFolder with an is_valid_file, its list learned once its
+   first epoch ended (told seed, seed=auto).
 """
 import json
 import os
@@ -265,30 +266,46 @@ try:
     # restarted from a checkpoint (issue 32), run by torch 2.x: resumed at its epoch 5 on a mount
     # told seed=42 from epoch 0 (named off the plan, then planned again from epoch 5, followed to the end
     # of the job's last epoch), and resumed mid-epoch — epoch 1 from batch 20, the 320 samples before
-    # skipped by its sampler — on a mount told start_epoch=1,start_batch=20 (followed to the epoch's end,
-    # no open mispredicted). 3,000 samples: an epoch well beyond the tolerance (576 opens here), as data
-    # sets are; where an epoch is not much longer, another epoch's opens lie near some place of it by chance.
+    # skipped by its sampler — on a mount told start_epoch=1,start_batch=20 and on one told start_epoch=1
+    # only (followed to the epoch's end, no open mispredicted; not told, SOURCE sends no more than the
+    # job's files and the 32 files staged before its first opens); and ImageFolder with an is_valid_file
+    # that leaves out a seventh, its list not given, told seed=42 and seed=auto (the walk less the files
+    # never opened found once its epoch 0 ended, followed to the end of its epoch 2). 3,000 samples: an
+    # epoch well beyond the tolerance (576 opens here), as data sets are; where an epoch is not much
+    # longer, another epoch's opens lie near some place of it by chance.
     resume = os.path.join(work, "resume")
     h.make_dataset(resume, 3000, 10, 4, 9)
     with open(digests, "w") as f:
         json.dump(h.digests(resume), f)
-    for name, options, args, end in (
-            ("resumed at epoch 5", "seed=42", ["--epochs", "2", "--first-epoch", "5"], 6),
+    total = sum(os.path.getsize(os.path.join(resume, p)) for p in h.digests(resume))
+    kept = sum(1 for i in range(3000) if i % 7 != 3)
+    skipping = ["--dataset", "skip", "--epochs", "3"]
+    for name, options, args, end, samples in (
+            ("resumed at epoch 5", "seed=42", ["--epochs", "2", "--first-epoch", "5"], 6, 3000),
             ("resumed at batch 20 of epoch 1", "seed=42,start_epoch=1,epochs=2,start_batch=20",
-             ["--first-epoch", "1", "--skip-batches", "20"], 1),
+             ["--first-epoch", "1", "--skip-batches", "20"], 1, 3000),
+            ("resumed at batch 20 of epoch 1, not told", "seed=42,start_epoch=1,epochs=2",
+             ["--first-epoch", "1", "--skip-batches", "20"], 1, 3000),
             ("torch.manual_seed(5), 100 draws, DataLoader(shuffle=True) with no generator", "seed=auto",
-             ["--seed", "5", "--global-seed", "--draws", "100", "--epochs", "2"], 1)):
+             ["--seed", "5", "--global-seed", "--draws", "100", "--epochs", "2"], 1, 3000),
+            ("ImageFolder with is_valid_file, told seed=42", "seed=42", skipping, 2, kept),
+            ("ImageFolder with is_valid_file, seed=auto", "seed=auto", skipping, 2, kept)):
         with h.mounted(resume, mnt, options + ",batch_size=16,workers=2,ram=%d" % (8 << 20)):
             r = chroot_job(["--data", inside(mnt)] + args)
-            s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (end, 3000))
+            s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (end, samples))
         at, world = h.rank0(s), s.get("plan", {}).get("world", {})
-        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and at == (end, 3000, 3000, "following")
+        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and at == (end, samples, samples, "following")
         if end == 6:
             ok = ok and world.get("epoch") == 5 and world.get("replanned") == 1
+        elif "is_valid_file" in name:
+            ok = ok and world.get("samples") == "ImageFolder(MOUNTPOINT) less the %d files it never opened (%d " \
+                "samples: is_valid_file?)" % (3000 - kept, kept)
         elif "seed=auto" in options:
             ok = ok and s.get("learned", {}).get("seed") == "seed=5,order=torch-global,draws=100"
         else:
             ok = ok and s.get("mispredicted_opens") == 0
+        if "not told" in name:  # the job's files (2,680 of 3,000) and the 32 staged before its first opens
+            ok = ok and h.source_bytes(s) <= total * (2680 + 40) // 3000
         h.check(ok, "torch %s, %s: followed to %s, plan %s, learned %s, %s mispredicted %s" % (
             versions[0], name, at, world, s.get("learned", {}).get("seed"), s.get("mispredicted_opens"),
             r.stderr.strip()[-300:]))

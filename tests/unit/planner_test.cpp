@@ -185,6 +185,15 @@ TEST(Planner, EndEpochBoundsThePlan) {
   EXPECT_FALSE(p.wanted_epoch().has_value());
 }
 
+// A data set with no samples (no file ImageFolder lists): its epochs are empty, and no more is wanted
+// after the first (before, every next epoch was wanted, and the stager planned empty epochs forever).
+TEST(Planner, NoSamplesWantNoMoreEpochs) {
+  const auto src = shuffled(0, 1);
+  Planner p(config(8, 1), src);
+  EXPECT_EQ(p.planned_end(), 0u);
+  EXPECT_FALSE(p.wanted_epoch().has_value());
+}
+
 TEST(Planner, AWrongOrderIsDetectedWithinBoundedOpensAndResyncs) {
   const auto src = shuffled(400, 1);
   auto c = config(400, 1, 4);
