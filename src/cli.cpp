@@ -481,8 +481,9 @@ EngineConfig engine_config(const Options& o, FusePageCache& page_cache) {
   c.start_item = o.start_batch * o.batch_size;
   // Not told where in its epoch the job starts, the mount stages only each rank's first batch per worker
   // before the job opens anything: a job resumed mid-epoch skips what it did, and its first open says
-  // where it is.
-  c.start_window = o.start_batch_given ? 0 : std::max<uint64_t>(o.workers, 1) * o.batch_size;
+  // where it is. (Not with world_size=auto: its first plan stands in for whatever world the job shows,
+  // staged as far as RAM allows — a node alone reads every file whatever its ranks.)
+  c.start_window = o.start_batch_given || o.world_size_auto ? 0 : std::max<uint64_t>(o.workers, 1) * o.batch_size;
   c.epochs = o.epochs;
   c.depth = static_cast<unsigned>(o.io_depth);
   c.tolerance = open_tolerance(o);

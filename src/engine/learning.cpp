@@ -179,6 +179,7 @@ LearningEngine::~LearningEngine() {
 
 EngineConfig LearningEngine::plan_config(std::vector<uint64_t> ranks, uint64_t world, uint64_t plan) {
   EngineConfig c = config_;
+  if (plan > 0) c.start_window = 0;  // a plan made again is placed by the job's opens: where it is, is known
   c.horizon = plan_horizon(world, ranks.size());
   c.ranks = std::move(ranks);
   c.replans = replanning_.on && plan + 1 < kPlans;

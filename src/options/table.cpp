@@ -114,8 +114,9 @@ const std::vector<OptionSpec> kTable = {
     {"start_batch", Takes::kValue, "N", S::kSchedule, "0", false, "first batch of start_epoch (a mid-epoch resume)",
      "The job resumes `start_epoch` at its batch N, as a checkpoint taken mid-epoch is resumed by skipping the "
      "batches done (below 16,777,216): the plan starts there, and the batches skipped are neither staged nor "
-     "waited for. Given (0 too), staging runs ahead before the job's first open as far as RAM allows; not given, "
-     "one batch per worker of each rank is staged until the job's opens show where it starts.",
+     "waited for. Given (0 too), staging runs ahead before the job's first open as far as RAM allows; not given "
+     "(and `world_size` not `auto`), one batch per worker of each rank is staged until the job's opens show where "
+     "it starts.",
      [](Options& o, const GivenOption& g) {
        o.start_batch = between(g, 0, kMaxCount - 1);
        o.start_batch_given = true;
