@@ -93,8 +93,8 @@ std::optional<StagingPolicy::Candidate> StagingPolicy::next_candidate(const std:
   // first opens were (the uses before them were skipped: a job resumed mid-epoch, or read meanwhile).
   for (uint64_t r = 0; !started_ && r < config_.ranks; ++r) {
     started_ = config_.start_window == 0 || planner_.confirmed(r);
-    if (started_ && config_.start_window != 0)
-      stage_key_ = std::max(stage_key_, planner_.least_read(r) / config_.ranks * config_.ranks);
+    if (const uint64_t least = planner_.least_read(r); started_ && config_.start_window != 0 && least != kNever)
+      stage_key_ = std::max(stage_key_, least / config_.ranks * config_.ranks);
   }
   const uint64_t bound = started_ ? end : std::min(end, planner_.cursor() + config_.start_window * config_.ranks);
   for (; stage_key_ < bound; ++stage_key_) {
