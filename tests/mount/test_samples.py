@@ -32,6 +32,22 @@ def run_job(mnt, digests, args):
     return ok, verdicts, r.stderr.strip()[-400:]
 
 
+def said_in(log, words):
+    """The lines of the mount's log (removed after) that hold `words`, their timestamps cut."""
+    with open(log) as f:
+        said = [line[25:].strip() for line in f if words in line]
+    os.unlink(log)
+    return said
+
+
+def checked_epochs(name, r, epochs):
+    """The stats the job printed after each epoch; checks that it read every file right, all `epochs`."""
+    stats = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
+    ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(stats) == epochs
+    h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
+    return stats if ok else None
+
+
 with h.tempdir() as tmp:
     data, mnt = tmp + "/data", tmp + "/mnt"
     os.mkdir(mnt)
@@ -106,13 +122,9 @@ with h.tempdir() as tmp:
             r = subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--dataset", "skip",
                                 "--epochs", "2", "--compute", "0.005"], capture_output=True, text=True, timeout=600)
             s = h.stats_when(mnt, lambda s: h.rank0(s)[:3] == (1, kept, kept))
-        with open(log) as f:
-            said = [line[25:].strip() for line in f if "never opened" in line]
-        os.unlink(log)
-        epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
-        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 2
-        h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
-        if not ok:
+        said = said_in(log, "never opened")
+        epochs = checked_epochs(name, r, 2)
+        if not epochs:
             continue
         # (seed=auto, still learning: no engine's stalls yet, each open SOURCE's)
         at = [0] + [e["stalls"]["opens"] if "stalls" in e else e["learned"]["source_files"] for e in epochs]
@@ -194,13 +206,9 @@ with h.tempdir() as tmp:
             # (the job's list found from its last opens, its plan follows a moment after the job)
             s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (first + 1, samples))
             status = subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
-        with open(log) as f:
-            said = [line[25:].strip() for line in f if "MOUNTPOINT/train" in line]
-        os.unlink(log)
-        epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
-        ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 2
-        h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
-        if not ok:
+        said = said_in(log, "MOUNTPOINT/train")
+        epochs = checked_epochs(name, r, 2)
+        if not epochs:
             continue
         at = [e["stalls"]["opens"] for e in epochs]
         served[name] = (at[0] / samples, (at[1] - at[0]) / samples)
