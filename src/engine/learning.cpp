@@ -148,7 +148,8 @@ LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, S
       told_(told),
       learn_from_(std::move(learn_from)),
       replanning_(replanning),
-      opened_(manifest.sample_root() ? manifest.size() : 0) {
+      // (kept only where a list may be learned: a walk's samples, and a seed learned or plans made again)
+      opened_(manifest.sample_root() && (!told || replanning.on) ? manifest.size() : 0) {
   lists_[0] = &manifest_;
   {
     MutexLock lock(mutex_);
