@@ -60,7 +60,8 @@ def staged_first(build, data, mnt, listing, work, threads, seed, push, progress=
         f.write("\n".join(paths) + "\n")
     total = sum(os.path.getsize(os.path.join(data, p)) for p in paths)
     budget = total + (64 << 20)
-    opts = "order=list,order_file=%s,ram=%d,pagecache=%d" % (order, budget, budget if push else 0)
+    # (start_batch=0: staged whole before the first read, not the start window alone)
+    opts = "order=list,order_file=%s,start_batch=0,ram=%d,pagecache=%d" % (order, budget, budget if push else 0)
     if progress:
         opts += ",progress=" + progress
     subprocess.run([build + "/clairfs", data, mnt, "-o", opts], check=True)

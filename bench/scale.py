@@ -77,7 +77,7 @@ def nodes_peaks(a, clairfs, src, index, tmp, shape, synthfs):
         ranks = "%d-%d" % (first, min(first + per, a.world) - 1)
         if n:
             cmd.append(":")
-        cmd += ["-n", "1", clairfs, src, mnt, "-o", "seed=1,batch_size=32,world_size=%d,ranks=%s,ram=%d,manifest=%s"
+        cmd += ["-n", "1", clairfs, src, mnt, "-o", "seed=1,start_batch=0,batch_size=32,world_size=%d,ranks=%s,ram=%d,manifest=%s"
                 % (a.world, ranks, size_arg(a.ram), index)]
     state = tmp + "/nodes.state"
     t0 = time.monotonic()
@@ -159,7 +159,8 @@ def main():
             find_cmd = "find %s -type f | wc -l >/dev/null" % src
             find = [timed(find_cmd, shell=True) for _ in range(3)]
             out["find_s"] = min(find[1:])  # warm
-            opts = "seed=1,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
+            # (start_batch=0: staging measured before any read runs ahead, not the start window alone)
+            opts = "seed=1,start_batch=0,batch_size=32,world_size=%d,ranks=0-%d,ram=%d" % (a.world, a.world - 1, ram)
             walk_opts = opts + (",stat_later=%d" % a.stat_later if a.stat_later is not None else "")
             if a.reps > 1:
                 # A mount (then unmounted once it staged its first file) and a warm find in turns, and
