@@ -117,7 +117,7 @@ Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle,
   c.epochs = epochs;
   c.capacity = capacity;
   c.loader_window = loader_window;
-  const policy_driver::Totals t = policy_driver::drive(m, src, c, [](EntryId, uint64_t) {});
+  const policy_driver::Totals t = policy_driver::drive(m, src, c, [](const policy_driver::Fetch&) {});
   Result r;
   r.accesses = t.accesses;
   r.bytes = t.bytes;

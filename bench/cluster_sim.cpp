@@ -1,21 +1,25 @@
 // Benchmark: the peers' one cache at cluster scale, simulated with the engine's own code — the oracle
 // (each rank's order), plan_owners (who keeps each file for all), and for every node its Planner and
 // StagingPolicy driven as its stager drives them (policy_driver.hpp: staging takes no time, one tier of
-// `cache` × the node's share of the data set stands for its RAM and NVMe).
+// RAM and NVMe budgets: `cache` R or R+N, each × the node's share of the data set, NVMe in 4 KiB blocks).
 //
-// Nodes are driven one after another, each through every epoch; what a node fetches (a file not held
-// when it is staged or read) is then attributed: to a peer if the file's keeper held it when that epoch
-// began (it fetched it in an earlier epoch and had not evicted it), else to SOURCE. The keeper of a file
-// is the node that reads it first in epoch 0 — the only node that reads it then — so epoch 0 reads
-// SOURCE once and later epochs fetch from peers what their own cache lacks.
+// Nodes are driven one after another, each through every epoch, with time as the readers' step (all
+// ranks move in step); what a node fetches (a file not held when it is staged or read) is then
+// attributed: to a peer if the file's keeper held it at some moment between the fetch and the use it was
+// for (the daemon asks again, when the readers need it soon, for a file its keeper has not read yet), else
+// to SOURCE. The keeper of a file is the node that reads it first in epoch 0 — the only node that reads it
+// then — so epoch 0 reads SOURCE once and later epochs fetch from peers what their own cache lacks.
 //
-// Reports, for each node count and cache size: per epoch, SOURCE bytes ÷ data set and peer bytes ÷ data
-// set; bytes a node fetches from peers (mean); the busiest keeper's bytes served against the mean; and,
-// for node 0, the plan's time and memory per epoch (Planner::build).
+// Reports, for each node count and cache: per epoch, SOURCE bytes ÷ data set and peer bytes ÷ data set;
+// the kept files' bytes over their keepers' room (÷ data set); bytes a node fetches from peers (mean); the
+// busiest keeper's bytes served against the mean; and, for node 0, the plan's time and memory per epoch
+// (Planner::build).
 //
-//   cluster_sim [--samples 1281167] [--classes 1000] [--nodes 64,256,1024] [--ranks-per-node 4]
-//               [--epochs 3] [--cache 0.5,1,2] [--mean-kb 110] [--seed 0] [--loader-window 16]
+//   cluster_sim [--samples 1281167] [--classes 1000] [--mean-kb 110] | [--tree DIR]
+//               [--nodes 64,256,1024] [--ranks-per-node 4] [--batch 32] [--epochs 3]
+//               [--cache 0.5,1,2,0.5+0.5] [--seed 0] [--loader-window 16]
 //     -> one JSON line per (nodes, cache)
+// --tree DIR simulates the data set of a real tree (its files' sizes and order), as a mount of it sees it.
 #include <sys/stat.h>
 #include <xxhash.h>
 
@@ -72,12 +76,57 @@ clairfs::Manifest synthetic(uint64_t samples, uint64_t classes, uint64_t mean) {
   return clairfs::Manifest::from_parts(std::move(entries), std::move(names), clairfs::default_extensions(), "/");
 }
 
-std::vector<double> list_of(const std::string& text) {
-  std::vector<double> out;
+std::vector<std::string> items_of(const std::string& text) {
+  std::vector<std::string> out;
   std::stringstream in(text);
-  for (std::string x; std::getline(in, x, ',');) out.push_back(std::stod(x));
+  for (std::string x; std::getline(in, x, ',');) out.push_back(x);
   return out;
 }
+
+struct Cache {
+  double ram = 0, nvme = 0;  // × the node's share
+};
+
+Cache cache_of(const std::string& item) {
+  const size_t plus = item.find('+');
+  if (plus == std::string::npos) return {std::stod(item), 0};
+  return {std::stod(item.substr(0, plus)), std::stod(item.substr(plus + 1))};
+}
+
+// The moments a keeper held its files: [from, until) in steps.
+struct Hold {
+  EntryId id;
+  uint64_t from, until;
+  bool operator<(const Hold& o) const { return id != o.id ? id < o.id : from < o.from; }
+};
+
+class Holds {
+ public:
+  explicit Holds(size_t entries) : open_(entries, kNone) {}
+  void fetched(EntryId id, uint64_t at) {
+    if (open_[id] != kNone) return;
+    open_[id] = holds_.size();
+    holds_.push_back(Hold{id, at, UINT64_MAX});
+  }
+  void evicted(EntryId id, uint64_t at) {
+    if (open_[id] == kNone) return;
+    holds_[open_[id]].until = at;
+    open_[id] = kNone;
+  }
+  void done() { std::sort(holds_.begin(), holds_.end()); }
+  // Whether the keeper held `id` at some moment in [from, to].
+  bool held(EntryId id, uint64_t from, uint64_t to) const {
+    auto it = std::lower_bound(holds_.begin(), holds_.end(), Hold{id, 0, 0});
+    for (; it != holds_.end() && it->id == id; ++it)
+      if (it->from <= to && it->until > from) return true;
+    return false;
+  }
+
+ private:
+  static constexpr size_t kNone = SIZE_MAX;
+  std::vector<size_t> open_;
+  std::vector<Hold> holds_;
+};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -86,15 +135,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t samples = 1281167, classes = 1000, ranks_per_node = 4, epochs = 3, mean_kb = 110, loader_window = 16;
+  uint64_t samples = 1281167, classes = 1000, ranks_per_node = 4, epochs = 3, mean_kb = 110, loader_window = 16,
+           batch = 32;
   long long seed = 0;
-  std::string nodes_text = "64,256,1024", cache_text = "0.5,1,2";
+  std::string nodes_text = "64,256,1024", cache_text = "0.5,1,2", tree;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--samples") samples = std::stoull(v);
     else if (a == "--classes") classes = std::stoull(v);
+    else if (a == "--tree")
+      tree = v;
     else if (a == "--nodes") nodes_text = v;
     else if (a == "--ranks-per-node") ranks_per_node = std::stoull(v);
+    else if (a == "--batch")
+      batch = std::stoull(v);
     else if (a == "--epochs") epochs = std::stoull(v);
     else if (a == "--cache") cache_text = v;
     else if (a == "--mean-kb") mean_kb = std::stoull(v);
@@ -106,18 +160,20 @@ int main(int argc, char** argv) {
     }
   }
   auto t0 = std::chrono::steady_clock::now();
-  const clairfs::Manifest m = synthetic(samples, classes, mean_kb * 1000);
+  const clairfs::Manifest m = tree.empty() ? synthetic(samples, classes, mean_kb * 1000)
+                                           : clairfs::Manifest::scan(tree, clairfs::default_extensions());
+  samples = m.samples().size();
   uint64_t total = 0;
   for (EntryId id : m.samples()) total += m.entry(id).size;
-  std::fprintf(stderr, "cluster_sim: %llu samples, %.1f GB, made in %.1f s\n", static_cast<unsigned long long>(samples),
+  std::fprintf(stderr, "cluster_sim: %llu samples, %.3f GB, made in %.1f s\n", static_cast<unsigned long long>(samples),
                static_cast<double>(total) / 1e9, seconds_since(t0));
 
-  for (double nodes_d : list_of(nodes_text)) {
-    const auto nodes = static_cast<uint64_t>(nodes_d);
+  for (const std::string& nodes_item : items_of(nodes_text)) {
+    const auto nodes = std::stoull(nodes_item);
     clairfs::Schedule s;
     s.seed = seed;
     s.world_size = nodes * ranks_per_node;
-    s.batch_size = 32;
+    s.batch_size = batch;
     const clairfs::Oracle oracle(m.samples().size(), s);
     t0 = std::chrono::steady_clock::now();
     std::vector<clairfs::EpochOrder> orders;
@@ -128,11 +184,17 @@ int main(int argc, char** argv) {
     const std::vector<uint16_t> owner =
         clairfs::plan_owners(m, oracle, 0, ranks_of_node, static_cast<int>(nodes));
     const double oracle_s = seconds_since(t0);
+    std::vector<uint64_t> kept(nodes, 0);  // each keeper's files, in bytes
+    for (EntryId id : m.samples()) kept[owner[id]] += m.entry(id).size;
 
-    for (double cache : list_of(cache_text)) {
-      // Per entry: the epoch its keeper first fetched it, and the epoch it first let it go after that.
-      std::vector<uint8_t> held_from(m.size(), UINT8_MAX), held_until(m.size(), UINT8_MAX);
-      std::vector<std::vector<std::pair<EntryId, uint8_t>>> fetched(nodes);
+    for (const std::string& cache_item : items_of(cache_text)) {
+      const Cache cache = cache_of(cache_item);
+      const double share = static_cast<double>(total) / static_cast<double>(nodes);
+      const auto ram = static_cast<uint64_t>(cache.ram * share), nvme = static_cast<uint64_t>(cache.nvme * share);
+      uint64_t over = 0;  // what the keepers cannot hold (NVMe's blocks aside)
+      for (uint64_t n = 0; n < nodes; ++n) over += kept[n] > ram + nvme ? kept[n] - ram - nvme : 0;
+      Holds holds(m.size());
+      std::vector<std::vector<policy_driver::Fetch>> fetched(nodes);
       double plan_s = 0, drive_s = 0;
       uint64_t plan_bytes = 0;
       for (uint64_t n = 0; n < nodes; ++n) {
@@ -156,58 +218,61 @@ int main(int argc, char** argv) {
         policy_driver::Config c;
         c.ranks = ranks_per_node;
         c.epochs = epochs;
-        c.capacity = static_cast<uint64_t>(cache * static_cast<double>(total) / static_cast<double>(nodes));
+        c.capacity = ram;
+        c.nvme = nvme;
         c.loader_window = loader_window;
         c.owner = owner;
         c.node = static_cast<int>(n);
         const auto d0 = std::chrono::steady_clock::now();
         policy_driver::drive(
             m, src, c,
-            [&](EntryId id, uint64_t e) {
-              fetched[n].emplace_back(id, static_cast<uint8_t>(e));
-              if (owner[id] == n && held_from[id] == UINT8_MAX) held_from[id] = static_cast<uint8_t>(e);
+            [&](const policy_driver::Fetch& f) {
+              fetched[n].push_back(f);
+              if (owner[f.id] == n) holds.fetched(f.id, f.at);
             },
-            [&](EntryId id, uint64_t e) {
-              if (owner[id] == n && held_from[id] != UINT8_MAX && held_until[id] == UINT8_MAX)
-                held_until[id] = static_cast<uint8_t>(e);
+            [&](EntryId id, uint64_t, uint64_t at) {
+              if (owner[id] == n) holds.evicted(id, at);
             });
         drive_s += seconds_since(d0);
       }
+      holds.done();
       std::vector<uint64_t> source(epochs, 0), peer(epochs, 0), served(nodes, 0), from_peers(nodes, 0);
       for (uint64_t n = 0; n < nodes; ++n) {
-        for (const auto& [id, e] : fetched[n]) {
-          const uint64_t size = m.entry(id).size;
-          const bool keeper_has = owner[id] != n && held_from[id] < e && held_until[id] >= e;
-          if (keeper_has) {
-            peer[e] += size;
-            served[owner[id]] += size;
+        for (const policy_driver::Fetch& f : fetched[n]) {
+          const uint64_t size = m.entry(f.id).size;
+          if (owner[f.id] != n && holds.held(f.id, f.at, f.use)) {
+            peer[f.epoch] += size;
+            served[owner[f.id]] += size;
             from_peers[n] += size;
           } else {
-            source[e] += size;
+            source[f.epoch] += size;
           }
         }
         fetched[n] = {};
       }
-      uint64_t busiest = 0, served_all = 0, fetched_all = 0;
+      uint64_t busiest = 0, served_all = 0, fetched_all = 0, source_all = 0;
       for (uint64_t n = 0; n < nodes; ++n) {
         busiest = std::max(busiest, served[n]);
         served_all += served[n];
         fetched_all += from_peers[n];
       }
-      std::printf("{\"samples\": %llu, \"nodes\": %llu, \"ranks_per_node\": %llu, \"cache\": %.2f, \"source_per_epoch\": [",
-                  static_cast<unsigned long long>(samples), static_cast<unsigned long long>(nodes),
-                  static_cast<unsigned long long>(ranks_per_node), cache);
-      for (uint64_t e = 0; e < epochs; ++e)
-        std::printf("%s%.3f", e ? ", " : "", static_cast<double>(source[e]) / static_cast<double>(total));
+      for (uint64_t e = 0; e < epochs; ++e) source_all += source[e];
+      const auto of_total = [&](uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(total); };
+      std::printf(
+          "{\"samples\": %llu, \"nodes\": %llu, \"ranks_per_node\": %llu, \"ram\": %.3f, \"nvme\": %.3f, "
+          "\"source\": %.3f, \"source_per_epoch\": [",
+          static_cast<unsigned long long>(samples), static_cast<unsigned long long>(nodes),
+          static_cast<unsigned long long>(ranks_per_node), cache.ram, cache.nvme, of_total(source_all));
+      for (uint64_t e = 0; e < epochs; ++e) std::printf("%s%.3f", e ? ", " : "", of_total(source[e]));
       std::printf("], \"peer_per_epoch\": [");
-      for (uint64_t e = 0; e < epochs; ++e)
-        std::printf("%s%.3f", e ? ", " : "", static_cast<double>(peer[e]) / static_cast<double>(total));
+      for (uint64_t e = 0; e < epochs; ++e) std::printf("%s%.3f", e ? ", " : "", of_total(peer[e]));
       const double mean_served = static_cast<double>(served_all) / static_cast<double>(nodes);
-      std::printf("], \"peer_bytes_per_node\": %.0f, \"busiest_served_over_mean\": %.2f, \"plan_ms_per_epoch\": %.1f, "
-                  "\"plan_bytes_per_epoch\": %llu, \"oracle_s\": %.1f, \"drive_s\": %.1f}\n",
-                  static_cast<double>(fetched_all) / static_cast<double>(nodes),
-                  mean_served > 0 ? static_cast<double>(busiest) / mean_served : 0.0, plan_s * 1e3,
-                  static_cast<unsigned long long>(plan_bytes), oracle_s, drive_s);
+      std::printf(
+          "], \"over_room\": %.4f, \"peer_bytes_per_node\": %.0f, \"busiest_served_over_mean\": %.2f, "
+          "\"plan_ms_per_epoch\": %.1f, \"plan_bytes_per_epoch\": %llu, \"oracle_s\": %.1f, \"drive_s\": %.1f}\n",
+          of_total(over), static_cast<double>(fetched_all) / static_cast<double>(nodes),
+          mean_served > 0 ? static_cast<double>(busiest) / mean_served : 0.0, plan_s * 1e3,
+          static_cast<unsigned long long>(plan_bytes), oracle_s, drive_s);
       std::fflush(stdout);
     }
   }

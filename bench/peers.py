@@ -14,6 +14,9 @@ stall per epoch (the median node).
 
     bench/peers.py BUILD [--files 2400] [--epochs 3] [--reps 3] [--compute-ms 20] [--ram 0.15] [--nvme 0.30]
                          [--systems peers,no peers,1 node] [--dump]
+
+With `peers` among the systems it also prints what bench/cluster_sim predicts for the same tree, job and
+budgets (SOURCE ÷ data set), beside the measured median.
 """
 import argparse
 import json
@@ -157,9 +160,19 @@ def main():
         med[name] = {"source": statistics.median(r["source"] for r in runs),
                      "stalls": [statistics.median(r["stalls"][e] for r in runs) for e in range(args.epochs)],
                      "fetched": statistics.median(r["fetched"] for r in runs)}
-        print("| %s | %.2f |" % (name, med[name]["source"]) + "".join(" %.2f |" % x for x in med[name]["stalls"]) +
+        print("| %s | %.3f |" % (name, med[name]["source"]) + "".join(" %.2f |" % x for x in med[name]["stalls"]) +
               " %d |" % med[name]["fetched"])
     print()
+    if "peers" in med:
+        predicted = json.loads(subprocess.run(
+            [build + "/bench/cluster_sim", "--tree", data, "--nodes", str(NODES), "--ranks-per-node", "1", "--batch",
+             str(args.batch), "--seed", "3", "--epochs", str(args.epochs), "--loader-window",
+             str(2 * max(args.workers, 1) * args.batch), "--cache", "%g+%g" % (NODES * args.ram, NODES * args.nvme)],
+            check=True, capture_output=True, text=True).stdout)
+        print("bench/cluster_sim predicts SOURCE %.3f× (by epoch %s; the kept files %.3f of the data set over their "
+              "keepers' room); measured with peers %.3f×." % (predicted["source"], predicted["source_per_epoch"],
+                                                            predicted["over_room"], med["peers"]["source"]))
+        print()
     if "peers" not in med or "1 node" not in med:
         return
     ratios = ["%.2f" % (p / s) if s > 0.05 else "— (%.2f s vs %.2f s)" % (p, s)

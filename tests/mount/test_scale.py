@@ -66,16 +66,17 @@ with h.tempdir() as tmp:
             "the index broadcast arrives whole on the other node: %s %s" % (got, r.stderr.strip()[-200:]))
 
 r = subprocess.run([build + "/bench/cluster_sim", "--samples", str(FILES), "--classes", "100", "--nodes", "16,64",
-                    "--cache", "0.5,2"], capture_output=True, text=True, timeout=300)
+                    "--cache", "0.5,2,1+1"], capture_output=True, text=True, timeout=300)
 print(r.stdout)
 sims = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-h.check(r.returncode == 0 and len(sims) == 4, "cluster_sim ran: %d results %s" % (len(sims), r.stderr.strip()[-200:]))
+h.check(r.returncode == 0 and len(sims) == 6, "cluster_sim ran: %d results %s" % (len(sims), r.stderr.strip()[-200:]))
 for s in sims:
-    where = "%d nodes, cache %.1f× a node's share" % (s["nodes"], s["cache"])
+    cache = s["ram"] + s["nvme"]
+    where = "%d nodes, RAM %.1f + NVMe %.1f × a node's share" % (s["nodes"], s["ram"], s["nvme"])
     h.check(1.0 <= s["source_per_epoch"][0] <= 1.01, "%s: epoch 0 reads SOURCE once (%.3f; samples padded to even ranks)" % (
         where, s["source_per_epoch"][0]))
     later = s["source_per_epoch"][1:]
-    if s["cache"] >= 1:
+    if cache >= 1:
         h.check(all(x == 0 for x in later), "%s: later epochs read no SOURCE (%s)" % (where, later))
     else:
         h.check(all(0.4 <= x <= 0.6 for x in later), "%s: keepers holding half their files, half from SOURCE (%s)" % (where, later))

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
-from cluster import NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean  # noqa: E402
+from cluster import SLOWFS, NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean  # noqa: E402
 
 h.require_fuse()
 if os.geteuid() != 0 or not have("ip", "tc", "nsenter", "mpiexec", "ss"):
@@ -153,6 +153,16 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
                     [(x["peers"]["requests"], x["peers"]["refused"], x["peers"]["timeouts"] + x["peers"]["failures"],
                       x["peers"]["refused_to_peers"], x["staged"]["files"] - x["staged"]["from_peer"] -
                       x["staged"]["from_nvme"], x["tiers"]["source"]["files"]) for x in s]))
+        # bench/cluster_sim over the same tree, job and budgets predicts this figure (no page cache in it,
+        # so a little above; docs/benchmarks.md).
+        sim = subprocess.run([os.path.join(os.path.dirname(SLOWFS), "cluster_sim"), "--tree", tmp + "/big", "--nodes",
+                              str(NODES), "--ranks-per-node", "1", "--batch", "8", "--seed", "7", "--epochs", "3",
+                              "--loader-window", "16", "--cache", "%g+%g" % (NODES * ram, NODES * nvme)],
+                             capture_output=True, text=True, timeout=60)
+        predicted = json.loads(sim.stdout)["source"] if sim.returncode == 0 else float("nan")
+        h.check(abs(traffic - predicted) <= 0.05 + instead,
+                "bench/cluster_sim predicted SOURCE %.3f× for this run, measured %.3f× %s" % (
+                    predicted, traffic, sim.stderr.strip()[-200:] if sim.returncode else ""))
         with open(state[:-len(".state")] + ".log", errors="replace") as f:
             given_up = [line for line in f if "not asked any more" in line]
         h.check(not given_up, "no node was given up: %s" % given_up)
