@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
   uint64_t samples = 1281167, classes = 1000, ranks_per_node = 4, epochs = 3, mean_kb = 110, loader_window = 16,
            batch = 32;
   long long seed = 0;
+  bool hand_over = true;
   std::string nodes_text = "64,256,1024", cache_text = "0.5,1,2", tree;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -154,6 +155,8 @@ int main(int argc, char** argv) {
     else if (a == "--mean-kb") mean_kb = std::stoull(v);
     else if (a == "--seed") seed = std::stoll(v);
     else if (a == "--loader-window") loader_window = std::stoull(v);
+    else if (a == "--hand-over")
+      hand_over = v != "0";
     else {
       std::fprintf(stderr, "cluster_sim: unknown flag %s\n", a.c_str());
       return 2;
@@ -181,18 +184,26 @@ int main(int argc, char** argv) {
     std::vector<std::vector<uint64_t>> ranks_of_node(nodes);
     for (uint64_t n = 0; n < nodes; ++n)
       for (uint64_t r = 0; r < ranks_per_node; ++r) ranks_of_node[n].push_back(n * ranks_per_node + r);
-    const std::vector<uint16_t> owner =
-        clairfs::plan_owners(m, oracle, 0, ranks_of_node, static_cast<int>(nodes));
+    const std::vector<uint16_t> first_readers =
+        clairfs::plan_owners(m, oracle, 0, ranks_of_node, static_cast<int>(nodes)).owner;
     const double oracle_s = seconds_since(t0);
-    std::vector<uint64_t> kept(nodes, 0);  // each keeper's files, in bytes
-    for (EntryId id : m.samples()) kept[owner[id]] += m.entry(id).size;
+    std::vector<uint64_t> first_kept(nodes, 0);  // each first reader's files, in bytes
+    for (EntryId id : m.samples()) first_kept[first_readers[id]] += m.entry(id).size;
 
     for (const std::string& cache_item : items_of(cache_text)) {
       const Cache cache = cache_of(cache_item);
       const double share = static_cast<double>(total) / static_cast<double>(nodes);
       const auto ram = static_cast<uint64_t>(cache.ram * share), nvme = static_cast<uint64_t>(cache.nvme * share);
-      uint64_t over = 0;  // what the keepers cannot hold (NVMe's blocks aside)
-      for (uint64_t n = 0; n < nodes; ++n) over += kept[n] > ram + nvme ? kept[n] - ram - nvme : 0;
+      uint64_t over = 0;  // what the first readers cannot hold (NVMe's blocks aside)
+      for (uint64_t n = 0; n < nodes; ++n) over += first_kept[n] > ram + nvme ? first_kept[n] - ram - nvme : 0;
+      // The keepers as the daemons choose them, knowing each other's room.
+      clairfs::Keepers keepers = clairfs::plan_owners(
+          m, oracle, 0, ranks_of_node, static_cast<int>(nodes),
+          std::vector<uint64_t>(nodes, hand_over ? clairfs::keeper_room(m, ram, nvme) : UINT64_MAX));
+      const std::vector<uint16_t>& owner = keepers.owner;
+      std::vector<std::vector<EntryId>> handed(nodes);
+      uint64_t handed_bytes = 0;
+      for (EntryId id : keepers.handed) handed[owner[id]].push_back(id), handed_bytes += m.entry(id).size;
       Holds holds(m.size());
       std::vector<std::vector<policy_driver::Fetch>> fetched(nodes);
       double plan_s = 0, drive_s = 0;
@@ -222,6 +233,7 @@ int main(int argc, char** argv) {
         c.nvme = nvme;
         c.loader_window = loader_window;
         c.owner = owner;
+        c.handed = handed[n];
         c.node = static_cast<int>(n);
         const auto d0 = std::chrono::steady_clock::now();
         policy_driver::drive(
@@ -268,9 +280,10 @@ int main(int argc, char** argv) {
       for (uint64_t e = 0; e < epochs; ++e) std::printf("%s%.3f", e ? ", " : "", of_total(peer[e]));
       const double mean_served = static_cast<double>(served_all) / static_cast<double>(nodes);
       std::printf(
-          "], \"over_room\": %.4f, \"peer_bytes_per_node\": %.0f, \"busiest_served_over_mean\": %.2f, "
+          "], \"over_room\": %.4f, \"handed\": %.4f, \"peer_bytes_per_node\": %.0f, \"busiest_served_over_mean\": "
+          "%.2f, "
           "\"plan_ms_per_epoch\": %.1f, \"plan_bytes_per_epoch\": %llu, \"oracle_s\": %.1f, \"drive_s\": %.1f}\n",
-          of_total(over), static_cast<double>(fetched_all) / static_cast<double>(nodes),
+          of_total(over), of_total(handed_bytes), static_cast<double>(fetched_all) / static_cast<double>(nodes),
           mean_served > 0 ? static_cast<double>(busiest) / mean_served : 0.0, plan_s * 1e3,
           static_cast<unsigned long long>(plan_bytes), oracle_s, drive_s);
       std::fflush(stdout);

@@ -23,6 +23,7 @@ struct Config {
   uint64_t nvme = 0;            // and on NVMe, in 4 KiB blocks
   uint64_t loader_window = 16;  // files a rank's loader opens ahead
   std::vector<uint16_t> owner;  // per entry: the node keeping it for all (empty: one node alone)
+  std::vector<clairfs::EntryId> handed;  // the node's files handed to it (Keepers::handed): staged first
   int node = 0;
 };
 
@@ -90,8 +91,20 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
                                      : reserve(id, size)();
   };
   Totals t;
+  bool started = false;
   for (;;) {
     while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, cfg.ranks, m.size()));
+    if (!started) {  // the files handed to this node, staged before anything else (as the stager does)
+      started = true;
+      for (EntryId id : cfg.handed) {
+        const uint64_t key = policy.keep_key(id), size = m.entry(id).size;
+        if (key == kNever || !room(id, key, size, true)) continue;
+        policy.ram().set(id, key, true);
+        t.fetches++;
+        t.fetch_bytes += size;
+        fetched(Fetch{id, 0, 0, 0});
+      }
+    }
     while (const auto pick = policy.next_candidate([](EntryId) { return false; })) {
       const bool owned = policy.owned(pick->id);
       if (!room(pick->id, pick->key, pick->size, owned)) break;

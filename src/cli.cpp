@@ -516,6 +516,21 @@ void warn_of_nvme_beyond_the_disk(const Options& o) {
                 human_bytes(static_cast<double>(free)) + "): the NVMe tier stops taking files when the disk fills");
 }
 
+// The bytes of files this node's RAM and NVMe hold for the others (keeper_room); 0 when not known here:
+// staging off, or the files' sizes still being read.
+uint64_t keeper_room_of(const Options& o, const Manifest& manifest) {
+  if (o.ram == 0 || manifest.attributes_pending() != 0) return 0;
+  uint64_t nvme = 0;
+  if (!o.nvme.empty()) {
+    struct statvfs fs {};
+    nvme = o.nvme_size ? o.nvme_size
+           : ::statvfs(o.nvme.c_str(), &fs) == 0
+               ? static_cast<uint64_t>(static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) * 0.9)
+               : 0;
+  }
+  return keeper_room(manifest, o.ram, nvme);
+}
+
 // SOURCE mounted by clairfs elsewhere on this node too: each mount stages it for itself (RAM twice, SOURCE
 // read twice), where one mount serves every job that reads it. Not under a launcher of several daemons
 // (on one host they play several nodes).
@@ -534,9 +549,14 @@ void warn_of_another_mount(const Options& o, const MpiWorld* world) {
 void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
   // Which files the kernel has inodes for, sized before any stager can ask (it is not resized after).
   d.page_cache.track(d.manifest->size());
-  std::vector<uint16_t> owner;
+  Keepers keepers;
   if (world && world->size() > 1) {
-    owner = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size());
+    // Each file past its first reader's room goes to a node with room left (every node's room known to
+    // all; none if one is not known).
+    std::vector<uint64_t> room;
+    for (const auto& r : world->allgather({keeper_room_of(o, *d.manifest)})) room.push_back(r.empty() ? 0 : r[0]);
+    if (std::find(room.begin(), room.end(), 0) != room.end()) room.clear();
+    keepers = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size(), room);
     MpiPeersConfig pc;
     pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
     d.peers.emplace(*world, *d.manifest, pc);
@@ -578,7 +598,9 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
       EngineConfig c = engine_config(o, d.page_cache);
       if (d.peers) {
         c.peers = &*d.peers;
-        c.owner = std::move(owner);
+        for (EntryId id : keepers.handed)
+          if (static_cast<int>(keepers.owner[id]) == world->rank()) c.handed.push_back(id);
+        c.owner = std::move(keepers.owner);
         c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
       }
       d.staged.emplace(*d.manifest, *d.oracle, *d.reader, std::move(c));

@@ -81,6 +81,10 @@ void print_peers(const nlohmann::json& p) {
               static_cast<unsigned long long>(get(p, {"served_files"})),
               human_bytes(static_cast<double>(get(p, {"served_bytes"}))).c_str(),
               static_cast<unsigned long long>(get(p, {"refused_to_peers"})));
+  if (const uint64_t handed = get(p, {"handed"}))
+    std::printf(
+        "                %llu files kept here that another node reads first (no room left there): %llu staged\n",
+        static_cast<unsigned long long>(handed), static_cast<unsigned long long>(get(p, {"handed_staged"})));
 }
 
 // One screen of status from the stats `j`. Throws nlohmann::json::exception on stats of another shape.

@@ -171,6 +171,9 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
   w.single("clairfs_peer_refusals", "counter", "Requests to peer nodes they refused (not held there).", j,
            {"peers", "refused"});
   w.single("clairfs_peer_failures", "counter", "Requests to peer nodes that failed.", j, {"peers", "failures"});
+  w.single("clairfs_peer_handed_staged_files", "counter",
+           "Files staged here for peer nodes that another node reads first (it had no room for them).", j,
+           {"peers", "handed_staged"});
   w.single("clairfs_peer_returns", "counter", "Times a peer node given up for silence answered again.", j,
            {"peers", "returned"});
   w.single("clairfs_peer_staged_bytes", "counter", "Bytes staged from peer nodes.", j, {"peers", "staged_bytes"});

@@ -161,9 +161,9 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
-  stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
-                                                 counters_, streams_, config_.page_cache, config_.depth,
-                                                 config_.bytes_in_flight, config_.idle, config_.memory_retry});
+  stager_ = std::make_unique<Stager>(StagerParts{
+      manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_, counters_, streams_, config_.page_cache,
+      config_.depth, config_.bytes_in_flight, config_.idle, config_.memory_retry, config_.handed});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {
@@ -797,6 +797,8 @@ nlohmann::json ClairvoyantEngine::stats() const {
                   {"hits", c.hits},
                   {"refused", c.refused},
                   {"deferred", counters_.peer_deferrals.load()},
+                  {"handed", config_.handed.size()},
+                  {"handed_staged", counters_.handed_staged.load()},
                   {"source_instead", counters_.source_over_peer.load()},
                   {"source_instead_bytes", counters_.source_over_peer_bytes.load()},
                   {"timeouts", c.timeouts},

@@ -89,6 +89,7 @@ struct EngineConfig {
   bool no_open = false;            // the kernel opens files without asking: progress comes from reads
   PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
   std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
+  std::vector<EntryId> handed;     // files it keeps that another node reads first (Keepers::handed)
   std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
   // After this long without a read (an open, a read, a peer's request) RAM and pushed pages are given back
   // and staging waits for the next read (idle=); zero: never.

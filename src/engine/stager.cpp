@@ -69,7 +69,8 @@ Stager::Stager(StagerParts p)
       max_bytes_in_flight_(p.bytes_in_flight),
       idle_after_(p.idle),
       io_(p.depth),
-      memory_retry_(p.memory_retry) {
+      memory_retry_(p.memory_retry),
+      handed_(std::move(p.handed)) {
   thread_ = std::thread([this] { run(); });
   try {
     planning_ = std::thread([this] { plan_loop(); });
@@ -150,6 +151,7 @@ bool Stager::turn() {
     room -= static_cast<unsigned>(writes.size());
     pick_readahead(room, picks);
     pick_deferred(room, picks);
+    pick_handed(room, picks);
     pick_planned(room, picks);
     if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting()) && !know_first_) {
       to_write_.clear();
@@ -591,6 +593,22 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
     pop_deferred();
     picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
     take_off(id, size);
+  }
+}
+
+void Stager::pick_handed(unsigned room, std::vector<Pick>& picks) {
+  // Read from SOURCE here once, early, while RAM has room (at the start it is empty): the node that reads
+  // them first, and every later reader, then asks this one. Waits for room, never makes it.
+  StagingPolicy& policy = state_.policy;
+  for (; next_handed_ < handed_.size() && picks.size() < room; ++next_handed_) {
+    const EntryId id = handed_[next_handed_];
+    if (!manifest_.known(id) || policy.ram().contains(id) || on_its_way(id) || (nvme_ && nvme_->find(id))) continue;
+    const uint64_t key = policy.keep_key(id), size = manifest_.entry(id).size;
+    if (key == kNever) continue;
+    if (!room_in_flight(size) || !make_ram_room(size, key, true)) return;
+    picks.push_back(Pick{id, key, false, Origin::kSource});
+    take_off(id, size);
+    counters_.handed_staged++;
   }
 }
 

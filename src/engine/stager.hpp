@@ -51,6 +51,9 @@ struct StagerParts {
   // After a shortage of memory (give_back_memory), the RAM budget is raised again by steps, each after
   // this long without another.
   std::chrono::nanoseconds memory_retry;
+  // Files this node keeps for the others that another node reads first (it had no room for them):
+  // staged from SOURCE before anything else (Keepers::handed).
+  std::vector<EntryId> handed;
 };
 
 class Stager {
@@ -113,6 +116,7 @@ class Stager {
   void wait_for_attributes(uint64_t key, EntryId id) REQUIRES(state_.mutex);
   void know_now();
   void pick_deferred(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
+  void pick_handed(unsigned room, std::vector<Pick>& picks) REQUIRES(state_.mutex);
   // Whether a pick going to the keeper first may wait for it (not needed `soon`, room in deferred_).
   bool may_defer(bool soon) const;
   // On its way to RAM: a staging read of it, or a reader's load of the whole file (whose copy is kept at
@@ -200,6 +204,8 @@ class Stager {
   bool survive_out_of_memory(const std::function<bool()>& step);
   void out_of_memory();  // an allocation failed: said in the log the first time
   const std::chrono::nanoseconds memory_retry_;
+  std::vector<EntryId> handed_;                                           // StagerParts::handed
+  size_t next_handed_ = 0;                                                // the first of them not staged yet
   std::optional<std::chrono::steady_clock::time_point> raise_budget_at_;  // set while below ram= by a shortage
   uint64_t raise_step_ = 0;
   std::atomic<unsigned> out_of_memory_said_ = 0;  // allocations that failed (said in the log once)

@@ -1,5 +1,5 @@
 // The staging policy alone: the walk over the plan, room made by next use (Belady's MIN), room for
-// read-ahead, and the peer-or-SOURCE model.
+// read-ahead, the peer-or-SOURCE model, and who keeps each file for the other nodes.
 #include "engine/policy.hpp"
 
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "engine/owners.hpp"
 #include "fakes/memory_source.hpp"
 
 namespace clairfs {
@@ -178,6 +179,61 @@ TEST(PeerModel, AsksPeersUntilWarmThenPrefersThemUnlessFourTimesSlower) {
   EXPECT_EQ(peer, 2);
   // ...and wins one not needed soon.
   EXPECT_TRUE(m.prefer_peer(false, 0, 0, 32));
+}
+
+}  // namespace
+}  // namespace clairfs
+
+namespace clairfs {
+namespace {
+
+// Each file is kept for the others by the node that reads it first, unless that one has no room left
+// for it: then by the node with the most room left, the same on every node; with room nowhere, by its
+// first reader.
+TEST(Keepers, FilesPastTheirFirstReadersRoomGoToANodeWithRoomLeft) {
+  std::vector<uint64_t> sizes(200);
+  for (size_t i = 0; i < sizes.size(); ++i) sizes[i] = 1000 + 37 * (i % 13);
+  fakes::MemoryTree tree(sizes);
+  const Manifest& m = tree.manifest;
+  Schedule s;
+  s.seed = 3;
+  s.world_size = 4;
+  s.batch_size = 4;
+  const Oracle oracle(m.samples().size(), s);
+  const std::vector<std::vector<uint64_t>> ranks{{0}, {1}, {2}, {3}};
+  const Keepers first = plan_owners(m, oracle, 0, ranks, 4);
+  EXPECT_TRUE(first.handed.empty());
+  std::vector<uint64_t> share(4, 0);
+  for (EntryId id : m.samples()) share[first.owner[id]] += m.entry(id).size;
+
+  std::vector<uint64_t> room(4);  // node 0 short of its share by a tenth, the others with room to spare
+  for (size_t n = 0; n < 4; ++n) room[n] = n == 0 ? share[0] * 9 / 10 : share[n] + share[0] / 10;
+  const Keepers k = plan_owners(m, oracle, 0, ranks, 4, room);
+  ASSERT_FALSE(k.handed.empty());
+  std::vector<uint64_t> kept(4, 0);
+  for (EntryId id : m.samples()) kept[k.owner[id]] += m.entry(id).size;
+  for (size_t n = 0; n < 4; ++n) EXPECT_LE(kept[n], room[n]) << "node " << n;
+  for (EntryId id : m.samples()) {
+    const bool handed = std::find(k.handed.begin(), k.handed.end(), id) != k.handed.end();
+    if (handed) {
+      EXPECT_EQ(first.owner[id], 0u);
+      EXPECT_NE(k.owner[id], 0u);
+    } else {
+      EXPECT_EQ(k.owner[id], first.owner[id]);
+    }
+  }
+  EXPECT_EQ(plan_owners(m, oracle, 0, ranks, 4, room).owner, k.owner);  // every node alike
+
+  const Keepers none = plan_owners(m, oracle, 0, ranks, 4, std::vector<uint64_t>(4, 1));
+  EXPECT_TRUE(none.handed.empty());
+  EXPECT_EQ(none.owner, first.owner);
+}
+
+// NVMe's room in files' bytes: what its 4 KiB blocks hold of these files.
+TEST(Keepers, NvmeRoomCountsTheBlocksFilesFill) {
+  fakes::MemoryTree tree(std::vector<uint64_t>(10, 6144));  // a block and a half each
+  EXPECT_EQ(keeper_room(tree.manifest, 1000, 0), 1000u);
+  EXPECT_EQ(keeper_room(tree.manifest, 1000, 8192), 1000u + 6144u);
 }
 
 }  // namespace
