@@ -600,6 +600,9 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
         c.peers = &*d.peers;
         for (EntryId id : keepers.handed)
           if (static_cast<int>(keepers.owner[id]) == world->rank()) c.handed.push_back(id);
+        if (!c.handed.empty())
+          log_info("keeping " + std::to_string(c.handed.size()) + " files for the other nodes that another node " +
+                   "reads first (it has no room left for them): read from SOURCE at the start");
         c.owner = std::move(keepers.owner);
         c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
       }
