@@ -598,7 +598,8 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
 
 void Stager::pick_handed(unsigned room, std::vector<Pick>& picks) {
   // Read from SOURCE here once, early, while RAM has room (at the start it is empty): the node that reads
-  // them first, and every later reader, then asks this one. Waits for room, never makes it.
+  // them first, and every later reader, then asks this one. Takes free room, or that of RAM copies of
+  // files NVMe holds; else waits for it (never pushes out a file's only copy).
   StagingPolicy& policy = state_.policy;
   for (; next_handed_ < handed_.size() && picks.size() < room; ++next_handed_) {
     const EntryId id = handed_[next_handed_];
