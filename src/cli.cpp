@@ -47,6 +47,7 @@
 #include "fuse/page_cache.hpp"
 #include "oracle/schedule.hpp"
 #include "peer/mpi.hpp"
+#include "tiers/nvme.hpp"
 #include "util/clock.hpp"
 #include "util/fs.hpp"
 #include "util/log.hpp"
@@ -520,15 +521,10 @@ void warn_of_nvme_beyond_the_disk(const Options& o) {
 // staging off, or the files' sizes still being read.
 uint64_t keeper_room_of(const Options& o, const Manifest& manifest) {
   if (o.ram == 0 || manifest.attributes_pending() != 0) return 0;
-  uint64_t nvme = 0;
-  if (!o.nvme.empty()) {
-    struct statvfs fs {};
-    nvme = o.nvme_size ? o.nvme_size
-           : ::statvfs(o.nvme.c_str(), &fs) == 0
-               ? static_cast<uint64_t>(static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) * 0.9)
-               : 0;
-  }
-  return keeper_room(manifest, o.ram, nvme);
+  if (o.nvme.empty()) return keeper_room(manifest, o.ram, 0);
+  struct statvfs fs {};
+  const NvmeSpace nvme = nvme_space(::statvfs(o.nvme.c_str(), &fs) == 0 ? &fs : nullptr, o.nvme_size);
+  return keeper_room(manifest, o.ram, nvme.capacity, nvme.block);
 }
 
 // SOURCE mounted by clairfs elsewhere on this node too: each mount stages it for itself (RAM twice, SOURCE

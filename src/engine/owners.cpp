@@ -7,8 +7,6 @@ namespace clairfs {
 
 namespace {
 
-uint64_t in_blocks(uint64_t size) { return (size + 4095) / 4096 * 4096; }
-
 // The files past their first reader's room (`over`, in the order they were placed; `kept`: each node's
 // bytes) go to the node with the most room left that can take them (the lowest such node on a tie):
 // every node computes the same.
@@ -29,11 +27,11 @@ void hand_over(const Manifest& manifest, const std::vector<EntryId>& over, const
 
 }  // namespace
 
-uint64_t keeper_room(const Manifest& manifest, uint64_t ram, uint64_t nvme) {
+uint64_t keeper_room(const Manifest& manifest, uint64_t ram, uint64_t nvme, uint64_t block) {
   uint64_t bytes = 0, blocks = 0;
   for (EntryId id : manifest.samples()) {
     bytes += manifest.entry(id).size;
-    blocks += in_blocks(manifest.entry(id).size);
+    blocks += (manifest.entry(id).size + block - 1) / block * block;
   }
   return ram + (blocks ? static_cast<uint64_t>(static_cast<double>(nvme) * static_cast<double>(bytes) /
                                                static_cast<double>(blocks))

@@ -21,6 +21,16 @@
 
 namespace clairfs {
 
+NvmeSpace nvme_space(const struct statvfs* fs, uint64_t capacity) {
+  NvmeSpace s;
+  s.capacity = capacity;
+  if (!fs) return s;
+  if (fs->f_bsize > 0) s.block = fs->f_bsize;
+  if (capacity == 0)
+    s.capacity = static_cast<uint64_t>(static_cast<double>(fs->f_bavail) * static_cast<double>(fs->f_frsize) * 0.9);
+  return s;
+}
+
 NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity) : manifest_(manifest) {
   // A daemon that died (SIGKILL, a node's OOM killer) leaves its folder behind: the next mount on the
   // node removes it, and says so.
@@ -41,12 +51,10 @@ NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t ca
   // node tells that the folder is in use, whatever PID namespace it runs in.
   (void)::flock(dir_.get(), LOCK_EX | LOCK_NB);
   struct statvfs sv {};
-  const bool known = ::fstatvfs(dir_.get(), &sv) == 0;
-  if (known && sv.f_bsize > 0) block_ = sv.f_bsize;
-  if (capacity == 0 && known)
-    capacity = static_cast<uint64_t>(static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize) * 0.9);
+  const NvmeSpace space = nvme_space(::fstatvfs(dir_.get(), &sv) == 0 ? &sv : nullptr, capacity);
+  block_ = space.block;
   MutexLock lock(mutex_);
-  capacity_ = capacity;
+  capacity_ = space.capacity;
 }
 
 uint64_t NvmeTier::capacity() const {

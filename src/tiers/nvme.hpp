@@ -32,7 +32,18 @@
 #include "util/fs.hpp"
 #include "util/thread_annotations.hpp"
 
+struct statvfs;
+
 namespace clairfs {
+
+// What an NVMe tier holds on a file system (`fs`: its statvfs, nullptr where it could not be read):
+// `capacity` bytes (0 asked: 90% of what is free there) in blocks of the file system's size. The tier and
+// the room a node tells the others (keeper_room) both take it from here.
+struct NvmeSpace {
+  uint64_t capacity = 0;
+  uint64_t block = 4096;
+};
+NvmeSpace nvme_space(const struct statvfs* fs, uint64_t capacity);
 
 // The NVMe directory cannot be used (a start-up error: the mount is refused).
 struct NvmeError : std::runtime_error {

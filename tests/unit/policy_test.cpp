@@ -229,11 +229,12 @@ TEST(Keepers, FilesPastTheirFirstReadersRoomGoToANodeWithRoomLeft) {
   EXPECT_EQ(none.owner, first.owner);
 }
 
-// NVMe's room in files' bytes: what its 4 KiB blocks hold of these files.
+// NVMe's room in files' bytes: what its blocks hold of these files.
 TEST(Keepers, NvmeRoomCountsTheBlocksFilesFill) {
   fakes::MemoryTree tree(std::vector<uint64_t>(10, 6144));  // a block and a half each
   EXPECT_EQ(keeper_room(tree.manifest, 1000, 0), 1000u);
   EXPECT_EQ(keeper_room(tree.manifest, 1000, 8192), 1000u + 6144u);
+  EXPECT_EQ(keeper_room(tree.manifest, 1000, 16384, 16384), 1000u + 6144u);  // a file system of 16 KiB blocks
 }
 
 }  // namespace
