@@ -25,7 +25,8 @@ struct EngineCounters {
   std::atomic<uint64_t> staged_from_nvme{0}, staged_from_peer{0}, staged_peer_bytes{0}, staged_source_bytes{0};
   // Files a keeper refused while not needed soon, asked again later rather than read from SOURCE.
   std::atomic<uint64_t> peer_deferrals{0};
-  // Files kept here for the others although another node reads them first, staged from SOURCE.
+  // Files kept here for the others although another node reads them first: their staging reads started
+  // (a read that fails counts under stage_failures too).
   std::atomic<uint64_t> handed_staged{0};
   // Files a peer keeps that staging read from SOURCE instead, the peer being far slower (PeerModel).
   std::atomic<uint64_t> source_over_peer{0}, source_over_peer_bytes{0};
