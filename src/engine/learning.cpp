@@ -686,11 +686,7 @@ bool LearningEngine::relearn() {
     for (const auto& a : old->ranks_at())
       if (a.is == Is::kUnread || (a.is == Is::kOff && a.epoch)) return false;
   }
-  if (old->followed()) {  // the learned order has its readers: the other is another job's, or not yet
-    MutexLock lock(mutex_);
-    relearn_tried_ = 0;
-    return false;
-  }
+  if (plan_followed(*old)) return false;  // the learned order has its readers: the other is another job's, or not yet
   uint64_t seen = 0;  // the tracker's opens so far: tries are spaced by them, the kept ones being capped
   std::vector<std::pair<EntryId, pid_t>> others = other ? old->opens_other(0, &seen) : old->latest_opens(0, &seen);
   LearnQuestion q = question_;
@@ -735,6 +731,10 @@ bool LearningEngine::relearn() {
   if (!found ||
       (!new_list && found->seed == before.seed && found->order == before.order && found->draws == before.draws))
     return false;  // tried again after more opens
+  if (replanning_.after_relearning) replanning_.after_relearning();
+  // Looked for while the plan's readers read on (seconds, niced, under a sanitizer): followed by now, the
+  // order found is another job's beside them, not the job's own.
+  if (plan_followed(*old)) return false;
   // Told: an order that is the told seed's at a later epoch (torch shuffles epoch e of seed s by s + e) is
   // a job at another epoch, which follow_epoch plans for by its epoch once the diagnosis names it.
   // On another list it is that epoch of the told seed, planned so here (the list changes with the plan).
@@ -792,6 +792,13 @@ bool LearningEngine::relearn() {
   ++(told_ ? replanned_ : relearned_);
   log_warning(words + ": planned again for it (" + std::to_string(engines_[n + 1]->adopted()) +
               " files in RAM kept); staging follows it");
+  return true;
+}
+
+bool LearningEngine::plan_followed(const ClairvoyantEngine& e) {
+  if (!e.followed()) return false;
+  MutexLock lock(mutex_);
+  relearn_tried_ = 0;
   return true;
 }
 

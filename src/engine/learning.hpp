@@ -75,6 +75,9 @@ struct Replanning {
   // Called on the re-planning thread once a rank started late was looked for, before the plan is built
   // (tests: the ranks that follow read on meanwhile, as they do while a slow diagnosis runs).
   std::function<void()> after_late_diagnosis = nullptr;
+  // Called on the re-planning thread once an order was learned again, before it is planned for (tests:
+  // the plan's own readers read meanwhile, as they do while a slow learning runs).
+  std::function<void()> after_relearning = nullptr;
 };
 
 // The files a job opened, a bit each (any thread; no lock): once it opened some of them again (an epoch
@@ -160,6 +163,9 @@ class LearningEngine final : public Engine {
   // followed and the job's processes read in another order: learn_seed on their latest opens, and a plan
   // for the seed found. False while it waits for more of their opens (or for the plan's readers to go).
   bool relearn() EXCLUDES(mutex_);
+  // Whether a rank of `e`'s plan is followed (the other order is then another job's, beside it); if so,
+  // the next relearning waits for new opens again.
+  bool plan_followed(const ClairvoyantEngine& e) EXCLUDES(mutex_);
   // A told seed: when each rank off the plan reads the planned order of another epoch (a job started at
   // another epoch than the mount was told, or restarted), or a rank that never read does (started epochs
   // after the others on the node), a plan from the earliest of them with each rank shifted to its own

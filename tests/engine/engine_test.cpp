@@ -1138,13 +1138,17 @@ TEST(Learning, OpensOfAProcessGoneWhenTheyAreToldCountAsItsUsersAsItsRequestsSai
 // A mount of 600 small files on disk told seed 42 (DistributedSampler over `world` ranks, all served here,
 // batches of 16, 2 workers; tolerance 64), re-planning on, with `ram` bytes of RAM (0: the data set's).
 struct ToldMount {
-  ToldMount(uint64_t world, uint64_t ram, std::function<void()> after_late_diagnosis = {})
+  ToldMount(uint64_t world, uint64_t ram, std::function<void()> after_late_diagnosis = {},
+            std::function<void()> after_relearning = {})
       : tree(sizes(600, 100, 200)),
         disk(tree),
         told(tree.manifest.samples().size(), torch_schedule(world, 16, 2)),
         e(disk.manifest, *disk.reader, told.schedule(), question(world), engine_config(world, ram ? ram : tree.total()),
           &told, {},
-          Replanning{.on = true, .whole_node = true, .after_late_diagnosis = std::move(after_late_diagnosis)}) {}
+          Replanning{.on = true,
+                     .whole_node = true,
+                     .after_late_diagnosis = std::move(after_late_diagnosis),
+                     .after_relearning = std::move(after_relearning)}) {}
   static LearnQuestion question(uint64_t world) {
     LearnQuestion q;
     q.gap = 64;
@@ -1219,6 +1223,33 @@ TEST(Learning, AJobOfAnotherSeedThanTheToldIsPlannedForOnceItsSeedIsLearned) {
     const auto r = m.stats()["ranks"][0];
     return r["epoch"] == 0 && r["done"] == r["total"] && r["verdict"] == "following";
   })) << m.stats()["ranks"];
+}
+
+TEST(Learning, AnotherJobsOrderFoundWhileTheToldJobBecameFollowedIsNotPlannedFor) {
+  // A mount told seed 42; another job (seed 7) reads first, off the plan, and its order is learned from
+  // its opens. Meanwhile (a learning runs for seconds, niced, under a sanitizer) the told job starts and
+  // is followed: the order found is another job's beside it, and the plan stays the told seed's.
+  ToldMount* mount = nullptr;
+  std::atomic<bool> found{false};
+  ToldMount m(1, 1 << 20, {}, [&] {
+    if (found.exchange(true)) return;
+    for (size_t k = 0; k < 64; ++k) ASSERT_TRUE(mount->read(0, 0, k));
+  });
+  mount = &m;
+  Schedule seven = m.told.schedule();
+  seven.seed = 7;
+  const Oracle job(m.tree.manifest.samples().size(), seven);
+  const std::vector<uint32_t>& order = job.epoch(0).rank_sequence(0);
+  for (size_t k = 0; k < 200; ++k) {
+    const EntryId id = m.tree.manifest.samples()[order[k]];
+    ASSERT_EQ(read_file(m.e, id, nullptr, static_cast<pid_t>(2000 + job.worker_of(k))), m.tree.bytes(id));
+  }
+  ASSERT_TRUE(m.wait([&] { return found.load(); })) << m.stats()["plan"];
+  ASSERT_TRUE(m.wait([&] { return m.stats()["ranks"][0]["verdict"] == "following"; })) << m.stats()["ranks"];
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a plan switched would be there by now
+  EXPECT_EQ(m.stats()["plan"]["world"]["order"], "seed=42") << m.stats()["plan"];
+  EXPECT_EQ(m.stats()["plan"]["world"]["replanned"], 0);
+  EXPECT_EQ(m.stats()["ranks"][0]["verdict"], "following") << m.stats()["ranks"];
 }
 
 TEST(Learning, ARankThatStartsEpochsAfterTheOtherIsFollowed) {
