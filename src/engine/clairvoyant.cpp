@@ -129,7 +129,7 @@ std::unique_ptr<PeerStore> make_peers(const Manifest& manifest, const EngineConf
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& oracle, SourceStore& source,
                                      EngineConfig config)
-    : ClairvoyantEngine(manifest,
+    : ClairvoyantEngine(Parts{}, manifest,
                         oracle_streams(manifest, oracle, served_ranks(config), config.epoch_shift, config.epochs),
                         source, with_head(manifest, oracle, config)) {  // a copy: the streams read it
   const Schedule& s = oracle.schedule();
@@ -140,12 +140,23 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
     MutexLock lock(state_.mutex);
     state_.tracker.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
   }
+  begin();
 }
 
 ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource streams, SourceStore& source,
                                      EngineConfig config)
-    : manifest_(manifest), config_(std::move(config)), streams_(std::move(streams)), ram_(config_.ram),
-      nvme_(make_nvme(manifest_, config_)), peers_(make_peers(manifest_, config_)),
+    : ClairvoyantEngine(Parts{}, manifest, std::move(streams), source, std::move(config)) {
+  begin();
+}
+
+ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSource streams, SourceStore& source,
+                                     EngineConfig config)
+    : manifest_(manifest),
+      config_(std::move(config)),
+      streams_(std::move(streams)),
+      ram_(config_.ram),
+      nvme_(make_nvme(manifest_, config_)),
+      peers_(make_peers(manifest_, config_)),
       chain_({nvme_.get(), peers_.get(), &source}),
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
@@ -155,6 +166,12 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, StreamSource stre
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
   }
+}
+
+void ClairvoyantEngine::begin() {
+  // The opens below judged reader by reader, as the watch tells them (in a re-plan, the other job's opens
+  // among them, judged rank by rank, called the new plan's ranks off at once).
+  if (config_.watched) watching_opens();
   // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
   // already is kept for its next use there.
   if (config_.adopt) plan_wanted(kNever);

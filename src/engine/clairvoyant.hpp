@@ -100,6 +100,9 @@ struct EngineConfig {
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
+  // A watch on the mount tells every open with its opener (a re-plan of a watched mount, LearningEngine):
+  // readers are judged one by one from the first of the opens above, as in the plan before.
+  bool watched = false;
   // Where a process's parent is found (a DataLoader's workers read for their parent's rank); nullptr: in
   // /proc, when first asked (0 for a process gone by then). Tests make up the parents.
   std::function<pid_t(pid_t)> parent_of;
@@ -200,6 +203,12 @@ class ClairvoyantEngine final : public Engine {
   uint64_t adopted() const { return adopted_; }
 
  private:
+  // The members made, the parent lookup set; the public constructors end with begin().
+  struct Parts {};
+  ClairvoyantEngine(Parts, const Manifest& manifest, StreamSource streams, SourceStore& source, EngineConfig config);
+  // Once the tracker and the diagnosis know the order (the Oracle's constructor): the opens made before
+  // placed, the files of the plan before adopted, the stager started.
+  void begin() EXCLUDES(state_.mutex);
   // Keeps the files another engine held, as RAM allows: keyed by their next use in this plan, or as
   // never used (the first to go when room is needed) where its epochs do not use them yet (EngineConfig::adopt).
   void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.mutex);

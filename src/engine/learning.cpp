@@ -632,6 +632,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     c.start_items = std::move(start_items);
     c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
+    c.watched = watched_.load();
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats() reads the engines under it
       return old->retire();

@@ -977,6 +977,34 @@ TEST(Engine, APlanStartedAfterTheEpochsEndIsPlacedByItsOpensAndFollowsTheNextEpo
   }
 }
 
+TEST(Engine, ANewPlanOfAWatchedMountJudgesTheOpensItCatchesUpReaderByReader) {
+  // A re-plan of a watched mount (LearningEngine) is handed the old plan's latest opens: the mounted job's
+  // (seed 42) and another job's beside it (seed 7), one after the other. Judged rank by rank, as the new
+  // plan once did until it was told of the watch after they were placed, the other job's opens called its
+  // rank off at once; judged reader by reader, the rank follows and those opens are counted apart.
+  MemoryTree tree(sizes(600, 100, 200));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
+  Schedule seven = torch_schedule(1, 16, 2);
+  seven.seed = 7;
+  const Oracle other(tree.manifest.samples().size(), seven);
+  EngineConfig c = config(1 << 20);
+  c.tolerance = 64;
+  c.no_open = true;
+  c.watched = true;
+  c.parent_of = [](pid_t pid) { return pid >= 2000 ? pid_t{1999} : pid_t{999}; };
+  for (size_t k = 0; k < 200; ++k)
+    for (const auto& [job, pid] : {std::pair(&mounted, 1000), std::pair(&other, 2000)}) {
+      const EntryId id = tree.manifest.samples()[job->epoch(0).rank_sequence(0)[k]];
+      c.opened_before.emplace_back(id, static_cast<pid_t>(pid + job->worker_of(k)));
+    }
+  ClairvoyantEngine e(tree.manifest, mounted, source, c);
+  const auto s = stats(e);
+  EXPECT_EQ(s["ranks"][0]["verdict"], "following") << s["ranks"];
+  EXPECT_EQ(s["ranks"][0]["done"], 200) << s["ranks"];
+  EXPECT_GT(s["progress"]["other_opens"].get<uint64_t>(), 150u) << s["progress"];
+}
+
 // A plan for seed 42 (one rank, batch 16, 2 workers), a job of seed 7, and an engine that counts how often
 // it says that a reader reads in another order.
 struct AnotherSeed {
