@@ -308,13 +308,20 @@ void LearningEngine::watching_opens() {
 }
 
 void LearningEngine::opened(EntryId id, pid_t pid) {
-  if (ClairvoyantEngine* e = keep(id, pid)) e->opened(id, pid);
+  if (ClairvoyantEngine* e = keep(id, pid)) {
+    e->opened(id, pid);
+  } else {
+    opens_before_++;
+  }
 }
 
 void LearningEngine::closed(EntryId id, pid_t pid) {
   uint64_t n = 0;
   ClairvoyantEngine* e = current(&n);
-  if (!e) return;
+  if (!e) {
+    closes_before_++;
+    return;
+  }
   // An open told to an earlier plan's engine (the plan changed while the file was open) is counted there.
   if (!e->unread_open(id))
     for (uint64_t p = n; p-- > 0;)
@@ -956,6 +963,8 @@ nlohmann::json LearningEngine::stats() const {
     j["tiers"]["source"]["bytes"] = j["tiers"]["source"].value("bytes", uint64_t{0}) + source_bytes_.load();
     j["tiers"]["source"]["files"] = j["tiers"]["source"].value("files", uint64_t{0}) + source_files_.load();
     j["stalls"]["opens"] = j["stalls"].value("opens", uint64_t{0}) + source_files_.load();
+    j["progress"]["opens_seen"] = j["progress"].value("opens_seen", uint64_t{0}) + opens_before_.load();
+    j["progress"]["closes_seen"] = j["progress"].value("closes_seen", uint64_t{0}) + closes_before_.load();
   }
   // What the engines of earlier plans served counts too.
   for (uint64_t p = 0; p < n; ++p) {

@@ -266,6 +266,9 @@ class LearningEngine final : public Engine {
   std::atomic<uint64_t> plan_now_{0};
   std::atomic<uint64_t> source_bytes_{0};  // read from SOURCE for the engine's callers before it was there
   std::atomic<uint64_t> source_files_{0};  // files opened there then
+  // Opens and closes the watch told before there was an engine (the plans' count from theirs on): in the
+  // progress counts, which then hold every open and close told.
+  std::atomic<uint64_t> opens_before_{0}, closes_before_{0};
   std::atomic<const Oracle*> oracle_ready_{nullptr};
   std::atomic<bool> watched_{false};  // set under mutex_, so that the engine is told once it is there
   std::atomic<bool> world_said_{false};  // the engine found a reader of another world size since the last look
