@@ -100,8 +100,8 @@ struct EngineConfig {
   // Opens made before the engine was there (seed=auto), placed in the plan before the stager starts (so
   // that it does not stage what was read already).
   std::vector<std::pair<EntryId, pid_t>> opened_before;
-  // A watch on the mount tells every open with its opener (a re-plan of a watched mount, LearningEngine):
-  // readers are judged one by one from the first of the opens above, as in the plan before.
+  // A watch on the mount tells every open with its opener (LearningEngine sets it for every plan of a
+  // watched mount): readers are judged one by one from the first of the opens above.
   bool watched = false;
   // Where a process's parent is found (a DataLoader's workers read for their parent's rank); nullptr: in
   // /proc, when first asked (0 for a process gone by then). Tests make up the parents.

@@ -184,6 +184,7 @@ EngineConfig LearningEngine::plan_config(std::vector<uint64_t> ranks, uint64_t w
   c.horizon = plan_horizon(world, ranks.size());
   c.ranks = std::move(ranks);
   c.replans = replanning_.on && plan + 1 < kPlans;
+  c.watched = watched_.load();  // a watched mount's plan judges the opens it is handed process by process
   c.on_world = [this] {
     world_said_.store(true);
     wake_.notify_all();
@@ -639,7 +640,6 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     c.start_items = std::move(start_items);
     c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
-    c.watched = watched_.load();
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats() reads the engines under it
       return old->retire();
