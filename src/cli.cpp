@@ -47,6 +47,7 @@
 #include "fuse/page_cache.hpp"
 #include "oracle/schedule.hpp"
 #include "peer/mpi.hpp"
+#include "peer/peer_loop.hpp"
 #include "tiers/nvme.hpp"
 #include "util/clock.hpp"
 #include "util/fs.hpp"
@@ -218,7 +219,7 @@ struct Daemon {
   std::optional<BackgroundFill> fill;  // after a scan that left files' attributes for later
   std::optional<Oracle> oracle;
   FusePageCache page_cache;       // before the engine that pushes into it
-  std::optional<MpiPeers> peers;  // before the engine: the engine calls it
+  std::optional<WirePeers> peers;  // before the engine: the engine calls it
   std::optional<ClairvoyantEngine> staged;
   std::optional<LearningEngine> learning;  // seed=auto: builds the engine once it knows the seed
   std::optional<TraceEngine> trace;
@@ -553,9 +554,11 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
     for (const auto& r : world->allgather({keeper_room_of(o, *d.manifest)})) room.push_back(r.empty() ? 0 : r[0]);
     if (std::find(room.begin(), room.end(), 0) != room.end()) room.clear();
     keepers = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size(), room);
-    MpiPeersConfig pc;
+    PeersConfig pc;
     pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
-    d.peers.emplace(*world, *d.manifest, pc);
+    d.peers.emplace(world->peer_wire(), *d.manifest, pc, [world](bool failed) {
+      if (failed) world->mark_unclean();  // the end must not wait on a peer that broke
+    });
   }
   if (world)
     log_info("node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) + ", serving " +

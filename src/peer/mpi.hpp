@@ -3,35 +3,20 @@
 //
 // MpiWorld is the start-up side: whether a launcher started us, MPI_Init_thread and its end, and the
 // few collectives start-up needs (the index broadcast from node 0, every node's training ranks, agreeing
-// that every mount is live). MpiPeers is the data side: a PeerTransport over its own communicator,
-// driven by one progress thread that alone makes MPI calls after start-up:
-//   request  requester -> owner, tag kRequest: {file id, reply tag, size}
-//   reply    owner -> requester, the reply tag: the file's bytes, or an empty message (refused)
-//   goodbye  tag kGoodbye: the sender leaves; nothing more is asked of it or sent to it
-//   ping     tag kPing, to a peer that owes answers and has been silent (PeerLiveness); pong, kPong, back
-// The requester posts its receive straight into the buffer the file will live in (no copy) before it
-// sends the request. Requests in flight are bounded (per peer and in all); an answer that does not come
-// within the timeout, or a ping unanswered (peer/liveness.hpp), fails the fetch (the caller reads SOURCE
-// instead) and that peer is asked nothing more — so a late answer can never land in another request's
-// buffer.
+// that every mount is live). It also holds the data side's wire (peer/wire.hpp) over a communicator of
+// its own, which the peers' progress thread (peer/peer_loop.hpp) alone uses after start-up.
 #pragma once
 
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "clairfs/manifest.hpp"
-#include "clairfs/peer.hpp"
-#include "util/thread_annotations.hpp"
+#include "peer/wire.hpp"
 
 namespace clairfs {
 
@@ -82,6 +67,11 @@ class MpiWorld {
 
   void mark_unclean() { unclean_ = true; }
 
+  // The point-to-point wire between the nodes' daemons, made on the first call (a communicator of its
+  // own). It lives as long as the world: what a peer never answered stays with it until the process
+  // leaves (Wire::strand).
+  Wire& peer_wire();
+
   // Ends the process with `status`. With several nodes: once every node has called it (waiting at most
   // kLeaveGrace for them), without MPI_Finalize (see mpi.cpp for why); a world of one finalizes within
   // kFinalizeGrace. REQUIRES: everything else is cleaned up (the mount gone, peers stopped); stdio is
@@ -102,50 +92,7 @@ class MpiWorld {
   int size_ = 1;
   bool unclean_ = false;
   int exit_status_ = 1;  // what a bounded MPI_Finalize exits with when it runs out of time
-};
-
-struct MpiPeersConfig {
-  std::chrono::milliseconds timeout{5000};  // an answer later than this fails the fetch
-  unsigned max_in_flight = 32;             // fetches outstanding in all
-  unsigned max_per_peer = 8;               // and to one peer
-};
-
-class MpiPeers final : public PeerTransport {
- public:
-  // REQUIRES: manifest outlives the transport (requests are checked against it).
-  MpiPeers(MpiWorld& world, const Manifest& manifest, MpiPeersConfig config);
-  ~MpiPeers() override;
-
-  int node() const override { return node_; }
-  int nodes() const override { return nodes_; }
-  void start(Lookup lookup) override;
-  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override EXCLUDES(mutex_);
-  bool usable(int owner) const override;
-  Counters counters() const override EXCLUDES(mutex_);
-  void stop() override EXCLUDES(mutex_);
-
- private:
-  struct Fetch;
-  struct Send;
-  class LateAnswers;
-  void loop() EXCLUDES(mutex_);
-
-  MpiWorld& world_;
-  const Manifest& manifest_;
-  const MpiPeersConfig config_;
-  int node_;
-  int nodes_;
-  struct Comm;  // the MPI communicator, kept out of this header so callers need no mpi.h
-  std::unique_ptr<Comm> comm_;
-  Lookup lookup_;
-
-  mutable Mutex mutex_;  // the thread owns everything else
-  std::condition_variable wake_;
-  std::deque<std::unique_ptr<Fetch>> queued_ GUARDED_BY(mutex_);
-  bool stop_ GUARDED_BY(mutex_) = false;
-  Counters counters_ GUARDED_BY(mutex_);
-  std::vector<std::atomic<bool>> gone_;  // per node: left, failed, or silent (until heard from again)
-  std::thread thread_;
+  std::unique_ptr<Wire> peer_wire_;
 };
 
 }  // namespace clairfs
