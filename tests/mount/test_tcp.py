@@ -11,6 +11,7 @@ memory even across network namespaces). Started and stopped with clairfs-job-mou
 3. One node's daemon SIGKILLed mid-read: its mount goes with it (auto_unmount), the others read on with
    right bytes, and at the end they still stop cleanly; only the dead node's cache folder is named (and
    removed).
+   With room to spare on the survivors (3b), SOURCE reads the dead node's share at most once more.
 4. examples/pbs_job.sh under a PBS-like environment, each host with its own files and host name."""
 import json
 import os
@@ -241,6 +242,38 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
                 "at the end the survivors stop cleanly; only node 2's cache folder is named: %s" % named)
         left = wait_clean(tmp, nvmes, timeout=10)
         h.check(not left, "nothing left on any node; umount took %.1f s: %s" % (took, left))
+
+    # 3b. Node 2 SIGKILLed mid-epoch 1 again, each node's RAM now half the data set: the survivors have room
+    # for its third, and keep what they fetched of it or read again from SOURCE for their readers' next
+    # uses, so a dead node costs at most its share once more (the bound of issue 31: SOURCE over the job no
+    # more than the data set plus that share, +0.03). The victim's own SOURCE reads, up to the kill, count.
+    mnts, nvmes, state, r = launch(net, tmp, src, total, ram=0.5, nvme=0.05, epochs=3)
+    h.check(r.returncode == 0, "started with room to spare: %s" % r.stderr.strip()[-300:])
+    if r.returncode == 0:
+        victim = 2
+        vpids = h.daemon_pids(mnts[victim])
+        threads, wrong, opened, errors = read_in_step(mnts, want, 1)
+        join(threads)
+        slowest = []
+        threads, wrong2, opened2, errors2 = read_in_step(mnts, want, 3, kill_at=1, victim=victim, first=1,
+                                                         slowest=slowest)
+        time.sleep(0.3)
+        before = h.stats(mnts[victim])["source_traffic"]["bytes"]  # what the victim read until now
+        for p in vpids:
+            os.kill(p, signal.SIGKILL)
+        join(threads)
+        s = [h.stats(mnts[n]) for n in range(NODES) if n != victim]
+        traffic = (before + sum(x["source_traffic"]["bytes"] for x in s)) / total
+        survivors = [slowest[n] for n in range(NODES) if n != victim]
+        h.check(not errors + errors2 and sum(wrong) + sum(wrong2) == 0,
+                "node 2 killed with room to spare: every byte right (%s; peers no longer asked: %s)" % (
+                    (errors + errors2)[:2], [x["peers"]["gone"] for x in s]))
+        h.check(traffic <= 1 + 1 / NODES + 0.03 and max(survivors) < 2.5,
+                "SOURCE %.3f× the data set over the job (bound: once, and the dead node's share once more: %.3f); "
+                "the slowest survivor's read %s s" % (traffic, 1 + 1 / NODES + 0.03, ["%.2f" % x for x in survivors]))
+        r2, took, log = umount(state)
+        left = wait_clean(tmp, nvmes, timeout=10)
+        h.check(not left, "nothing left on any node: %s" % left)
 
     # 4. examples/pbs_job.sh, changed only in its paths and training line, run as PBS runs a job: the
     # environment PBS gives it (PBS_NODEFILE with 2 slots per host, PBS_JOBID, PBS_O_WORKDIR), hydra
