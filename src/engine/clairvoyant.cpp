@@ -20,11 +20,8 @@ using Clock = std::chrono::steady_clock;
 // How long an open waits for a staging read of its file before reading it itself: far above a read's
 // time on a working file system, short enough that a stuck read costs little.
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
-// ...and stops waiting sooner when the stager's push or drop into the kernel is overdue (see
-// EngineState::kernel_call_overdue_ns): that call waits for pages a read request holds locked, and when
-// every request thread waits here, that request has no thread to serve it (a wait cycle).
-// How often a waiting open looks whether the stager is stuck.
-constexpr auto kStuckCheck = std::chrono::milliseconds(20);
+// ...and stops waiting sooner when the stager's push or drop into the kernel is overdue
+// (EngineState::wait_for_flight).
 // First reads whose watched open is yet to come, remembered at most (beyond, forgotten: opens lost),
 // and for how long: a watch later than that is taken to tell of another open.
 constexpr size_t kMaxReadsBeforeOpen = 4096;
@@ -201,15 +198,9 @@ void ClairvoyantEngine::progressed() {
 
 void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
   // A file being staged right now arrives sooner from that read than from a second one.
-  const auto deadline = Clock::now() + kWaitForStaging;
-  while (!state_.stop && state_.in_flight.count(id) && Clock::now() < deadline) {
-    const int64_t overdue = state_.kernel_call_overdue_ns.load();
-    if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) {
-      counters_.staging_waits_given_up++;
-      break;  // read on demand below (the caller's), so that request threads free up for the kernel
-    }
-    lock.wait_for(state_.staged, std::min<Clock::duration>(kStuckCheck, deadline - Clock::now()));
-  }
+  // Given up (the stager's call into the kernel overdue): read on demand by the caller, so that request
+  // threads free up for the kernel.
+  if (!state_.wait_for_flight(lock, id, Clock::now() + kWaitForStaging)) counters_.staging_waits_given_up++;
 }
 
 ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool handle) {
@@ -247,15 +238,14 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
   // Read: first to go.
   if (state_.policy.ram().key(id) == kReadAheadKey) state_.policy.ram().set(id, kNever, false);
   state_.window.read_through(id, p.seen.open);
-  p.wake = state_.stager_waiting && (state_.planner.cursor() >= state_.wake_at_cursor ||
-                                     !state_.tracker.readahead().empty() || p.seen.returned);
+  p.wake = state_.stager_wants_waking(!state_.tracker.readahead().empty() || p.seen.returned);
   return p;
 }
 
 void ClairvoyantEngine::placed(Placed& p) {
   if (!p.debug.empty()) log_debug(p.debug);
   if (p.woke) log_info("a read after idle=: staging again");
-  if (p.wake || p.woke) state_.progress.notify_all();
+  if (p.wake || p.woke) state_.wake_stager();
   if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world || p.seen.world_decided)
     tell(p.seen, std::move(p.evidence));
 }
@@ -333,7 +323,7 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
       progressed();
     }
   }
-  state_.progress.notify_all();
+  state_.wake_stager();
   if (!all.changed.empty() || all.other || all.other_world || all.world_decided) tell(all, {});
 }
 
@@ -675,7 +665,7 @@ void ClairvoyantEngine::low_on_memory() {
     MutexLock lock(state_.mutex);
     state_.short_of_memory = true;
   }
-  state_.progress.notify_all();
+  state_.wake_stager();
 }
 
 void ClairvoyantEngine::opens_lost() {

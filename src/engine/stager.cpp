@@ -79,7 +79,7 @@ Stager::Stager(StagerParts p)
       MutexLock lock(state_.mutex);
       state_.stop = true;
     }
-    state_.progress.notify_all();
+    state_.wake_stager();
     thread_.join();
     throw;
   }
@@ -90,8 +90,8 @@ Stager::~Stager() {
     MutexLock lock(state_.mutex);
     state_.stop = true;
   }
-  state_.progress.notify_all();
-  state_.staged.notify_all();
+  state_.wake_stager();
+  state_.flights_ended();
   plan_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (planning_.joinable()) planning_.join();
@@ -102,7 +102,7 @@ void Stager::finish() {
     MutexLock lock(state_.mutex);  // (so that the planning thread cannot miss the wake-up)
     finishing_.store(true);
   }
-  state_.progress.notify_all();
+  state_.wake_stager();
   plan_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (planning_.joinable()) planning_.join();
@@ -124,7 +124,7 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
     out_of_memory();
     MutexLock lock(state_.mutex);
     if (state_.stop) return false;
-    lock.wait_for(state_.progress, kIdleWait);
+    state_.stager_nap(lock, kIdleWait);
     return !state_.stop;
   }
 }
@@ -157,12 +157,10 @@ bool Stager::turn() {
       to_write_.clear();
       // Woken by opens only once the readers have moved some way (or read-ahead is queued): a wake-up
       // per open would cost every open a context switch.
-      state_.stager_waiting = true;
-      state_.wake_at_cursor = state_.planner.cursor() + std::max<uint64_t>(1, state_.policy.evict_window() / 8);
       Clock::duration wait = state_.window.drops_waiting() ? kDropWait : kIdleWait;
       if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
-      lock.wait_for(state_.progress, wait);
-      state_.stager_waiting = false;
+      state_.stager_sleep(lock, state_.planner.cursor() + std::max<uint64_t>(1, state_.policy.evict_window() / 8),
+                          wait);
       return true;
     }
   }
@@ -192,7 +190,7 @@ void Stager::plan_loop() {
     MutexLock lock(state_.mutex);
     if (state_.stop || finishing_.load()) return;
     if (added) {
-      state_.progress.notify_all();  // a waiting stager has the new epoch's files to stage
+      state_.wake_stager();  // a waiting stager has the new epoch's files to stage
       continue;
     }
     lock.wait_for(plan_wake_, kPlanLook);
@@ -256,8 +254,7 @@ void Stager::run_drops() {
   {
     MutexLock lock(state_.mutex);
     // Only this thread adds to in_flight, so a file not staged now stays so until the drops are done.
-    drops =
-        state_.window.take_drops([&](EntryId id) REQUIRES(state_.mutex) { return state_.in_flight.count(id) != 0; });
+    drops = state_.window.take_drops([&](EntryId id) REQUIRES(state_.mutex) { return state_.in_flight(id); });
   }
   if (drops.empty()) return;
   if (kernel_)
@@ -291,11 +288,9 @@ void Stager::push_ahead() {
 }
 
 int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
-  const auto overdue = Clock::now().time_since_epoch() + kKernelCallGrace +
-                       std::chrono::nanoseconds(bytes / kKernelCallBytesPerNs);
-  state_.kernel_call_overdue_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(overdue).count();
+  state_.in_kernel_until(Clock::now() + kKernelCallGrace + std::chrono::nanoseconds(bytes / kKernelCallBytesPerNs));
   const int rc = call();
-  state_.kernel_call_overdue_ns = 0;
+  state_.in_kernel_until(std::nullopt);
   return rc;
 }
 
@@ -342,7 +337,7 @@ void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
   // Files read whole on demand: kept like staged ones, so SOURCE sees them once.
   StagingPolicy& policy = state_.policy;
   for (auto& [id, bytes] : adopted) {
-    if (policy.ram().contains(id) || state_.in_flight.count(id)) continue;
+    if (policy.ram().contains(id) || state_.in_flight(id)) continue;
     const uint64_t key = policy.keep_key(id);
     if (key == kNever) continue;
     const uint64_t size = bytes->size();
@@ -414,7 +409,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     queue.erase(queue.begin(), queue.end() - static_cast<std::ptrdiff_t>(kMaxReadAheadQueued));
 }
 
-bool Stager::on_its_way(EntryId id) const { return state_.in_flight.count(id) != 0 || demand_.loading_whole(id); }
+bool Stager::on_its_way(EntryId id) const { return state_.in_flight(id) || demand_.loading_whole(id); }
 
 void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
@@ -756,16 +751,16 @@ bool Stager::room_in_flight(uint64_t size) const {
 }
 
 void Stager::take_off(EntryId id, uint64_t size) {
-  state_.in_flight.insert(id);
+  state_.flight_started(id);
   bytes_in_flight_ += size;
 }
 
 void Stager::finish(EntryId id) {
   {
     MutexLock lock(state_.mutex);
-    if (state_.in_flight.erase(id)) bytes_in_flight_ -= manifest_.entry(id).size;
+    if (state_.flight_ended(id)) bytes_in_flight_ -= manifest_.entry(id).size;
   }
-  state_.staged.notify_all();
+  state_.flights_ended();
 }
 
 }  // namespace clairfs

@@ -104,7 +104,7 @@ class Stager {
   void ask_kernel();
   void answered(EntryId id, bool held) EXCLUDES(state_.mutex);
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
-  // (EngineState::kernel_call_overdue_ns).
+  // (EngineState::in_kernel_until).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
   // Picks, under the mutex: adopted files kept, their writes, read-ahead, then the plan. `room`: ring slots.
   void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
