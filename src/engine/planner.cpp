@@ -172,7 +172,7 @@ uint64_t Planner::next_use(EntryId id, uint64_t from) const {
     if ((base_[i] + e.steps) * R <= from) continue;
     uint64_t key = kNever;
     if (e.each_use(id, [&](uint32_t off) {
-          key = (base_[i] + off / R) * R + off % R;
+          key = key_at(i, off);
           return key >= from;
         }))
       return key;
@@ -330,7 +330,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
     for (size_t i = 0; i < epochs_.size() && !unopened; ++i) {
       epochs_[i].each_use(id, [&](uint32_t off) {
         const uint64_t rank = off % R;
-        const uint64_t key = (base_[i] + off / R) * R + rank;
+        const uint64_t key = key_at(i, off);
         const Rank& r = ranks_[rank];
         if (only && rank != *only) return false;
         const int64_t d = distance(r, rank, key);
@@ -398,7 +398,7 @@ Planner::Open Planner::on_open(EntryId id, pid_t pid, pid_t parent) {
   // Each use of the file (a file may be in two ranks' sequences of one epoch).
   const auto resync = [&](size_t i, uint32_t off) {
     const uint64_t rank = off % R;
-    const uint64_t key = (base_[i] + off / R) * R + rank;
+    const uint64_t key = key_at(i, off);
     Rank& r = ranks_[rank];
     if (!r.live && distance(r, rank, key) >= -tol && i <= epoch_index(r.next) + 1) {
       // A lost rank seen at or ahead of where it was, in its epoch or the next: enough opens in a row

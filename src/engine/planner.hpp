@@ -313,7 +313,7 @@ class Planner {
     for (size_t i = 0; i < epochs_.size(); ++i) {
       const uint32_t off = epochs_[i].first_of(id);
       if (off == EpochStreams::kAbsent) continue;
-      const uint64_t R = config_.ranks, rank = off % R, key = (base_[i] + off / R) * R + rank;
+      const uint64_t R = config_.ranks, rank = off % R, key = key_at(i, off);
       const Rank& r = ranks_[rank];
       out += "[e" + std::to_string(epochs_[i].epoch) + " r" + std::to_string(rank) + " step " +
              std::to_string(off / R) + " d " + std::to_string(distance(r, rank, key)) + " opened " +
@@ -391,6 +391,11 @@ class Planner {
   const uint64_t stale_after_;
   std::deque<EpochStreams> epochs_;  // consecutive epochs, oldest first
   std::deque<uint64_t> base_;        // first step of each
+  // The key of the use at offset `off` of epoch epochs_[i] (its step off / R, its rank off % R).
+  uint64_t key_at(size_t i, uint64_t off) const {
+    const uint64_t R = config_.ranks;
+    return (base_[i] + off / R) * R + off % R;
+  }
   std::vector<Rank> ranks_;
   std::unordered_map<pid_t, uint64_t> rank_of_pid_;  // learnt from expected opens
   // Which rank a process reads for: the rank of its latest expected opens in a row, and how many; from
