@@ -250,7 +250,9 @@ bool PeerLoop::poll_fetches(Clock::time_point now) {
     if (got.broken) {
       failed_ = true;
       fail_peer(f.owner, false, "failed");
-      finish(i, -EHOSTDOWN);
+      // A request still on its way reads the fetch's header: kept until it has gone, as a given-up one.
+      std::unique_ptr<Fetch> gave = finish(i, -EHOSTDOWN);
+      if (gave->send != Wire::kNone) give_up(std::move(gave), false);
       busy = true;
       continue;
     }

@@ -29,6 +29,23 @@ def foreground(src, mnt, opts, env=None, no_core=False):
     return p
 
 
+def thread_states(pid):
+    """Each thread of process `pid`: its state letter and the kernel function it waits in."""
+    out = []
+    try:
+        for tid in sorted(os.listdir("/proc/%d/task" % pid)):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open("/proc/%d/task/%s/wchan" % (pid, tid)) as f:
+                    out.append("%s %s" % (state, f.read().strip() or "-"))
+            except OSError:
+                pass
+    except OSError as e:
+        return str(e)
+    return out
+
+
 def watching(pid):
     """Whether process `pid` holds a fanotify group (the watch on its mount)."""
     try:
@@ -199,7 +216,7 @@ with h.tempdir() as tmp:
     # dump forever: the process stayed in D state, 4 times in 5.) A hung one is cleared through fusectl.
     for i in range(2000, 8000):
         os.makedirs("%s/d%d" % (wide, i))
-    ended = []
+    ended, why = [], []
     for attempt in range(3):
         p = foreground(wide, mnt, "seed=1,batch_size=4,auto_unmount", no_core=True)
         deadline = time.monotonic() + 5  # its watch begins: marking is under way
@@ -212,6 +229,7 @@ with h.tempdir() as tmp:
             ended.append(True)
         except subprocess.TimeoutExpired:
             ended.append(False)
+            why.append("attempt %d: not ended within 10 s; its threads (state, wait): %s" % (attempt, thread_states(p.pid)))
             with open("/proc/self/mountinfo") as f:
                 dev = [line.split()[2] for line in f if line.split()[4] == os.path.realpath(mnt)]
             if dev and not os.path.isdir("/sys/fs/fuse/connections/" + dev[-1].split(":")[1]):
@@ -224,10 +242,12 @@ with h.tempdir() as tmp:
         deadline = time.monotonic() + 10
         while h.is_mounted(mnt) and time.monotonic() < deadline:
             time.sleep(0.05)
+        if h.is_mounted(mnt):
+            why.append("attempt %d: the mount stayed 10 s after the daemon (exit %s)" % (attempt, p.returncode))
         ended[-1] = ended[-1] and not h.is_mounted(mnt)
         subprocess.run(["umount", "-l", mnt], capture_output=True)
     h.check(all(ended), "SIGABRT while 8,000 directories are marked: the daemon ended and its mount went, "
-            "%d of 3 times" % sum(ended))
+            "%d of 3 times %s" % (sum(ended), why))
 
     # 8. clairfs status --watch sees its mount end: it says so and exits 0; a user the mount is not
     # readable by is told that, not that it is no clairfs mount.
