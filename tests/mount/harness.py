@@ -65,6 +65,19 @@ def running(pid):
         return False
 
 
+def thread_stats(pid):
+    """Each thread of process `pid` still there: (its id, the fields of its /proc stat after the command
+    name — [0] the state letter, [16] the nice value)."""
+    out = []
+    for tid in sorted(os.listdir("/proc/%d/task" % pid)):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                out.append((tid, f.read().rsplit(")", 1)[1].split()))
+        except OSError:
+            pass
+    return out
+
+
 def wait_gone(pids, seconds):
     """Waits up to `seconds` for the processes to end (zombies count as ended); True if they all did."""
     deadline = time.monotonic() + seconds

@@ -33,12 +33,10 @@ def thread_states(pid):
     """Each thread of process `pid`: its state letter and the kernel function it waits in."""
     out = []
     try:
-        for tid in sorted(os.listdir("/proc/%d/task" % pid)):
+        for tid, fields in h.thread_stats(pid):
             try:
-                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
                 with open("/proc/%d/task/%s/wchan" % (pid, tid)) as f:
-                    out.append("%s %s" % (state, f.read().strip() or "-"))
+                    out.append("%s %s" % (fields[0], f.read().strip() or "-"))
             except OSError:
                 pass
     except OSError as e:

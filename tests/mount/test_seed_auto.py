@@ -31,15 +31,7 @@ def run_job(mnt, digests, args):
 
 def niced_threads(mnt):
     """The daemon's threads that run below normal priority (nice above 0)."""
-    pid = h.daemon_pids(mnt)[0]
-    nice = []
-    for tid in os.listdir("/proc/%d/task" % pid):
-        try:
-            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-                nice.append(int(f.read().rsplit(")", 1)[1].split()[16]))
-        except OSError:
-            pass
-    return sum(1 for n in nice if n > 0)
+    return sum(1 for _, fields in h.thread_stats(h.daemon_pids(mnt)[0]) if int(fields[16]) > 0)
 
 
 def settled(mnt):

@@ -66,6 +66,24 @@ def umount(state):
     return r, time.monotonic() - t0, log
 
 
+def kill_mid_epoch(mnts, want, victim):
+    """Reads epoch 0 on every node, then epochs 1 and 2 with `victim`'s daemon SIGKILLed 0.3 s into epoch 1
+    (its reader stops there). Returns epoch 0's (wrong, opened, errors), the later epochs' (wrong, opened,
+    errors), each node's slowest read in them, and the SOURCE bytes the victim had read by the kill."""
+    vpids = h.daemon_pids(mnts[victim])
+    threads, wrong, opened, errors = read_in_step(mnts, want, 1)
+    join(threads)
+    slowest = []
+    threads, wrong2, opened2, errors2 = read_in_step(mnts, want, 3, kill_at=1, victim=victim, first=1,
+                                                     slowest=slowest)
+    time.sleep(0.3)
+    before = h.stats(mnts[victim])["source_traffic"]["bytes"]
+    for p in vpids:
+        os.kill(p, signal.SIGKILL)
+    join(threads)
+    return (wrong, opened, errors), (wrong2, opened2, errors2), slowest, before
+
+
 def join(threads):
     for t in threads:
         t.join(timeout=300)
@@ -207,16 +225,7 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
     if r.returncode == 0:
         victim = 2
-        vpids = h.daemon_pids(mnts[victim])
-        threads, wrong, opened, errors = read_in_step(mnts, want, 1)
-        join(threads)
-        slowest = []
-        threads, wrong, opened, errors = read_in_step(mnts, want, 3, kill_at=1, victim=victim, first=1,
-                                                      slowest=slowest)
-        time.sleep(0.3)
-        for p in vpids:
-            os.kill(p, signal.SIGKILL)
-        join(threads)
+        _, (wrong, opened, errors), slowest, _ = kill_mid_epoch(mnts, want, victim)
         s = [h.stats(mnts[n]) for n in range(NODES) if n != victim]
         traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
         survivors = [slowest[n] for n in range(NODES) if n != victim]
@@ -251,17 +260,7 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
     h.check(r.returncode == 0, "started with room to spare: %s" % r.stderr.strip()[-300:])
     if r.returncode == 0:
         victim = 2
-        vpids = h.daemon_pids(mnts[victim])
-        threads, wrong, opened, errors = read_in_step(mnts, want, 1)
-        join(threads)
-        slowest = []
-        threads, wrong2, opened2, errors2 = read_in_step(mnts, want, 3, kill_at=1, victim=victim, first=1,
-                                                         slowest=slowest)
-        time.sleep(0.3)
-        before = h.stats(mnts[victim])["source_traffic"]["bytes"]  # what the victim read until now
-        for p in vpids:
-            os.kill(p, signal.SIGKILL)
-        join(threads)
+        (wrong, _, errors), (wrong2, _, errors2), slowest, before = kill_mid_epoch(mnts, want, victim)
         s = [h.stats(mnts[n]) for n in range(NODES) if n != victim]
         traffic = (before + sum(x["source_traffic"]["bytes"] for x in s)) / total
         survivors = [slowest[n] for n in range(NODES) if n != victim]
