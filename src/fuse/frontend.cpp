@@ -29,22 +29,8 @@ namespace {
 
 Frontend& self(fuse_req_t req) { return *static_cast<Frontend*>(fuse_req_userdata(req)); }
 
-// A serving thread's buffer for the bytes of a read (left unwritten until used).
-class ReadBuffer {
- public:
-  char* at_least(size_t size) {
-    if (size > size_) {
-      bytes_.reset(new char[size]);
-      size_ = size;
-    }
-    return bytes_.get();
-  }
-
- private:
-  std::unique_ptr<char[]> bytes_;
-  size_t size_ = 0;
-};
-thread_local ReadBuffer read_buffer;
+// The calling serving thread's memory (trivially destructible: nothing is registered at its first use).
+thread_local Frontend::ThreadMemory* thread_memory = nullptr;
 
 // The largest read the kernel sends: 256 pages, as libfuse's INIT asks.
 constexpr size_t kLargestRead = size_t{256} << 12;
@@ -374,9 +360,21 @@ struct Handlers {
   }
 
   static void reply_control_read(fuse_req_t req, const ControlFile& file, size_t size, off_t off) {
-    thread_local std::string scratch;
+    std::string own;
+    std::string& scratch = thread_memory ? thread_memory->text() : own;
     const std::string_view bytes = file.read(static_cast<uint64_t>(off), size, scratch);
     fuse_reply_buf(req, bytes.data(), bytes.size());
+  }
+
+  // Reads up to `size` bytes into the thread's read buffer (or one of its own for this read) with
+  // `read_into`, and answers with them or its error.
+  template <class ReadInto>
+  static void reply_read(fuse_req_t req, size_t size, ReadInto read_into) {
+    std::unique_ptr<char[]> own;
+    char* const buf = thread_memory ? thread_memory->read_bytes(size) : (own.reset(new char[size]), own.get());
+    const ssize_t n = read_into(buf);
+    if (n < 0) return reply_error(req, static_cast<int>(-n));
+    fuse_reply_buf(req, buf, static_cast<size_t>(n));
   }
 
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -388,10 +386,7 @@ struct Handlers {
       const std::shared_ptr<const ControlFile> file = *reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
       return reply_control_read(req, *file, size, off);
     }
-    char* const buf = read_buffer.at_least(size);
-    const ssize_t n = fe.engine_.read(fi->fh, buf, size, off);
-    if (n < 0) return reply_error(req, static_cast<int>(-n));
-    fuse_reply_buf(req, buf, static_cast<size_t>(n));
+    reply_read(req, size, [&](char* buf) { return fe.engine_.read(fi->fh, buf, size, off); });
   }
 
   // A read of a file the kernel opened itself (no-open mode): no handle, so by inode.
@@ -404,10 +399,8 @@ struct Handlers {
     }
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if (!S_ISREG(fe.manifest_.mode(id_of(ino)))) return reply_error(req, EISDIR);
-    char* const buf = read_buffer.at_least(size);
-    const ssize_t n = fe.engine_.read_unopened(id_of(ino), fuse_req_ctx(req)->pid, buf, size, off);
-    if (n < 0) return reply_error(req, static_cast<int>(-n));
-    fuse_reply_buf(req, buf, static_cast<size_t>(n));
+    const pid_t pid = fuse_req_ctx(req)->pid;
+    reply_read(req, size, [&](char* buf) { return fe.engine_.read_unopened(id_of(ino), pid, buf, size, off); });
   }
 
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -540,7 +533,23 @@ Frontend::Frontend(const Manifest& manifest, Engine& engine, const ControlTree& 
                    FrontendConfig config)
     : manifest_(manifest), engine_(engine), control_(control), root_fd_(root_fd), config_(config) {}
 
-void Frontend::ready_thread() { read_buffer.at_least(kLargestRead); }
+Frontend::ThreadMemory::ThreadMemory() {
+  read_bytes_.reset(new (std::nothrow) char[kLargestRead]);
+  if (read_bytes_) read_size_ = kLargestRead;
+  thread_memory = this;
+}
+
+Frontend::ThreadMemory::~ThreadMemory() {
+  if (thread_memory == this) thread_memory = nullptr;
+}
+
+char* Frontend::ThreadMemory::read_bytes(size_t size) {
+  if (size > read_size_) {
+    read_bytes_.reset(new char[size]);
+    read_size_ = size;
+  }
+  return read_bytes_.get();
+}
 
 const fuse_lowlevel_ops& Frontend::ops() {
   static const fuse_lowlevel_ops kOps = Handlers::make_ops();

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "clairfs/engine.hpp"
 #include "clairfs/manifest.hpp"
@@ -44,10 +46,28 @@ class Frontend {
   // The operation table; fuse_session_new() gets `this` as userdata.
   static const fuse_lowlevel_ops& ops();
 
-  // Readies the calling thread to serve: its read buffer is allocated now, as large as the largest read
-  // the kernel sends, so that no read it serves later needs an allocation (one that can fail, an
-  // address-space limit set under a running daemon). Each serving thread calls it as it starts.
-  static void ready_thread();
+  // A serving thread's own memory for the requests it serves: the bytes of a read and a control file's
+  // text. Each serving thread makes one on its stack and serves while it lives; the read buffer is
+  // allocated at once, as large as the largest read the kernel sends, so that no read served later
+  // needs an allocation (one that can fail: an address-space limit set under a running daemon). Not a
+  // thread_local with a destructor: such a variable's first use registers the destructor, an allocation
+  // whose failure glibc ends the process over (CI's squeeze test at 1b15b26: a thread started under
+  // the limit read the stats file). A thread without one (none serve so) allocates per request.
+  class ThreadMemory {
+   public:
+    ThreadMemory();  // a failed allocation is left for the first read, which answers ENOMEM if it fails again
+    ~ThreadMemory();
+    ThreadMemory(const ThreadMemory&) = delete;
+    ThreadMemory& operator=(const ThreadMemory&) = delete;
+
+    char* read_bytes(size_t size);  // at least `size` of them; throws bad_alloc
+    std::string& text() { return text_; }
+
+   private:
+    std::unique_ptr<char[]> read_bytes_;
+    size_t read_size_ = 0;
+    std::string text_;
+  };
 
   // The inode number the kernel knows an entry by.
   static constexpr fuse_ino_t ino_of(EntryId id) { return static_cast<fuse_ino_t>(id) + 1; }

@@ -195,10 +195,7 @@ class ServingThreads {
   }
 
   void serve() {
-    try {
-      Frontend::ready_thread();
-    } catch (const std::bad_alloc&) {  // allocated at its first read, then
-    }
+    Frontend::ThreadMemory memory;
     Buffer b;
     int state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);

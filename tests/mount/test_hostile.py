@@ -34,15 +34,16 @@ def cat(path, timeout=15):
 
 
 def special_files(data, rel):
-    """Puts FIFOs and a socket where three files were; returns their relative paths."""
+    """Puts FIFOs and a socket where three files were, each renamed over its file (a stager that opens it
+    meanwhile finds one or the other, never nothing); returns their relative paths."""
     fifos, sock = rel[:2], rel[2]
     for r in fifos:
-        os.unlink(os.path.join(data, r))
-        os.mkfifo(os.path.join(data, r))
-    os.unlink(os.path.join(data, sock))
+        os.mkfifo(os.path.join(data, r) + ".new")
     s = socket.socket(socket.AF_UNIX)
-    s.bind(os.path.join(data, sock))
+    s.bind(os.path.join(data, sock) + ".new")
     s.close()
+    for r in fifos + [sock]:
+        os.rename(os.path.join(data, r) + ".new", os.path.join(data, r))
     return fifos + [sock]
 
 
@@ -63,11 +64,14 @@ def squeeze_daemon(tmp, data, mnt):
     log = tmp + "/squeeze.log"
     with h.mounted(data, mnt, "seed=1,start_batch=0,ram=256M,idle=1,log=" + log):
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] < (192 << 20):
+        def used():  # no "ram" before staging starts
+            return h.stats(mnt).get("ram", {}).get("used", 0)
+        while time.monotonic() < deadline and used() < (192 << 20):
             time.sleep(0.1)
-        while time.monotonic() < deadline and h.stats(mnt)["ram"]["used"] > 0:
+        filled = used() >= (192 << 20)
+        while time.monotonic() < deadline and used() > 0:
             time.sleep(0.1)
-        given_back = h.stats(mnt)["ram"]["used"] == 0
+        given_back = filled and used() == 0
         pid = h.daemon_pids(mnt)[0]
         size = [int(l.split()[1]) * 1024 for l in open("/proc/%d/status" % pid) if l.startswith("VmSize:")][0]
         squeeze = size - (64 << 20)
@@ -75,12 +79,13 @@ def squeeze_daemon(tmp, data, mnt):
         with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
             order = f.read().splitlines()
         wrong = [(r, d) for r in order if (d := h.digest_within(os.path.join(mnt, r))) != want[r]]
-        s = h.stats(mnt)
         alive = h.running(pid)
-    said = [l for l in open(log) if "could not allocate" in l] if os.path.exists(log) else []
+        s = h.stats(mnt) if alive else {"ram": {"budget": -1}}
+    lines = open(log).read().splitlines() if os.path.exists(log) else []
+    said = [l for l in lines if "could not allocate" in l]
     h.check(given_back and alive and not wrong and len(order) == 16, "address space squeezed to %d MiB under the "
-            "daemon (RAM given back first: %s): it lives, %d files read, wrong: %s" % (
-                squeeze >> 20, given_back, len(order), wrong[:3]))
+            "daemon (RAM given back first: %s): it lives, %d files read, wrong: %s%s" % (
+                squeeze >> 20, given_back, len(order), wrong[:3], "" if alive else "; its log ends: %s" % lines[-3:]))
     h.check(len(said) == 1 and s["ram"]["budget"] < (256 << 20), "the RAM budget came down to %.0f MiB, said once in the log: %s" % (
         s["ram"]["budget"] / 2**20, [l.strip()[-120:] for l in said]))
     return want
