@@ -20,6 +20,10 @@ void PeerLiveness::ended(int peer, uint64_t bytes) {
 
 bool PeerLiveness::heard(int peer, Clock::time_point now) {
   Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.pinged && !p.dead) {  // its answer to the ping in time (or another message after it)
+    p.slow_pong = std::max<Clock::duration>(now - *p.pinged, p.slow_pong - p.slow_pong / 8);
+    p.proven = true;
+  }
   p.heard = now;
   p.pinged.reset();
   if (!p.dead) return false;
@@ -28,10 +32,7 @@ bool PeerLiveness::heard(int peer, Clock::time_point now) {
   return true;
 }
 
-void PeerLiveness::answered(int peer, Clock::duration took) {
-  Peer& p = peers_[static_cast<size_t>(peer)];
-  p.slowest = std::max(p.slowest, took);
-}
+void PeerLiveness::answered(int peer) { peers_[static_cast<size_t>(peer)].proven = true; }
 
 PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
   Turn t;
@@ -41,9 +42,8 @@ PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
     if (p.pinged) {
       const auto queued =
           std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
-      Clock::duration within = p.slowest == Clock::duration{0}
-                                   ? Clock::duration{config_.unproven_within}
-                                   : std::max<Clock::duration>(config_.answer_within, 4 * p.slowest);
+      Clock::duration within = p.proven ? std::max<Clock::duration>(config_.answer_within, 4 * p.slow_pong)
+                                        : Clock::duration{config_.unproven_within};
       if (p.returns > 0)
         within = std::min<Clock::duration>(std::max<Clock::duration>(within, config_.longest_within),
                                            within * (int64_t{1} << std::min(p.returns, 16u)));

@@ -4,11 +4,14 @@
 // No MPI here: the progress thread tells it what it asked of each peer and what it heard from it, and
 // asks each turn whom to ping and whom to give up. A peer is pinged once it has been silent for
 // `probe_after` while this node waits on it (any message from it — an answer, a request of its own, a
-// pong — counts as heard); it is dead when that ping is not answered within `answer_within` (or 4 × the
-// slowest answer it gave, if longer; `unproven_within` before its first answer), plus the time the
-// answers it still owes take at
-// `link_bytes_per_second` (a pong may queue behind them on the connection). A peer this node waits on for nothing is
-// not pinged: its death costs nothing until asked.
+// pong — counts as heard); it is dead when that ping is not answered within `answer_within`, or 4 × the
+// slowest ping answer it gave lately if longer (a busy node, a sanitized build: its progress thread
+// answers late), plus the time the answers it still owes take at `link_bytes_per_second` (a pong may
+// queue behind them on the connection); `unproven_within` while it has answered nothing yet (its first
+// answers come over connections still being made). How long its answers to requests took does not
+// count: a keeper answers a file once it has it, and a wait for that is no measure of a pong's (4 × one
+// slow answer once let a killed node stall readers 2.6 s in CI). A peer this node waits on for nothing
+// is not pinged: its death costs nothing until asked.
 //
 // Silence is not proof of death: a node stalled longer than that (a swap storm, a stopped process, a
 // compile beside it) answers again later. A peer given up for silence that is heard from again is
@@ -42,15 +45,18 @@ class PeerLiveness {
   void ended(int peer, uint64_t bytes);
   // Any message from `peer`. True if it had been given up for silence: it is alive again.
   bool heard(int peer, Clock::time_point now);
-  // An answer from `peer` came `took` after its request: a peer slow to answer (a busy node, a sanitized
-  // build) gets a ping as long to answer, 4 × its slowest answer if that is longer than answer_within.
-  void answered(int peer, Clock::duration took);
+  // `peer` answered a request: it is proven (its connections are made).
+  void answered(int peer);
 
   struct Turn {
     std::vector<int> ping;  // silent while owing answers: ask whether it is there
     std::vector<int> dead;  // its ping not answered in time: give it up (reported once)
   };
   Turn turn(Clock::time_point now);
+  // How long `peer` has been silent at `now` (for the log).
+  Clock::duration silence(int peer, Clock::time_point now) const {
+    return now - peers_[static_cast<size_t>(peer)].heard;
+  }
 
  private:
   struct Peer {
@@ -58,7 +64,8 @@ class PeerLiveness {
     uint64_t owed_bytes = 0;
     Clock::time_point heard;                  // the latest message, or when it began to owe
     std::optional<Clock::time_point> pinged;  // an unanswered ping, sent then
-    Clock::duration slowest{0};               // its slowest answer to a request
+    Clock::duration slow_pong{0};             // its slowest ping answer lately (an eighth forgotten per answer)
+    bool proven = false;                      // it answered a request or a ping
     unsigned returns = 0;                     // times it was heard from again after being given up
     bool dead = false;
   };

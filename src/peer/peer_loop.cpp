@@ -232,8 +232,10 @@ void PeerLoop::watch_liveness(Clock::time_point now) {
   for (int peer : alive.dead) {
     failed_ = true;  // the end must not wait on it
     fail_peer(peer, true,
-              "did not answer a ping within " + std::to_string(kProbeAfter.count() + kAnswerWithin.count()) +
-                  " ms of silence (dead or stopped?)");
+              "did not answer a ping (silent for " +
+                  std::to_string(
+                      std::chrono::duration_cast<std::chrono::milliseconds>(liveness_.silence(peer, now)).count()) +
+                  " ms: dead or stopped?)");
   }
   take_late_answers(now);
 }
@@ -258,7 +260,7 @@ bool PeerLoop::poll_fetches(Clock::time_point now) {
     }
     if (got.ended) {
       heard_from(f.owner, now);
-      liveness_.answered(f.owner, now - (f.deadline - config_.timeout));
+      liveness_.answered(f.owner);
       // (The answer implies the request arrived: its send ends without waiting.)
       while (f.send != Wire::kNone) wire_.test(f.send);
       finish(i, got.bytes == f.buf->size() ? static_cast<int64_t>(got.bytes) : -ENOENT);

@@ -14,7 +14,7 @@ struct LivenessTest : ::testing::Test {
       3, {.probe_after = 250ms, .answer_within = 600ms, .unproven_within = 2s, .link_bytes_per_second = 1e6}};
   Clock::time_point t0 = Clock::now();
   LivenessTest() {
-    for (int peer = 0; peer < 3; ++peer) live.answered(peer, 1ms);  // each answered once, quickly
+    for (int peer = 0; peer < 3; ++peer) live.answered(peer);  // each answered once
   }
 };
 
@@ -65,12 +65,40 @@ TEST_F(LivenessTest, APeerThatHasNotAnsweredYetIsGivenLonger) {
   EXPECT_EQ(fresh.turn(t0 + 250ms + 2s).dead, std::vector<int>{1});
 }
 
-TEST_F(LivenessTest, APeerSlowToAnswerIsGivenAsLongToAnswerItsPing) {
-  live.answered(1, 400ms);  // a busy node (or a sanitized build): its pong may take as long
+TEST_F(LivenessTest, APeerSlowToAnswerItsPingIsGivenAsLongToAnswerTheNext) {
   live.asked(1, 0, t0);
   EXPECT_EQ(live.turn(t0 + 250ms).ping, std::vector<int>{1});
-  EXPECT_TRUE(live.turn(t0 + 250ms + 1500ms).dead.empty());  // 4 × 400 ms, not 600 ms
-  EXPECT_EQ(live.turn(t0 + 250ms + 1600ms).dead, std::vector<int>{1});
+  live.heard(1, t0 + 650ms);  // its pong took 400 ms (a busy node, or a sanitized build)
+  EXPECT_EQ(live.turn(t0 + 900ms).ping, std::vector<int>{1});
+  EXPECT_TRUE(live.turn(t0 + 900ms + 1500ms).dead.empty());  // 4 × 400 ms, not 600 ms
+  EXPECT_EQ(live.turn(t0 + 900ms + 1600ms).dead, std::vector<int>{1});
+}
+
+TEST_F(LivenessTest, ASlowPongIsForgottenAnEighthAtEachAnswer) {
+  live.asked(1, 0, t0);
+  auto at = t0 + 250ms;
+  EXPECT_EQ(live.turn(at).ping, std::vector<int>{1});
+  live.heard(1, at + 400ms);      // 400 ms once
+  for (int i = 0; i < 12; ++i) {  // then quick pongs: 400 ms × (7/8)^12 ≈ 80 ms
+    at += 1s;
+    ASSERT_EQ(live.turn(at).ping, std::vector<int>{1});
+    live.heard(1, at + 1ms);
+  }
+  at += 1s;
+  EXPECT_EQ(live.turn(at).ping, std::vector<int>{1});
+  EXPECT_EQ(live.turn(at + 600ms).dead, std::vector<int>{1});  // answer_within again
+}
+
+TEST_F(LivenessTest, AKeepersSlowAnswerToARequestDoesNotLengthenThePingsWait) {
+  // A keeper answers a file once it has it (read from SOURCE, or behind other answers): seconds, which
+  // say nothing of how soon a live node answers a ping.
+  live.asked(1, 0, t0);
+  live.heard(1, t0 + 3s);
+  live.answered(1);
+  live.ended(1, 0);
+  live.asked(1, 0, t0 + 4s);
+  EXPECT_EQ(live.turn(t0 + 4s + 250ms).ping, std::vector<int>{1});
+  EXPECT_EQ(live.turn(t0 + 4s + 850ms).dead, std::vector<int>{1});
 }
 
 TEST_F(LivenessTest, APeerGivenUpThatIsHeardFromAgainIsAliveAndGivenLongerEachTime) {
