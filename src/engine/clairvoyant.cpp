@@ -22,10 +22,6 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
 // ...and stops waiting sooner when the stager's push or drop into the kernel is overdue
 // (EngineState::wait_for_flight).
-// First reads whose watched open is yet to come, remembered at most (beyond, forgotten: opens lost),
-// and for how long: a watch later than that is taken to tell of another open.
-constexpr size_t kMaxReadsBeforeOpen = 4096;
-constexpr auto kReadBeforeOpenAge = std::chrono::seconds(2);
 
 std::vector<uint64_t> served_ranks(const EngineConfig& c) {
   return c.ranks.empty() ? std::vector<uint64_t>{0} : c.ranks;
@@ -565,17 +561,18 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     // first pages and not the rest. This use's first read is here, counted by where it is served from
     // (not also as the page cache's at the close). The same when the watch has not told the open yet
     // (such a use was counted twice: as SOURCE's here, then as the page cache's at the close).
-    first = take_unread(id, &data, &from);
-    if (!first && !state_.window.is_open(id) && !told_lately(id)) first = read_before_told(id);
+    first = state_.watched.take_unread(id, &data, &from);
+    if (!first && !state_.window.is_open(id) && !state_.watched.told_lately(id, t0))
+      first = state_.watched.read_before_told(id, t0);
     if (!data) data = ram_copy(id, &from);
     if (!data) miss.emplace(demand_, id);
   } else if (first && watched_.load(std::memory_order_acquire)) {
     {
       MutexLock lock(state_.mutex);
-      if (take_unread(id, &data, &from)) {
+      if (state_.watched.take_unread(id, &data, &from)) {
         // The watch told its open: placed then, and its RAM copy held since.
         if (!data) wait_for_staging(lock, id), data = ram_copy(id, &from);
-      } else if (state_.window.is_open(id) || told_lately(id)) {
+      } else if (state_.window.is_open(id) || state_.watched.told_lately(id, t0)) {
         // Read from its start again while open (its pages went meanwhile), or late (the kernel's read
         // ahead, after the close): the use the watch told, counted once.
         first = false;
@@ -583,7 +580,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
       } else {
         // The watch's thread is behind the reader: the open is placed when it tells it (the watch is
         // the one account of opens), the file counted as served here and not again at its close.
-        first = read_before_told(id);
+        first = state_.watched.read_before_told(id, t0);
         auto& ahead = state_.tracker.readahead();  // being read: not to be staged beside it
         if (!ahead.empty()) ahead.erase(std::remove(ahead.begin(), ahead.end(), id), ahead.end());
         wait_for_staging(lock, id);
@@ -619,22 +616,12 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   Placed p;
   {
     MutexLock lock(state_.mutex);
-    // Its first read came before this news (the watch's thread was behind): counted then.
-    bool counted = false;
-    if (auto it = state_.read_before_open.find(id); it != state_.read_before_open.end()) {
-      counted = Clock::now() - it->second.at < kReadBeforeOpenAge;
-      if (!counted || --it->second.opens == 0) state_.read_before_open.erase(it);
-    }
-    if (state_.told.size() >= kMaxReadsBeforeOpen) {
-      const auto old = Clock::now() - kReadBeforeOpenAge;
-      for (auto t = state_.told.begin(); t != state_.told.end();) t = t->second < old ? state_.told.erase(t) : std::next(t);
-      if (state_.told.size() > kMaxReadsBeforeOpen / 2) state_.told.clear();  // a scan per half at most
-    }
-    state_.told[id] = Clock::now();
+    const bool unread = state_.watched.opened(id, Clock::now());
     p = place(id, pid, true);
-    if (!counted) {
-      EngineState::Unread& u = state_.unread[id];
-      if (u.opens++ == 0) u.data = ram_copy(id, &u.from);
+    if (unread) {
+      Origin from = Origin::kRam;
+      FileBytes data = ram_copy(id, &from);
+      state_.watched.hold(id, std::move(data), from);
     }
   }
   placed(p);
@@ -649,7 +636,7 @@ bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   MutexLock lock(state_.mutex);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  const bool counted = take_unread(id, &held, &from);
+  const bool counted = state_.watched.take_unread(id, &held, &from);
   if (counted) counters_.served_file(Origin::kPageCache);
   state_.window.released(id);
   return counted;
@@ -657,7 +644,7 @@ bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
 
 bool ClairvoyantEngine::unread_open(EntryId id) const {
   MutexLock lock(state_.mutex);
-  return state_.unread.count(id) != 0;
+  return state_.watched.unread(id);
 }
 
 void ClairvoyantEngine::low_on_memory() {
@@ -671,39 +658,14 @@ void ClairvoyantEngine::low_on_memory() {
 void ClairvoyantEngine::opens_lost() {
   counters_.watch_losses++;
   MutexLock lock(state_.mutex);
-  state_.unread.clear();
-  state_.read_before_open.clear();
-  state_.told.clear();
+  state_.watched.forget();
   state_.window.forget_opens();
-}
-
-bool ClairvoyantEngine::read_before_told(EntryId id) {
-  if (state_.read_before_open.size() > kMaxReadsBeforeOpen) state_.read_before_open.clear();
-  EngineState::ReadFirst& r = state_.read_before_open[id];
-  if (r.opens > 0 && Clock::now() - r.at < kReadBeforeOpenAge) return false;  // read again before told: once
-  r.opens = 1;
-  r.at = Clock::now();
-  return true;
-}
-
-bool ClairvoyantEngine::told_lately(EntryId id) const {
-  auto it = state_.told.find(id);
-  return it != state_.told.end() && Clock::now() - it->second < kReadBeforeOpenAge;
 }
 
 FileBytes ClairvoyantEngine::ram_copy(EntryId id, Origin* from) const {
   FileBytes data = ram_.get(id);
   *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
   return data;
-}
-
-bool ClairvoyantEngine::take_unread(EntryId id, FileBytes* data, Origin* from) {
-  auto it = state_.unread.find(id);
-  if (it == state_.unread.end()) return false;
-  *data = it->second.data;
-  *from = it->second.from;
-  if (--it->second.opens == 0) state_.unread.erase(it);
-  return true;
 }
 
 PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {

@@ -235,17 +235,8 @@ class ClairvoyantEngine final : public Engine {
   void placed(Placed& p) EXCLUDES(state_.mutex);
   // The RAM copy of `id`, if any, and where it came from (kPeer or kRam).
   FileBytes ram_copy(EntryId id, Origin* from) const REQUIRES(state_.mutex);
-  // A watched open of `id` that no read reached yet: taken (true) by its first read or its close, with
-  // the RAM copy held since the open (if there was one) and where it came from.
-  bool take_unread(EntryId id, FileBytes* data, Origin* from) REQUIRES(state_.mutex);
   // The served ranks off the plan for reading another order (not idle), by index.
   std::vector<uint64_t> off_ranks() const REQUIRES(state_.mutex);
-  // The watch told an open of `id` within kReadBeforeOpenAge.
-  bool told_lately(EntryId id) const REQUIRES(state_.mutex);
-  // A read of `id` before the watch told its open (the watch's thread behind the reader): true when this
-  // use is to be counted here — and then not again when the open is told, nor at its close — false when
-  // a read before it counted it already.
-  bool read_before_told(EntryId id) REQUIRES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
   void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
   // The readers moved: residents and pages of passed uses are re-keyed or dropped.

@@ -703,7 +703,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   // opened it meanwhile and waits for these bytes (wait_for_staging), which are then its, held as read
   // (the first to go) rather than read from SOURCE again.
   const bool awaited =
-      key == kNever && !state_.idle && (state_.window.is_open(pick.id) || state_.unread.count(pick.id));
+      key == kNever && !state_.idle && (state_.window.is_open(pick.id) || state_.watched.unread(pick.id));
   if ((key == kNever || state_.idle) && !awaited) {
     ram_.unreserve(size);
     return false;
@@ -716,10 +716,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   if (r.from == Origin::kNvme) counters_.staged_from_nvme++;
   if (pick.readahead) counters_.readahead_files++;
   if (awaited) {  // no later use to keep it for; an open not read yet holds it (RAM may let it go first)
-    if (auto u = state_.unread.find(pick.id); u != state_.unread.end() && !u->second.data) {
-      u->second.data = r.buf;
-      u->second.from = r.from == Origin::kPeer ? Origin::kPeer : Origin::kRam;
-    }
+    state_.watched.hold(pick.id, r.buf, r.from == Origin::kPeer ? Origin::kPeer : Origin::kRam);
     return false;
   }
   // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this

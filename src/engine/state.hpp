@@ -26,6 +26,7 @@
 #include "engine/planner.hpp"
 #include "engine/policy.hpp"
 #include "engine/reader_tracker.hpp"
+#include "engine/watched_uses.hpp"
 #include "util/thread_annotations.hpp"
 
 namespace clairfs {
@@ -94,26 +95,7 @@ struct EngineState {
   StagingPolicy policy GUARDED_BY(mutex);
   PageWindow window GUARDED_BY(mutex);
   std::vector<uint8_t> from_peer GUARDED_BY(mutex);         // per entry: its RAM copy came from a peer
-  // Watched opens (no-open mode with a watch) that no read has reached yet, by file: the first read
-  // counts the file as served from where it read, a close with none left as served by the kernel's pages.
-  // The RAM copy at the open is held for that first read, as a handle holds it: passed at its open, the
-  // file may be evicted before its read arrives.
-  struct Unread {
-    uint32_t opens = 0;
-    FileBytes data;
-    Origin from = Origin::kRam;  // kPeer: a peer sent it
-  };
-  std::unordered_map<EntryId, Unread> unread GUARDED_BY(mutex);
-  // First reads that came before the watch told their open (its thread was behind): that open is
-  // counted already.
-  struct ReadFirst {
-    uint32_t opens = 0;
-    std::chrono::steady_clock::time_point at;
-  };
-  std::unordered_map<EntryId, ReadFirst> read_before_open GUARDED_BY(mutex);
-  // When the watch last told an open of each file (recent ones): a read from the start that comes
-  // after its close is late, not another open.
-  std::unordered_map<EntryId, std::chrono::steady_clock::time_point> told GUARDED_BY(mutex);
+  WatchedUses watched GUARDED_BY(mutex);  // the uses a watch on the mount told, matched with their reads
   bool stop GUARDED_BY(mutex) = false;
   // idle=: when a reader (or a peer) last asked for anything (steady clock, ns), and whether RAM was given
   // back since (staging waits for the next read).
