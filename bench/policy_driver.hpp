@@ -85,10 +85,9 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
       ram_used -= size;
     evicted(id, epoch_of(p.cursor()), step(p.cursor()));
   };
-  // Room as the stager makes it: by next use within the eviction window, free room only beyond.
+  // Room as the stager makes it (one copy a file here: none is held elsewhere on the node).
   auto room = [&](EntryId id, uint64_t key, uint64_t size, bool owned) {
-    return policy.within_window(key) ? StagingPolicy::make_room(policy.ram(), key, owned, reserve(id, size), evict)
-                                     : reserve(id, size)();
+    return policy.make_ram_room(key, owned, reserve(id, size), evict);
   };
   Totals t;
   bool started = false;
@@ -128,9 +127,8 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
       fetched(Fetch{*id, epoch_of(key), step(key), step(key)});
     }
     p.on_open(*id, 1);
-    for (const auto& [k, passed] : p.take_passed()) policy.passed(passed, k, p.next_use(passed, k + 1));
-    policy.catch_up();
-    if (demand)
+    policy.readers_moved(p);
+    if (demand)  // kept for its next use, as the stager keeps a file read whole on demand
       if (const uint64_t next = policy.keep_key(*id); next != kNever && room(*id, next, size, policy.owned(*id)))
         policy.ram().set(*id, next, policy.owned(*id));
   }

@@ -182,14 +182,9 @@ ClairvoyantEngine::~ClairvoyantEngine() {
 // ---- progress --------------------------------------------------------------------------------------
 
 void ClairvoyantEngine::progressed() {
-  Planner& planner = state_.planner;
-  for (const auto& [key, id] : planner.take_passed()) {
-    const uint64_t next = planner.next_use(id, key + 1);
-    state_.policy.passed(id, key, next);
-    state_.window.passed(key, id, next);
-  }
+  state_.policy.readers_moved(state_.planner, [&](EntryId id, uint64_t key, uint64_t next)
+                                                  REQUIRES(state_.mutex) { state_.window.passed(key, id, next); });
   state_.window.settle(state_.policy.evict_window());
-  state_.policy.catch_up();
 }
 
 void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {

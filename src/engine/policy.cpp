@@ -65,6 +65,30 @@ void StagingPolicy::passed(EntryId id, uint64_t key, uint64_t next) {
   nvme_.passed(id, key, next);
 }
 
+void StagingPolicy::readers_moved(Planner& planner, const std::function<void(EntryId, uint64_t, uint64_t)>& also) {
+  for (const auto& [key, id] : planner.take_passed()) {
+    const uint64_t next = planner.next_use(id, key + 1);
+    passed(id, key, next);
+    if (also) also(id, key, next);
+  }
+  catch_up();
+}
+
+bool StagingPolicy::make_ram_room(uint64_t key, bool kept, const std::function<bool()>& reserve,
+                                  const std::function<void(EntryId)>& evict,
+                                  const std::function<bool(EntryId)>& elsewhere) {
+  const bool near = within_window(key);
+  if (near ? make_room(ram_, key, /*owned=*/false, reserve, evict) : reserve()) return true;
+  if (!kept) return false;
+  while (!reserve()) {
+    const auto copy = elsewhere ? ram_.farthest_unowned_where(elsewhere, kRamCopyScan) : std::nullopt;
+    if (!copy) return near && make_room(ram_, key, /*owned=*/true, reserve, evict);
+    ram_.erase(*copy);
+    evict(*copy);
+  }
+  return true;
+}
+
 void StagingPolicy::plan_grew(uint64_t old_end) {
   // (The keys at the top, kKeptForPeers and up, are not estimates.) Looked for from the estimate, not
   // from old_end: an estimate beyond old_end was made from there, the uses before it passed over.

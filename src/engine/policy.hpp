@@ -109,6 +109,22 @@ class StagingPolicy {
   void restart() { stage_key_ = planner_.cursor(); }
   void catch_up() { stage_key_ = std::max(stage_key_, planner_.cursor()); }
 
+  // The readers moved: each use the cursor passed (planner.take_passed(); the planner this policy
+  // reads) is re-keyed in both tiers by its next use and told to `also` (the page window), and the walk
+  // catches up with the cursor.
+  void readers_moved(Planner& planner, const std::function<void(EntryId, uint64_t key, uint64_t next)>& also = {});
+
+  // Room in RAM (ram()) for a file needed at `key`, as staging makes it: within the eviction window by
+  // evicting residents needed later (kept ones only for a `kept` file, and last), beyond it free room
+  // only. For a kept file (this node keeps it for the others), the RAM copies of files held elsewhere on
+  // the node (`elsewhere`: NVMe has them; among the kRamCopyScan needed last) go before kept files,
+  // however soon they are needed: they are read back from there, where a kept copy pushed out would be
+  // read from SOURCE again. What goes is dropped from the index and handed to `evict`. The daemon's
+  // stager and bench/policy_driver both make room so.
+  static constexpr size_t kRamCopyScan = 256;
+  bool make_ram_room(uint64_t key, bool kept, const std::function<bool()>& reserve,
+                     const std::function<void(EntryId)>& evict, const std::function<bool(EntryId)>& elsewhere = {});
+
   // Makes room in a tier for `size` bytes needed at `key`: while `reserve(size)` fails, evicts the
   // resident needed latest (if later than `key`; owned files only for an owned file): drops it from the
   // index and hands it to `evict`. False when nothing may go: wait for the readers.

@@ -48,8 +48,6 @@ constexpr size_t kAsksInFlight = 64;
 constexpr uint64_t kKnowAhead = 1024;
 // How long the walk waits on a file whose attributes could not be read (no descriptor free, say).
 constexpr auto kKnowAgain = std::chrono::milliseconds(100);
-// RAM residents needed last that are looked at for a copy of a file NVMe holds (make_ram_room).
-constexpr size_t kCopyScan = 256;
 // A question not answered within this long is taken as "not held".
 constexpr auto kAskTimeout = std::chrono::seconds(1);
 
@@ -304,23 +302,9 @@ void Stager::evict_ram(EntryId id) {
 bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !(nvme_ && nvme_->find(id)); }
 
 bool Stager::make_ram_room(uint64_t size, uint64_t key, bool kept) {
-  TierIndex& index = state_.policy.ram();
-  const auto reserve = [&] { return ram_.reserve(size); };
-  const auto evict = [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); };
-  // Beyond the eviction window, free room only.
-  const bool near = state_.policy.within_window(key);
-  if (near ? StagingPolicy::make_room(index, key, false, reserve, evict) : reserve()) return true;
-  if (!kept) return false;
-  // A kept copy, where only files needed sooner are not kept (or it is needed beyond the window): the
-  // RAM copies of files NVMe holds go first, however soon they are needed — they are read back from NVMe,
-  // where another kept copy pushed out, or this one not kept, would be read from SOURCE again.
-  while (!reserve()) {
-    const auto copy = index.farthest_unowned_where([&](EntryId id) { return nvme_ && nvme_->find(id); }, kCopyScan);
-    if (!copy) return near && StagingPolicy::make_room(index, key, true, reserve, evict);
-    index.erase(*copy);
-    evict(*copy);
-  }
-  return true;
+  return state_.policy.make_ram_room(
+      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); },
+      [&](EntryId id) { return nvme_ && nvme_->find(id); });
 }
 
 bool Stager::make_nvme_room(uint64_t size, uint64_t key) {

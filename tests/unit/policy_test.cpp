@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "engine/owners.hpp"
 #include "fakes/memory_source.hpp"
@@ -125,6 +126,40 @@ TEST(Policy, OwnedFilesGoOnlyForOwnedFiles) {
   EXPECT_TRUE(StagingPolicy::make_room(index, 5, true, reserve, evict));
 }
 
+// Room in RAM as the stager and the simulators (bench/policy_driver.hpp) both make it: near the readers
+// by next use, beyond the eviction window free room only; for a kept file, the RAM copies of files NVMe
+// holds go first, however soon they are needed, and then kept files needed later.
+TEST(Policy, RamRoomForAKeptFileTakesCopiesHeldElsewhereFirst) {
+  fakes::MemoryTree tree(std::vector<uint64_t>(10, 100));
+  Planner planner(planner_config(tree.manifest), in_order(10));
+  StagingPolicy policy(tree.manifest, planner, PolicyConfig{1000, 1, 2, 2, {}, 0, mean_sample_size(tree.manifest)});
+  ASSERT_GT(policy.evict_window(), 2u);
+  ASSERT_LT(policy.evict_window(), 100u);
+  policy.ram().set(2, 1, false);    // needed at 1, sooner than what room is made for; NVMe holds it
+  policy.ram().set(3, 9, true);     // kept for the others, needed at 9
+  policy.ram().set(4, 500, false);  // needed far beyond the window
+  bool room = false;
+  std::vector<EntryId> evicted;
+  const auto reserve = [&] { return std::exchange(room, false); };
+  const auto evict = [&](EntryId id) {
+    evicted.push_back(id);
+    room = true;
+  };
+  const auto on_nvme = [](EntryId id) { return id == 2; };
+  // Beyond the window: free room only, though 4 is needed later still.
+  EXPECT_FALSE(policy.make_ram_room(100, false, reserve, evict, on_nvme));
+  EXPECT_TRUE(evicted.empty());
+  // Near: 4 goes (needed later); then, not kept, nothing more may.
+  EXPECT_TRUE(policy.make_ram_room(2, false, reserve, evict, on_nvme));
+  EXPECT_FALSE(policy.make_ram_room(2, false, reserve, evict, on_nvme));
+  // Kept: the copy NVMe holds goes, though needed at 1, and wherever the kept file is needed.
+  EXPECT_TRUE(policy.make_ram_room(100, true, reserve, evict, on_nvme));
+  EXPECT_FALSE(policy.make_ram_room(100, true, reserve, evict, on_nvme));  // beyond: no kept file goes
+  EXPECT_TRUE(policy.make_ram_room(2, true, reserve, evict, on_nvme));     // near: the kept one needed later
+  EXPECT_EQ(evicted, (std::vector<EntryId>{4, 2, 3}));
+  EXPECT_FALSE(policy.make_ram_room(2, true, reserve, evict, on_nvme));  // nothing left
+}
+
 // The epochs after the readers' are built on another thread; a reader quicker than that passes files
 // whose next use is not planned yet. Counted as never needed, they went first and were read again; they
 // are kept by an estimate (the plan's end) and keyed by their real next use once the epoch is added.
@@ -142,7 +177,7 @@ TEST(Policy, AFilePassedBeforeItsNextEpochIsPlannedIsKeptAndKeyedWhenItIs) {
   policy.ram().set(2, 0, false);
   policy.ram().set(3, 1, false);
   planner.on_open(2, 1);
-  for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
+  policy.readers_moved(planner);
   EXPECT_EQ(policy.ram().key(2), 10u);           // at least the plan's end; not kNever
   EXPECT_EQ(policy.ram().victim(5, false), 2u);  // but the first to go for a planned use
   policy.ram().set(9, planner.next_use(9, 15), false);  // looked for from 15: an estimate, 15
@@ -155,7 +190,7 @@ TEST(Policy, AFilePassedBeforeItsNextEpochIsPlannedIsKeptAndKeyedWhenItIs) {
   EXPECT_EQ(policy.ram().key(9), 20u);  // its use at 12 lies before 15: still an estimate, past epoch 1
   // The plan closed (an epoch could not be built) with a file keyed by an estimate: never needed.
   planner.on_open(3, 1);
-  for (const auto& [key, id] : planner.take_passed()) policy.passed(id, key, planner.next_use(id, key + 1));
+  policy.readers_moved(planner);
   EXPECT_EQ(policy.ram().key(3), 18u);
   policy.ram().set(4, planner.next_use(4, 20), true);  // kept for peers, beyond the plan
   EXPECT_EQ(policy.ram().key(4), 20u);
