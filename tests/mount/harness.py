@@ -156,6 +156,22 @@ def tempdir(prefix="clairfs-test-", base=None):
 
 
 @contextlib.contextmanager
+def tmpfs(path, size="512m"):
+    """A tmpfs mounted at `path` (made) for the while: yields path, or None where none can be mounted (the
+    folder then stays a plain one). Trees of many entries are made there in a fraction of the time this
+    machine's disk takes (50,000 directories with a file each: about 30 s on it)."""
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
 def other_user(name="clairfs-other"):
     """A second user for permission checks, made for the test and removed after: yields a function that
     runs a command as that user (no groups of ours), returning the CompletedProcess."""

@@ -105,7 +105,7 @@ with h.tempdir() as tmp:
             a["pagecache"]["push_failures"], b["pagecache"]["push_failures"], moved))
         text = status(mnt).stdout
         h.check("epoch 0" in text and "3000 / 3000" in text and "OFF" not in text, "clairfs status: %s" % text.splitlines()[1:2])
-        r = subprocess.run("%s status %s --watch 0.2 | head -c 20000" % (h.CLAIRFS, mnt), shell=True, capture_output=True,
+        r = subprocess.run("%s status %s --watch 0.2 | head -c 3000" % (h.CLAIRFS, mnt), shell=True, capture_output=True,
                            timeout=30)
         h.check(b"\033" not in r.stdout and r.stdout.count(b"clairfs at") >= 2,
                 "status --watch into a pipe: %d screens, no escape codes" % r.stdout.count(b"clairfs at"))

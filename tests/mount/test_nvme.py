@@ -19,16 +19,10 @@ h.require_fuse()
 def tmpfs(path, size, case):
     """A tmpfs of `size` mounted at `path` for the while, or None (the case skipped, and said so) where
     none can be mounted."""
-    os.makedirs(path)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", path], capture_output=True, text=True)
-    if r.returncode != 0:
-        h.check(True, "skipped the %s case: cannot mount a tmpfs (%s)" % (case, r.stderr.strip()))
-        yield None
-        return
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", path])
+    with h.tmpfs(path, size) as got:
+        if got is None:
+            h.check(True, "skipped the %s case: cannot mount a tmpfs" % case)
+        yield got
 
 
 def dir_bytes(path):

@@ -388,11 +388,11 @@ with h.tempdir(base=os.path.join(CHROOT, "mnt") if TORCH2 else None) as tmp:
             subprocess.run(["umount", "-l", tmp + "/user/mnt"])
 # A daemon killed while it marks the directories (requests to itself in flight) ends: the marks are made
 # by a thread without /dev/fuse among its descriptors, so the kernel aborts the connection and the wait.
-with h.tempdir() as tmp:
+with h.tempdir() as tmp, h.tmpfs(tmp + "/tree") as _:
     tree, mnt, log = tmp + "/tree", tmp + "/mnt", tmp + "/log"
     os.mkdir(mnt)
     for i in range(50000):
-        os.makedirs("%s/d%05d" % (tree, i))
+        os.mkdir("%s/d%05d" % (tree, i))
         open("%s/d%05d/f" % (tree, i), "w").close()
     landed, ended = 0, 0
     for attempt in range(4):
