@@ -16,7 +16,16 @@ import tempfile
 import threading
 import time
 
-CLAIRFS = os.environ.get("CLAIRFS_BIN", "clairfs")
+# What meson test sets (tests/meson.build); run by hand from a checkout, the build in build/.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BUILD = os.environ.get("CLAIRFS_BUILD", os.path.join(_ROOT, "build"))
+for _name, _default in (("CLAIRFS_BIN", os.path.join(_BUILD, "clairfs")),
+                        ("CLAIRFS_BUILD", _BUILD),
+                        ("CLAIRFS_SOURCE_ROOT", _ROOT),
+                        ("CLAIRFS_LIST_SAMPLES", os.path.join(_BUILD, "tests", "tools", "list_samples")),
+                        ("CLAIRFS_ORACLE_DUMP", os.path.join(_BUILD, "tests", "tools", "oracle_dump"))):
+    os.environ.setdefault(_name, _default)
+CLAIRFS = os.environ["CLAIRFS_BIN"]
 MAKE_DATASET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "make_dataset.py")
 FAILURES = []
 
@@ -86,6 +95,17 @@ def wait_gone(pids, seconds):
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_until(predicate, timeout=20, step=0.05):
+    """Asks predicate() every `step` s until it gives a true value, which is returned, or `timeout` s pass
+    (its last value is returned then): in place of a sleep that guesses how long something takes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(step)
 
 
 def command_lines():

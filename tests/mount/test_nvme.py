@@ -5,23 +5,19 @@ budget counted in the disk's blocks."""
 import contextlib
 import os
 import subprocess
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-
-h.require_fuse()
+import harness as h
+import pytest
 
 
 @contextlib.contextmanager
-def tmpfs(path, size, case):
-    """A tmpfs of `size` mounted at `path` for the while, or None (the case skipped, and said so) where
-    none can be mounted."""
+def tmpfs(path, size):
+    """A tmpfs of `size` mounted at `path` for the while; the scenario skipped where none can be mounted."""
     with h.tmpfs(path, size) as got:
         if got is None:
-            h.check(True, "skipped the %s case: cannot mount a tmpfs" % case)
+            pytest.skip("cannot mount a tmpfs")
         yield got
 
 
@@ -36,21 +32,24 @@ def dir_bytes(path):
     return total
 
 
-with h.tempdir() as tmp:
-    src, mnt, cache = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
-    os.makedirs(mnt)
-    os.makedirs(cache)
-    want, total = h.dataset(src, 300, 5, 30, 5)
-    # Someone else's files in DIR: never touched.
-    with open(cache + "/not-ours.bin", "wb") as f:
-        f.write(b"x" * 1000)
-    os.makedirs(cache + "/other")
+class Tree:
+    """300 files in SOURCE, a mount point, and an NVMe directory holding someone else's files too."""
 
-    def order(epoch):
-        with open("%s/.clairfs/order/epoch-%d/rank-0" % (mnt, epoch)) as f:
+    def __init__(self, tmp):
+        self.tmp, self.src, self.mnt, self.cache = tmp, tmp + "/src", tmp + "/mnt", tmp + "/nvme"
+        os.makedirs(self.mnt)
+        os.makedirs(self.cache)
+        self.want, self.total = h.dataset(self.src, 300, 5, 30, 5)
+        # Someone else's files in DIR: never touched.
+        with open(self.cache + "/not-ours.bin", "wb") as f:
+            f.write(b"x" * 1000)
+        os.makedirs(self.cache + "/other")
+
+    def order(self, epoch):
+        with open("%s/.clairfs/order/epoch-%d/rank-0" % (self.mnt, epoch)) as f:
             return f.read().splitlines()
 
-    def read_epochs(epochs, between=None):
+    def read_epochs(self, epochs, between=None):
         """Reads the epochs in the predicted order; before each but the first the kernel drops the files'
         pages (as on a node whose page cache cannot hold the data set: the tiers below it serve)."""
         wrong = opened = 0
@@ -59,31 +58,43 @@ with h.tempdir() as tmp:
                 h.drop_page_cache()
             if between:
                 between(e)
-            for rel in order(e):
+            for rel in self.order(e):
                 time.sleep(0.0005)
-                wrong += h.digest(os.path.join(mnt, rel)) != want[rel]
+                wrong += h.digest(os.path.join(self.mnt, rel)) != self.want[rel]
                 opened += 1
         return wrong, opened
 
-    # 1. RAM holds an eighth of the data set, NVMe all of it: SOURCE is read once over 3 epochs.
-    opts = "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, cache)
-    with h.mounted(src, mnt, opts):
-        ours = [d for d in os.listdir(cache) if d.startswith("clairfs-cache.")]
-        h.check(len(ours) == 1, "one cache folder of its own in DIR: %s" % ours)
-        wrong, opened = read_epochs(range(3))
-        s = h.stats(mnt)
-        h.check(wrong == 0, "3 epochs with RAM at 1/8 and NVMe: every byte equals SOURCE (%d files)" % opened)
-        traffic = s["source_traffic"]["bytes"] / total
-        h.check(traffic <= 1.05, "SOURCE read %.2f× the data set over 3 epochs (every byte once)" % traffic)
-        h.check(s["staged"]["from_nvme"] > len(want), "later epochs were staged from NVMe: %s" % s["staged"])
-        h.check(s["nvme"]["used"] <= s["nvme"]["capacity"] and s["checksum_failures"] == 0, "NVMe within capacity, no bad copies: %s" % s["nvme"])
-    h.check(sorted(os.listdir(cache)) == ["not-ours.bin", "other"] and os.path.getsize(cache + "/not-ours.bin") == 1000,
-            "after unmount only the files that were there before remain: %s" % os.listdir(cache))
+    def folder(self):
+        return [os.path.join(self.cache, d) for d in os.listdir(self.cache) if d.startswith("clairfs-cache.")][0]
 
-    # 2. nvme_size a third of the data set: never exceeded, bytes still right.
-    limit = total // 3
-    with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, cache, limit)):
-        folder = [os.path.join(cache, d) for d in os.listdir(cache) if d.startswith("clairfs-cache.")][0]
+
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        yield Tree(tmp)
+
+
+def test_source_read_once_over_3_epochs(t):
+    # RAM holds an eighth of the data set, NVMe all of it.
+    with h.mounted(t.src, t.mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (t.total // 8, t.cache)):
+        ours = [d for d in os.listdir(t.cache) if d.startswith("clairfs-cache.")]
+        h.check(len(ours) == 1, "one cache folder of its own in DIR: %s" % ours)
+        wrong, opened = t.read_epochs(range(3))
+        s = h.stats(t.mnt)
+        h.check(wrong == 0, "3 epochs with RAM at 1/8 and NVMe: every byte equals SOURCE (%d files)" % opened)
+        traffic = s["source_traffic"]["bytes"] / t.total
+        h.check(traffic <= 1.05, "SOURCE read %.2f× the data set over 3 epochs (every byte once)" % traffic)
+        h.check(s["staged"]["from_nvme"] > len(t.want), "later epochs were staged from NVMe: %s" % s["staged"])
+        h.check(s["nvme"]["used"] <= s["nvme"]["capacity"] and s["checksum_failures"] == 0, "NVMe within capacity, no bad copies: %s" % s["nvme"])
+    h.check(sorted(os.listdir(t.cache)) == ["not-ours.bin", "other"] and os.path.getsize(t.cache + "/not-ours.bin") == 1000,
+            "after unmount only the files that were there before remain: %s" % os.listdir(t.cache))
+
+
+def test_nvme_size_never_exceeded(t):
+    # nvme_size a third of the data set: never exceeded, bytes still right.
+    limit = t.total // 3
+    with h.mounted(t.src, t.mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (t.total // 8, t.cache, limit)):
+        folder = t.folder()
         peak = [0]
         done = threading.Event()
 
@@ -94,19 +105,21 @@ with h.tempdir() as tmp:
 
         w = threading.Thread(target=watch)
         w.start()
-        wrong, opened = read_epochs(range(3))
+        wrong, opened = t.read_epochs(range(3))
         done.set()
         w.join()
-        s = h.stats(mnt)
+        s = h.stats(t.mnt)
         h.check(wrong == 0, "NVMe limited to 1/3 of the data set: every byte equals SOURCE")
         h.check(peak[0] <= limit and s["nvme"]["used"] <= limit,
                 "files in the NVMe folder peaked at %d bytes, within nvme_size=%d" % (peak[0], limit))
         h.check(s["nvme"]["writes"] > 0 and s["staged"]["from_nvme"] > 0,
                 "what fitted was written and read back: %s %s" % (s["nvme"], s["staged"]))
 
-    # 3. Corrupted cache files are never served: re-read from SOURCE and counted.
-    with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, cache)):
-        folder = [os.path.join(cache, d) for d in os.listdir(cache) if d.startswith("clairfs-cache.")][0]
+
+def test_corrupted_copies_are_never_served(t):
+    # Re-read from SOURCE and counted.
+    with h.mounted(t.src, t.mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (t.total // 8, t.cache)):
+        folder = t.folder()
 
         def corrupt(epoch):
             if epoch != 1:
@@ -119,75 +132,78 @@ with h.tempdir() as tmp:
                     fh.seek(0)
                     fh.write(bytes([(b[0] if b else 0) ^ 0xFF]))
 
-        wrong, opened = read_epochs(range(3), corrupt)
-        s = h.stats(mnt)
+        wrong, opened = t.read_epochs(range(3), corrupt)
+        s = h.stats(t.mnt)
         h.check(wrong == 0, "every NVMe copy corrupted after epoch 0: every byte still equals SOURCE (%d files)" % opened)
         h.check(s["checksum_failures"] > 0, "the bad copies were caught and counted: %d" % s["checksum_failures"])
 
-    # 4. A full disk: NVMe on a 1 MiB tmpfs, told it has the whole data set. The first ENOSPC brings
-    # the capacity down to what the files there take; admission goes on within it (it used to stop for
-    # the rest of the mount); serving goes on. (On 256 KiB the few files that fitted, about 7, were read
-    # back 0-3 times a run: none in 1 CI run of many.)
-    with tmpfs(tmp + "/small", "1m", "full-disk") as small:
-        if small:
-            with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (total // 8, small, total)):
-                wrong, opened = read_epochs(range(3))
-                s = h.stats(mnt)
-                n = s["nvme"]
-                h.check(wrong == 0, "NVMe directory full: every byte equals SOURCE (%d files)" % opened)
-                h.check(n["admitting"] and n["write_failures"] > 0 and n["used"] <= n["capacity"] <= (1 << 20),
-                        "the full disk lowered the capacity to %d KiB (used %d KiB, %d failed writes), admission goes on"
-                        % (n["capacity"] >> 10, n["used"] >> 10, n["write_failures"]))
-                # (Staged from there, or read from there on demand: with a few files on it, the readers may
-                # reach one before the stager has learned that the kernel no longer holds it.)
-                used = s["staged"]["from_nvme"] + s["tiers"]["nvme"]["files"]
-                h.check(used > 0, "files written there were used: %s %s" % (s["staged"], s["tiers"]["nvme"]))
 
-    # 4b. Small files on a small disk: the budget counts blocks, not bytes. 2,000 files of about 2 KB on
-    # an 8 MiB tmpfs (4 KiB pages) with the default nvme_size: the files take 8 MB of disk for 4 MB of
-    # bytes. Before, stats said about half used while the disk was full and admission had stopped.
-    with tmpfs(tmp + "/blocks", "8m", "block-accounting") as blocks:
-        if blocks:
-            small_src = tmp + "/small-src"
-            small_want, small_total = h.dataset(small_src, 2000, 4, 2, 6)
-            with h.mounted(small_src, mnt, "seed=4,batch_size=4,epochs=2,ram=256K,nvme=" + blocks):
-                wrong = 0
-                for e in range(2):
-                    for rel in order(e):
-                        wrong += h.digest(os.path.join(mnt, rel)) != small_want[rel]
-                n = h.stats(mnt)["nvme"]
-                st = os.statvfs(blocks)
-                disk = (st.f_blocks - st.f_bfree) * st.f_frsize
-                h.check(wrong == 0 and n["write_failures"] == 0 and n["admitting"] and n["used"] <= n["capacity"],
-                        "2,000 small files on an 8 MiB disk: every byte right, no failed write, used %d KiB of %d KiB"
-                        % (n["used"] >> 10, n["capacity"] >> 10))
-                h.check(abs(disk - n["used"]) <= (256 << 10),
-                        "the disk says %d KiB used, the stats %d KiB (%d files, %d KiB of bytes)" % (
-                            disk >> 10, n["used"] >> 10, n["files"], small_total >> 10))
+def test_a_full_disk(t):
+    # NVMe on a 1 MiB tmpfs, told it has the whole data set. The first ENOSPC brings the capacity down to
+    # what the files there take; admission goes on within it (it used to stop for the rest of the mount);
+    # serving goes on. (On 256 KiB the few files that fitted, about 7, were read back 0-3 times a run:
+    # none in 1 CI run of many.)
+    with tmpfs(t.tmp + "/small", "1m") as small:
+        with h.mounted(t.src, t.mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s,nvme_size=%d" % (t.total // 8, small, t.total)):
+            wrong, opened = t.read_epochs(range(3))
+            s = h.stats(t.mnt)
+            n = s["nvme"]
+            h.check(wrong == 0, "NVMe directory full: every byte equals SOURCE (%d files)" % opened)
+            h.check(n["admitting"] and n["write_failures"] > 0 and n["used"] <= n["capacity"] <= (1 << 20),
+                    "the full disk lowered the capacity to %d KiB (used %d KiB, %d failed writes), admission goes on"
+                    % (n["capacity"] >> 10, n["used"] >> 10, n["write_failures"]))
+            # (Staged from there, or read from there on demand: with a few files on it, the readers may
+            # reach one before the stager has learned that the kernel no longer holds it.)
+            used = s["staged"]["from_nvme"] + s["tiers"]["nvme"]["files"]
+            h.check(used > 0, "files written there were used: %s %s" % (s["staged"], s["tiers"]["nvme"]))
 
-    # 5. The NVMe directory turns read-only during the run (its file system remounted ro): writes fail
-    # and are counted, nothing else changes.
-    with tmpfs(tmp + "/ro", "64m", "read-only") as ro:
-        if ro:
-            with h.mounted(src, mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (total // 8, ro)):
-                # Refused (EBUSY) while the stager has a file open for writing there: try until it is not.
-                for _ in range(200):
-                    if subprocess.run(["mount", "-o", "remount,ro", ro], capture_output=True).returncode == 0:
-                        break
-                    time.sleep(0.02)
-                else:
-                    h.check(False, "the NVMe directory's tmpfs could not be made read-only in 4 s")
-                wrong, opened = read_epochs(range(3))
-                s = h.stats(mnt)
-                h.check(wrong == 0 and s["nvme"]["write_failures"] > 0 and not s["nvme"]["admitting"],
-                        "NVMe directory made read-only mid-run: every byte right, admission stopped after %d failed writes"
-                        % s["nvme"]["write_failures"])
-                subprocess.run(["mount", "-o", "remount,rw", ro], check=True)
 
-    # 6. A missing NVMe directory is refused at mount with one line.
-    r = h.run_clairfs([src, mnt, "-o", "nvme=%s/missing" % tmp])
+def test_the_budget_counts_blocks(t):
+    # Small files on a small disk: 2,000 files of about 2 KB on an 8 MiB tmpfs (4 KiB pages) with the
+    # default nvme_size take 8 MB of disk for 4 MB of bytes. Before, stats said about half used while the
+    # disk was full and admission had stopped.
+    with tmpfs(t.tmp + "/blocks", "8m") as blocks:
+        small_src = t.tmp + "/small-src"
+        small_want, small_total = h.dataset(small_src, 2000, 4, 2, 6)
+        with h.mounted(small_src, t.mnt, "seed=4,batch_size=4,epochs=2,ram=256K,nvme=" + blocks):
+            wrong = 0
+            for e in range(2):
+                for rel in t.order(e):
+                    wrong += h.digest(os.path.join(t.mnt, rel)) != small_want[rel]
+            n = h.stats(t.mnt)["nvme"]
+            st = os.statvfs(blocks)
+            disk = (st.f_blocks - st.f_bfree) * st.f_frsize
+            h.check(wrong == 0 and n["write_failures"] == 0 and n["admitting"] and n["used"] <= n["capacity"],
+                    "2,000 small files on an 8 MiB disk: every byte right, no failed write, used %d KiB of %d KiB"
+                    % (n["used"] >> 10, n["capacity"] >> 10))
+            h.check(abs(disk - n["used"]) <= (256 << 10),
+                    "the disk says %d KiB used, the stats %d KiB (%d files, %d KiB of bytes)" % (
+                        disk >> 10, n["used"] >> 10, n["files"], small_total >> 10))
+
+
+def test_the_nvme_directory_turns_read_only(t):
+    # Its file system remounted ro during the run: writes fail and are counted, nothing else changes.
+    with tmpfs(t.tmp + "/ro", "64m") as ro:
+        with h.mounted(t.src, t.mnt, "seed=4,batch_size=4,epochs=3,ram=%d,nvme=%s" % (t.total // 8, ro)):
+            # Refused (EBUSY) while the stager has a file open for writing there: try until it is not.
+            made = h.wait_until(lambda: subprocess.run(["mount", "-o", "remount,ro", ro],
+                                                       capture_output=True).returncode == 0, timeout=4, step=0.02)
+            h.check(made, "the NVMe directory's tmpfs made read-only (within 4 s)")
+            wrong, opened = t.read_epochs(range(3))
+            s = h.stats(t.mnt)
+            h.check(wrong == 0 and s["nvme"]["write_failures"] > 0 and not s["nvme"]["admitting"],
+                    "NVMe directory made read-only mid-run: every byte right, admission stopped after %d failed writes"
+                    % s["nvme"]["write_failures"])
+            subprocess.run(["mount", "-o", "remount,rw", ro], check=True)
+
+
+def test_a_missing_nvme_directory(t):
+    # Refused at mount with one line.
+    r = h.run_clairfs([t.src, t.mnt, "-o", "nvme=%s/missing" % t.tmp])
     h.check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "missing" in r.stderr,
             "nvme=DIR that does not exist: exit 2, one line: %s" % r.stderr.strip())
-    h.check(not h.is_mounted(mnt), "and nothing mounted")
+    h.check(not h.is_mounted(t.mnt), "and nothing mounted")
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))

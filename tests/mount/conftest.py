@@ -1,0 +1,49 @@
+"""The mount tests as pytest sees them: each scenario a test function, run and reported alone, e.g.
+
+    /usr/bin/python3 -m pytest tests/mount/test_mount.py::test_writes_are_refused
+
+(or `/usr/bin/python3 tests/mount/test_mount.py`) from a checkout built in build/ (harness.py's defaults;
+meson test runs each file with its own). A scenario's h.check lines are printed as they are made; it goes
+on past a failed check and fails at its end, naming them all. Skipped when /dev/fuse is missing.
+"""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as h  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.path.exists("/dev/fuse"):
+        for item in items:
+            item.add_marker(pytest.mark.skip(reason="/dev/fuse is missing"))
+
+
+def _judge(failed_before):
+    failed = h.FAILURES[failed_before:]
+    if failed:
+        pytest.fail("%d check(s) failed:\n%s" % (len(failed), "\n".join("  - " + f for f in failed)), pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    h.FAILURES.clear()  # (a scenario's own checks, and those of the fixtures it sets up)
+    print()  # (its lines below its name)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    outcome = yield
+    if outcome.excinfo is None:
+        _judge(0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    before = len(h.FAILURES)
+    outcome = yield
+    if outcome.excinfo is None:
+        _judge(before)
