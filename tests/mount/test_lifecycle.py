@@ -8,14 +8,11 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-from cluster import leftovers, wait_clean  # noqa: E402
-
-h.require_fuse()
+import harness as h
+import pytest
+from cluster import leftovers, wait_clean
 
 
 def foreground(src, mnt, opts, env=None, no_core=False):
@@ -23,12 +20,8 @@ def foreground(src, mnt, opts, env=None, no_core=False):
     p = subprocess.Popen([h.CLAIRFS, src, mnt, "-f", "-o", opts], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env,
                          preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))) if no_core else None)
-    deadline = time.monotonic() + 30
-    while not h.is_mounted(mnt) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    h.wait_until(lambda: h.is_mounted(mnt) or p.poll() is not None, timeout=30, step=0.02)
     return p
-
-
 def thread_states(pid):
     """Each thread of process `pid`: its state letter and the kernel function it waits in."""
     out = []
@@ -54,40 +47,69 @@ def watching(pid):
     except OSError:
         pass
     return False
+class Tree:
+    """300 files in SOURCE, a mount point and an NVMe directory."""
+
+    def __init__(self, tmp):
+        self.tmp, self.src, self.mnt, self.nvme = tmp, tmp + "/src", tmp + "/mnt", tmp + "/nvme"
+        h.make_dataset(self.src, 300, 3, 8, 5)
+        os.makedirs(self.mnt)
+        os.makedirs(self.nvme)
+        self.opts = "seed=3,batch_size=4,nvme=" + self.nvme
+        self.want = h.digests(self.src)
+        self.some = sorted(self.want)[:20]
+
+    def wide(self, dirs):
+        """A SOURCE of `dirs` directories of one file each (made up to that many)."""
+        wide = self.tmp + "/wide"
+        for i in range(dirs):
+            if not os.path.isdir("%s/d%d" % (wide, i)):
+                os.makedirs("%s/d%d" % (wide, i))
+                with open("%s/d%d/f" % (wide, i), "wb") as f:
+                    f.write(b"x")
+        return wide
 
 
-with h.tempdir() as tmp:
-    src, mnt, nvme = tmp + "/src", tmp + "/mnt", tmp + "/nvme"
-    h.make_dataset(src, 300, 3, 8, 5)
-    os.makedirs(mnt)
-    os.makedirs(nvme)
-    opts = "seed=3,batch_size=4,nvme=" + nvme
-    want = h.digests(src)
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        t = Tree(tmp)
+        yield t
+        h.check(not wait_clean(tmp, [t.nvme]), "nothing left at the end: %s" % leftovers(tmp, [t.nvme]))
 
-    # 1. SIGTERM: a clean stop, exit 0, nothing left.
+
+
+
+def test_sigterm_exits_0_leaving_nothing(t):
+    src, mnt, nvme, opts, want, some, tmp = t.src, t.mnt, t.nvme, t.opts, t.want, t.some, t.tmp
     p = foreground(src, mnt, opts)
-    some = sorted(want)[:20]
     ok = all(h.digest(os.path.join(mnt, r)) == want[r] for r in some)
     p.send_signal(signal.SIGTERM)
     rc = p.wait(timeout=30)
     h.check(ok and rc == 0 and not leftovers(tmp, [nvme]),
             "-f stopped by SIGTERM: exit %d, nothing left (%s; %s)" % (rc, leftovers(tmp, [nvme]), p.stderr.read().strip()[-200:]))
 
-    # 2. Two SIGTERMs a moment apart: the second does not kill it halfway through its cleanup.
-    for gap in (0.0, 0.002, 0.01):
-        p = foreground(src, mnt, opts)
-        for r in some:
-            h.digest(os.path.join(mnt, r))
-        p.send_signal(signal.SIGTERM)
-        time.sleep(gap)
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(timeout=30)
-        left = leftovers(tmp, [nvme])
-        h.check(rc == 0 and not left, "two SIGTERMs %.0f ms apart: exit %d, nothing left %s" % (gap * 1000, rc, left))
-        if left:
-            subprocess.run([h.CLAIRFS, "cleanup", "-o", "nvme=" + nvme, mnt], capture_output=True)
 
-    # 3. A second clairfs on a live clairfs mount point: refused, and the first keeps serving.
+@pytest.mark.parametrize("gap", [0.0, 0.002, 0.01])
+def test_two_sigterms_a_moment_apart(t, gap):
+    # The second does not kill it halfway through its cleanup.
+    src, mnt, nvme, opts, some, tmp = t.src, t.mnt, t.nvme, t.opts, t.some, t.tmp
+    p = foreground(src, mnt, opts)
+    for r in some:
+        h.digest(os.path.join(mnt, r))
+    p.send_signal(signal.SIGTERM)
+    time.sleep(gap)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=30)
+    left = leftovers(tmp, [nvme])
+    h.check(rc == 0 and not left, "two SIGTERMs %.0f ms apart: exit %d, nothing left %s" % (gap * 1000, rc, left))
+    if left:
+        subprocess.run([h.CLAIRFS, "cleanup", "-o", "nvme=" + nvme, mnt], capture_output=True)
+
+
+def test_a_second_mount_on_a_live_one(t):
+    # Refused, and the first keeps serving.
+    src, mnt, opts, want, some = t.src, t.mnt, t.opts, t.want, t.some
     with h.mounted(src, mnt, opts):
         r = h.run_clairfs([src, mnt, "-o", opts])
         h.check(r.returncode == 2 and "already a clairfs mount" in r.stderr and "fusermount3 -u" in r.stderr
@@ -96,8 +118,11 @@ with h.tempdir() as tmp:
         h.check(h.digest(os.path.join(mnt, some[0])) == want[some[0]] and len(h.daemon_pids(mnt)) == 1,
                 "the first mount still serves, alone")
 
-    # 4. A SIGKILLed daemon: its dead mount is refused with the command that clears it; its cache
-    # folder is removed by the next mount on the node, which says so.
+
+def test_a_sigkilled_daemon(t):
+    # Its dead mount is refused with the command that clears it; its cache folder is removed by the next
+    # mount on the node, which says so.
+    src, mnt, nvme, opts, some = t.src, t.mnt, t.nvme, t.opts, t.some
     p = foreground(src, mnt, opts)
     for r in some:
         h.digest(os.path.join(mnt, r))
@@ -120,8 +145,11 @@ with h.tempdir() as tmp:
     h.check("removed " in err and stale and stale[0] in err and "that is gone" in err,
             "and said so in one line: %s" % [line for line in err.splitlines() if "removed" in line])
 
-    # 5. clairfs cleanup after a SIGKILL: the dead mount and the folder go, each named; a second run
-    # finds nothing; a live daemon's folder is left alone.
+
+def test_cleanup_after_a_sigkill(t):
+    # The dead mount and the folder go, each named; a second run finds nothing; a live daemon's folder is
+    # left alone.
+    src, mnt, nvme, opts, some, tmp = t.src, t.mnt, t.nvme, t.opts, t.some, t.tmp
     p = foreground(src, mnt, opts)
     h.digest(os.path.join(mnt, some[0]))
     p.kill()
@@ -140,7 +168,10 @@ with h.tempdir() as tmp:
                 and len([d for d in os.listdir(nvme) if d.startswith("clairfs-cache.")]) == 1,
                 "a live daemon's mount elsewhere and its cache folder are left alone")
 
-    # 5b. auto_unmount (what every daemon under a launcher uses): a SIGKILLed daemon's mount goes with it,
+
+def test_auto_unmount_takes_a_sigkilled_daemons_mount(t):
+    src, mnt, some = t.src, t.mnt, t.some
+    # auto_unmount (what every daemon under a launcher uses): a SIGKILLed daemon's mount goes with it,
     # every time of 20 — fusermount3 looks only once the connection is gone, which the keeper process
     # (one per mount, holding fusermount3's socket) waits for; no keeper outlives its daemon.
     def keepers():
@@ -149,37 +180,31 @@ with h.tempdir() as tmp:
     dead, kept, said_of_keeper = 0, [], []
     for i in range(20):
         p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
-        deadline = time.monotonic() + 5  # spawned just after the mount: a moment later under load
-        while not keepers() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        h.wait_until(keepers, timeout=5, step=0.02)  # spawned just after the mount: a moment later under load
         kept.append(len(keepers()))
         h.digest(os.path.join(mnt, some[i]))
         p.kill()
         p.wait(timeout=10)
         if kept[-1] != 1:  # what the daemon said of its keeper
             said_of_keeper += [line for line in p.stderr.read().splitlines() if "auto_unmount" in line]
-        deadline = time.monotonic() + 10
-        while h.is_mounted(mnt) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if h.is_mounted(mnt):
+        if not h.wait_until(lambda: not h.is_mounted(mnt), timeout=10, step=0.02):
             dead += 1
             subprocess.run(["fusermount3", "-u", "-z", mnt])
-    deadline = time.monotonic() + 10
-    while keepers() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    h.wait_until(lambda: not keepers(), timeout=10)
     h.check(dead == 0 and kept == [1] * 20 and not keepers(),
             "auto_unmount: 20 SIGKILLed daemons, %d dead mounts left; keepers while mounted %s, after: %s %s" % (
                 dead, sorted(set(kept)), keepers(), said_of_keeper))
     p = foreground(src, mnt, "seed=3,batch_size=4,auto_unmount")
     subprocess.run(["fusermount3", "-u", mnt], check=True)
     p.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while keepers() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    h.wait_until(lambda: not keepers(), timeout=10)
     h.check(p.returncode == 0 and not h.is_mounted(mnt) and not keepers(),
             "auto_unmount, unmounted by fusermount3 -u: exit %d, no keeper left" % p.returncode)
 
-    # 6. Started by srun as one of two tasks, but MPI sees a world of one (srun without --mpi): refused,
+
+def test_srun_without_mpi_is_refused(t):
+    src, mnt, opts = t.src, t.mnt, t.opts
+    # Started by srun as one of two tasks, but MPI sees a world of one (srun without --mpi): refused,
     # naming --mpi=pmi2; nothing mounted. (The real srun case is in test_slurm.)
     env = dict(os.environ, SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1")
     for k in ("PMI_SIZE", "PMI_RANK", "PMI_FD", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE"):
@@ -188,13 +213,12 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 2 and "--mpi=pmi2" in r.stderr and not h.is_mounted(mnt),
             "one of 2 srun tasks alone in its MPI world: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
 
-    # 7. Unmounted the moment it is mounted (-f), while its watch still marks 2,000 directories (root's
+
+def test_unmounted_while_the_watch_marks(t):
+    mnt = t.mnt
+    # Unmounted the moment it is mounted (-f), while its watch still marks 2,000 directories (root's
     # watch marks through a copy of the mount): the unmount succeeds, and the daemon exits 0.
-    wide = tmp + "/wide"
-    for i in range(2000):
-        os.makedirs("%s/d%d" % (wide, i))
-        with open("%s/d%d/f" % (wide, i), "wb") as f:
-            f.write(b"x")
+    wide = t.wide(2000)
     p = foreground(wide, mnt, "seed=1,batch_size=4")
     read = open(mnt + "/d7/f", "rb").read() == b"x"
     r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
@@ -208,18 +232,18 @@ with h.tempdir() as tmp:
             "unmounted at once while 2,000 directories are marked: fusermount3 %d %s, daemon exit %s"
             % (r.returncode, r.stderr.strip(), rc))
 
-    # 7b. A crash (SIGABRT, as an abort() or a failed check sends; SIGSEGV takes the same handler, and
+
+def test_a_crash_while_the_watch_marks(t):
+    mnt = t.mnt
+    # A crash (SIGABRT, as an abort() or a failed check sends; SIGSEGV takes the same handler, and
     # under ASan its handler reports it) while the watch marks 8,000 directories: the daemon ends and,
     # with auto_unmount, its mount goes. (Before, a thread of it waiting on its own mount held the core
     # dump forever: the process stayed in D state, 4 times in 5.) A hung one is cleared through fusectl.
-    for i in range(2000, 8000):
-        os.makedirs("%s/d%d" % (wide, i))
+    wide = t.wide(8000)
     ended, why = [], []
     for attempt in range(3):
         p = foreground(wide, mnt, "seed=1,batch_size=4,auto_unmount", no_core=True)
-        deadline = time.monotonic() + 5  # its watch begins: marking is under way
-        while not watching(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        h.wait_until(lambda: watching(p.pid), timeout=5, step=0.01)  # its watch begins: marking is under way
         time.sleep(0.1 * attempt)
         p.send_signal(signal.SIGABRT)
         try:
@@ -237,17 +261,17 @@ with h.tempdir() as tmp:
                     f.write("1")
             p.kill()
             p.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while h.is_mounted(mnt) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if h.is_mounted(mnt):
+        if not h.wait_until(lambda: not h.is_mounted(mnt), timeout=10):
             why.append("attempt %d: the mount stayed 10 s after the daemon (exit %s)" % (attempt, p.returncode))
         ended[-1] = ended[-1] and not h.is_mounted(mnt)
         subprocess.run(["umount", "-l", mnt], capture_output=True)
     h.check(all(ended), "SIGABRT while 8,000 directories are marked: the daemon ended and its mount went, "
             "%d of 3 times %s" % (sum(ended), why))
 
-    # 8. clairfs status --watch sees its mount end: it says so and exits 0; a user the mount is not
+
+def test_status_watch_sees_its_mount_end(t):
+    src, mnt, nvme, opts, tmp = t.src, t.mnt, t.nvme, t.opts, t.tmp
+    # clairfs status --watch sees its mount end: it says so and exits 0; a user the mount is not
     # readable by is told that, not that it is no clairfs mount.
     p = foreground(src, mnt, opts)
     watch = subprocess.Popen([h.CLAIRFS, "status", mnt, "--watch", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -265,4 +289,6 @@ with h.tempdir() as tmp:
 
     h.check(not wait_clean(tmp, [nvme]), "nothing left at the end: %s" % leftovers(tmp, [nvme]))
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
