@@ -8,7 +8,6 @@ first epoch (and, before, another stopped for a while and given up, then asked a
 the others finish with correct bytes, its mount goes with it, and nothing hangs. Last,
 garbage sent to mpiexec's control port leaves no dead mount behind. Before all that, the broadcast the
 index travels by (MpiWorld::send_pieces / receive_pieces) on its own."""
-import json
 import os
 import re
 import signal
@@ -17,19 +16,16 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-from cluster import SlowSource, read_in_step  # noqa: E402
+import harness as h
+import pytest
+from cluster import SlowSource, read_in_step
 
-h.require_fuse()
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NODES = 4
 EPOCHS = 3
 if subprocess.run(["which", "mpiexec"], capture_output=True).returncode != 0:
-    print("SKIP: no mpiexec")
-    sys.exit(77)
-
+    pytest.skip("no mpiexec", allow_module_level=True)
 
 def launch(tmp, src, total, extra=""):
     mnts = ["%s/mnt%d" % (tmp, n) for n in range(NODES)]
@@ -83,18 +79,14 @@ def stalled_node(mnts, want):
         os.kill(p, signal.SIGSTOP)
     try:
         threads, wrong, opened, errors = read_in_step(mnts[:2], want, 2, first=1, limit=100)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)):
-            time.sleep(0.05)
+        h.wait_until(lambda: not all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)), timeout=15)
         given_up = [h.stats(mnts[n])["peers"]["gone"] for n in (0, 1)]
         for t in threads:
             t.join(timeout=120)
     finally:
         for p in pids:
             os.kill(p, signal.SIGCONT)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)):
-        time.sleep(0.05)
+    h.wait_until(lambda: all(h.stats(mnts[n])["peers"]["usable"] == NODES - 1 for n in (0, 1)), timeout=15)
     s = [h.stats(mnts[n])["peers"] for n in (0, 1)]
     h.check(not errors and sum(wrong) == 0 and sum(opened) == 200,
             "node 2 stopped: nodes 0 and 1 read 100 files each with every byte right (%s)" % errors[:2])
@@ -102,24 +94,42 @@ def stalled_node(mnts, want):
             and sum(x["returned"] for x in s) >= 1,
             "it was given up for its silence (%s) and asked again once it went on (returned %s, usable %s)" % (
                 given_up, [x["returned"] for x in s], [x["usable"] for x in s]))
+class Cluster:
+    """800 files behind a slow SOURCE (bench/slowfs)."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.want, self.total = h.dataset(tmp + "/data", 800, 8, 16, 6)
+        self.slow = SlowSource(tmp + "/data", tmp + "/slow")
+        self.src = self.slow.mnt
 
 
-# The broadcast the index travels by, in pieces (tests/tools/bcast_pieces.cpp): whole, and no node left
-# waiting when a receiver gives up or the sender fails half-way.
-r = subprocess.run(["mpiexec", "-n", "3", os.environ["CLAIRFS_BUILD"] + "/tests/tools/bcast_pieces"],
-                   capture_output=True, text=True, timeout=120)
-print(r.stdout.strip())
-h.check(r.returncode == 0 and r.stdout.count(": ok") == 3,
-        "broadcast in pieces: whole, a receiver giving up and a failing sender leave no node waiting: %s %s" % (
-            r.stdout.strip(), r.stderr.strip()[-300:]))
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        t = Cluster(tmp)
+        yield t
+        for m in ["%s/mnt%d" % (tmp, n) for n in range(NODES)]:
+            subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
+        seen = t.slow.close()
+        h.check(seen["opens"] > 0, "the slow SOURCE served %d opens, %.2f× the data set in all" % (
+            seen["opens"], seen["bytes"] / t.total))
 
-with h.tempdir() as tmp:
-    data = tmp + "/data"
-    want, total = h.dataset(data, 800, 8, 16, 6)
-    slow = SlowSource(data, tmp + "/slow")
-    src = slow.mnt
 
-    # 1. Four nodes, 3 epochs; each node's RAM holds 15% of the data set, its NVMe 30%.
+def test_the_index_broadcast_in_pieces():
+    # The broadcast the index travels by, in pieces (tests/tools/bcast_pieces.cpp): whole, and no node left
+    # waiting when a receiver gives up or the sender fails half-way.
+    r = subprocess.run(["mpiexec", "-n", "3", os.environ["CLAIRFS_BUILD"] + "/tests/tools/bcast_pieces"],
+                       capture_output=True, text=True, timeout=120)
+    print(r.stdout.strip())
+    h.check(r.returncode == 0 and r.stdout.count(": ok") == 3,
+            "broadcast in pieces: whole, a receiver giving up and a failing sender leave no node waiting: %s %s" % (
+                r.stdout.strip(), r.stderr.strip()[-300:]))
+
+
+def test_four_nodes_read_3_epochs(t):
+    tmp, src, want, total = t.tmp, t.src, t.want, t.total
+    # Four nodes, 3 epochs; each node's RAM holds 15% of the data set, its NVMe 30%.
     mnts, state, r, took = launch(tmp, src, total)
     h.check(r.returncode == 0 and "all 4 nodes mounted" in r.stdout,
             "clairfs-job-mount started 4 daemons under mpiexec in %.1f s: %s %s" % (took, r.stdout.strip(), r.stderr.strip()[-500:]))
@@ -163,9 +173,8 @@ with h.tempdir() as tmp:
         # One node unmounted while the others run: they stop asking it and keep serving right bytes.
         pids = [p for m in mnts for p in h.daemon_pids(m)]
         subprocess.run(["fusermount3", "-u", mnts[2]], check=True, timeout=30)
-        deadline = time.monotonic() + 15  # its goodbye comes once the daemon has left its FUSE loop
-        while time.monotonic() < deadline and h.stats(mnts[1])["peers"]["usable"] != NODES - 2:
-            time.sleep(0.1)
+        # (Its goodbye comes once the daemon has left its FUSE loop.)
+        h.wait_until(lambda: h.stats(mnts[1])["peers"]["usable"] == NODES - 2, timeout=15, step=0.1)
         rels = open("%s/.clairfs/order/epoch-0/rank-1" % mnts[1]).read().splitlines()
         h.check(not h.is_mounted(mnts[2]) and all(h.digest(os.path.join(mnts[1], p)) == want[p] for p in rels)
                 and h.stats(mnts[1])["peers"]["usable"] == NODES - 2,
@@ -174,19 +183,23 @@ with h.tempdir() as tmp:
         h.check(r2.returncode == 0 and took < 20, "clairfs-job-umount stopped them all in %.1f s: %s" % (took, r2.stderr.strip()))
         # A daemon that has exited may show in /proc for a moment, until its parent (the launcher's proxy,
         # itself on its way out) reaps it.
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        h.wait_until(lambda: not any(alive(p) for p in pids), timeout=10, step=0.1)
         h.check(not any(h.is_mounted(m) for m in mnts) and not any(alive(p) for p in pids),
                 "no mount and no daemon left: %s" % [p for p in pids if alive(p)])
         h.check(all(not os.listdir("%s/nvme%d" % (tmp, n)) for n in range(NODES)), "each NVMe directory left empty")
 
-    # 2. A node whose options are wrong stops them all at once, with its message; nothing stays mounted.
+
+def test_a_bad_option_stops_them_all(t):
+    tmp, src, total = t.tmp, t.src, t.total
+    # A node whose options are wrong stops them all at once, with its message; nothing stays mounted.
     mnts, state, r, took = launch(tmp, src, total, ",bogus_option=1")
     h.check(r.returncode != 0 and "bogus_option" in r.stderr and took < 30 and not any(h.is_mounted(m) for m in mnts),
             "a bad option: clairfs-job-mount fails in %.1f s with the daemons' message: %s" % (took, r.stderr.strip()[-200:]))
 
-    # 2b. A node given no training rank (ranks_per_node=2 with world_size=2 puts ranks 2-3 on node 1):
+
+def test_a_node_with_no_training_rank(t):
+    tmp, src = t.tmp, t.src
+    # A node given no training rank (ranks_per_node=2 with world_size=2 puts ranks 2-3 on node 1):
     # refused on every node at once with a line that names it, no crash, nothing mounted.
     two = ["%s/mnt%d" % (tmp, n) for n in range(2)]
     t0 = time.monotonic()
@@ -198,7 +211,11 @@ with h.tempdir() as tmp:
             and not any(h.is_mounted(m) for m in two),
             "a node with no training rank: refused in %.1f s: %s" % (time.monotonic() - t0, r.stderr.strip()[-300:]))
 
-    # 2c. Two daemons on one host given one mount point (mpiexec without a host each): refused at once,
+
+def test_two_daemons_given_one_mount_point(t):
+    tmp, src = t.tmp, t.src
+    two = ["%s/mnt%d" % (tmp, n) for n in range(2)]
+    # Two daemons on one host given one mount point (mpiexec without a host each): refused at once,
     # before either mounts, rather than one mounting on top of the other.
     r = subprocess.run([ROOT + "/scripts/clairfs-job-mount", "--timeout", "60", "--state", tmp + "/same.state", "--",
                         "mpiexec", "-disable-auto-cleanup", "-launcher", "fork", "-n", "2", h.CLAIRFS, src, two[0],
@@ -207,7 +224,11 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 1 and "would both mount" in r.stderr and not h.is_mounted(two[0]),
             "two daemons, one host, one mount point: refused: %s" % r.stderr.strip()[-300:])
 
-    # 2d. The daemons' binary named by a relative path in the launch command (as from a build folder):
+
+def test_a_binary_named_by_a_relative_path(t):
+    tmp, src = t.tmp, t.src
+    two = ["%s/mnt%d" % (tmp, n) for n in range(2)]
+    # The daemons' binary named by a relative path in the launch command (as from a build folder):
     # clairfs-job-umount reads the state back and ends them (the path was written as given, which it
     # refused, and the daemons were left running).
     binary = os.path.relpath(h.CLAIRFS, tmp)
@@ -223,7 +244,10 @@ with h.tempdir() as tmp:
             "the binary named as %s: mounted (exit %d), clairfs-job-umount ends both daemons (exit %d) %s %s" % (
                 binary, r.returncode, r2.returncode, r.stderr.strip()[-200:], r2.stderr.strip()[-200:]))
 
-    # 3. One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
+
+def test_a_node_stalled_and_one_killed(t):
+    tmp, src, want, total = t.tmp, t.src, t.want, t.total
+    # One daemon killed after epoch 0: the others time out on it, read SOURCE instead, finish right.
     mnts, state, r, took = launch(tmp, src, total, ",peer_timeout=1")
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
     if r.returncode == 0:
@@ -236,9 +260,7 @@ with h.tempdir() as tmp:
         for p in vpids:
             os.kill(p, signal.SIGKILL)
         # Under a launcher every mount is made with auto_unmount: fusermount3 takes the dead one away.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and h.is_mounted(mnts[victim]):
-            time.sleep(0.1)
+        h.wait_until(lambda: not h.is_mounted(mnts[victim]), timeout=10, step=0.1)
         h.check(not h.is_mounted(mnts[victim]), "the killed daemon's mount went with it, no dead mount left")
         t0 = time.monotonic()
         threads, wrong, opened, errors = read_in_step(mnts, want, EPOCHS, kill_at=0, victim=victim)
@@ -265,7 +287,11 @@ with h.tempdir() as tmp:
                 "clairfs-job-umount names what the killed node left and exits 1: %s" % r2.stderr.strip()[-400:])
         h.check(not any(h.is_mounted(m) for m in mnts) and all(not os.listdir("%s/nvme%d" % (tmp, n)) for n in range(NODES)),
                 "no mount and no cache folder left on any node")
-    # 4. 1 KiB of garbage to mpiexec's control port (hydra listens on every interface): mpiexec and the
+
+
+def test_garbage_to_mpiexecs_port(t):
+    tmp, src, total = t.tmp, t.src, t.total
+    # 1 KiB of garbage to mpiexec's control port (hydra listens on every interface): mpiexec and the
     # daemons it runs may die of it (MPICH 4.0.2 does: docs/security.md), but no node keeps a dead mount.
     mnts, state, r, took = launch(tmp, src, total)
     h.check(r.returncode == 0, "started again: %s" % r.stderr.strip()[-300:])
@@ -276,15 +302,10 @@ with h.tempdir() as tmp:
         for port in ports:
             with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as c:
                 c.sendall(os.urandom(1024))
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and alive(launcher):
-            time.sleep(0.1)
-        died = not alive(launcher)
+        died = h.wait_until(lambda: not alive(launcher), timeout=20, step=0.1)
         # (A daemon ending under ThreadSanitizer took over 10 s once: its mount is left meanwhile. The
         # same wait for all: a machine loaded from elsewhere slows every ending.)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(h.is_mounted(m) and not h.stats_readable(m) for m in mnts):
-            time.sleep(0.1)
+        h.wait_until(lambda: not any(h.is_mounted(m) and not h.stats_readable(m) for m in mnts), timeout=30, step=0.1)
         dead = [m for m in mnts if h.is_mounted(m) and not h.stats_readable(m)]
         why = ""
         if dead:  # who is left, and what the dead mounts' daemons said
@@ -295,9 +316,7 @@ with h.tempdir() as tmp:
             ports, "died" if died else "lived", dead, why))
         r2, took = umount(state)
         h.check(not any(h.is_mounted(m) for m in mnts), "clairfs-job-umount leaves no mount after it (exit %d)" % r2.returncode)
-    for m in ["%s/mnt%d" % (tmp, n) for n in range(NODES)]:
-        subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
-    seen = slow.close()
-    h.check(seen["opens"] > 0, "the slow SOURCE served %d opens, %.2f× the data set in all" % (seen["opens"], seen["bytes"] / total))
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
