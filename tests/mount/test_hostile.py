@@ -15,11 +15,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
+import harness as h
+import pytest
 
 
 def cat(path, timeout=15):
@@ -64,14 +63,11 @@ def squeeze_daemon(tmp, data, mnt):
     log = tmp + "/squeeze.log"
     with h.mounted(data, mnt, "seed=1,start_batch=0,ram=256M,idle=1,log=" + log):
         deadline = time.monotonic() + 20
+
         def used():  # no "ram" before staging starts
             return h.stats(mnt).get("ram", {}).get("used", 0)
-        while time.monotonic() < deadline and used() < (192 << 20):
-            time.sleep(0.1)
-        filled = used() >= (192 << 20)
-        while time.monotonic() < deadline and used() > 0:
-            time.sleep(0.1)
-        given_back = filled and used() == 0
+        filled = h.wait_until(lambda: used() >= (192 << 20), timeout=deadline - time.monotonic(), step=0.1)
+        given_back = filled and h.wait_until(lambda: used() == 0, timeout=max(0, deadline - time.monotonic()), step=0.1)
         pid = h.daemon_pids(mnt)[0]
         size = [int(l.split()[1]) * 1024 for l in open("/proc/%d/status" % pid) if l.startswith("VmSize:")][0]
         squeeze = size - (64 << 20)
@@ -116,38 +112,48 @@ def buffers_fail(tmp, data, mnt, want_of):
             "serves (wrong: %s, %s)" % (failed[:1], len(got), wrong[:3], ended[:1]))
 
 
-with h.tempdir() as tmp:
-    data, mnt = tmp + "/data", tmp + "/mnt"
-    os.mkdir(mnt)
+@pytest.fixture(scope="module")
+def tmp():
+    with h.tempdir() as tmp:
+        os.mkdir(tmp + "/mnt")
+        yield tmp
+
+
+@pytest.mark.parametrize("options", ["seed=1,ram=0", "seed=1,batch_size=4,ram=512K",
+                                     "seed=1,batch_size=4,ram=512K,progress=opens"])
+def test_special_files_put_in_sources_place(tmp, options):
     # Mounted three ways: a plain mount (reads go to SOURCE), staging with progress from reads (the stager
     # opens files through io_uring), and staging with opens. The staging mounts hold about 60 files, so
     # the files swapped (100 files into the job's order) are met by the stager while the job reads.
-    for options in ("seed=1,ram=0", "seed=1,batch_size=4,ram=512K", "seed=1,batch_size=4,ram=512K,progress=opens"):
-        if os.path.exists(data):
-            subprocess.run(["rm", "-rf", data], check=True)
-        want, _ = h.dataset(data, 300, 3, 8, 18)
-        with h.mounted(data, mnt, options):
-            with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
-                order = f.read().splitlines()
-            swapped = special_files(data, order[100:])
-            t0 = time.monotonic()
-            results, wrong = {}, []
-            for r in order:  # as the job would: in its order
-                if r in swapped:
-                    results[r] = cat(os.path.join(mnt, r))
-                elif h.digest(os.path.join(mnt, r)) != want[r]:
-                    wrong.append(r)
-            took = time.monotonic() - t0
-            h.check(all(rc == 1 and "Input/output error" in err for rc, err in results.values()),
-                    "%s: 2 FIFOs and a socket in SOURCE read as EIO (%.1f s for the epoch): %s" % (
-                        options, took, sorted(set("%s %s" % (rc, err[-20:]) for rc, err in results.values()))))
-            h.check(not wrong, "%s: the other %d files read right (wrong: %s)" % (options, len(order) - 3, wrong[:3]))
-            s = h.stats(mnt)
-            h.check(s["source_changed"] >= 3, "%s: counted as changed in SOURCE: %d" % (options, s["source_changed"]))
-            secs = h.unmount(mnt, timeout=20)  # kills the daemon if it has not ended by then
-        h.check(secs < 20 and not h.is_mounted(mnt), "%s: the daemon ended at the unmount (%.1f s)" % (options, secs))
+    data, mnt = tmp + "/data", tmp + "/mnt"
+    if os.path.exists(data):
+        subprocess.run(["rm", "-rf", data], check=True)
+    want, _ = h.dataset(data, 300, 3, 8, 18)
+    with h.mounted(data, mnt, options):
+        with open(mnt + "/.clairfs/order/epoch-0/rank-0") as f:
+            order = f.read().splitlines()
+        swapped = special_files(data, order[100:])
+        t0 = time.monotonic()
+        results, wrong = {}, []
+        for r in order:  # as the job would: in its order
+            if r in swapped:
+                results[r] = cat(os.path.join(mnt, r))
+            elif h.digest(os.path.join(mnt, r)) != want[r]:
+                wrong.append(r)
+        took = time.monotonic() - t0
+        h.check(all(rc == 1 and "Input/output error" in err for rc, err in results.values()),
+                "%s: 2 FIFOs and a socket in SOURCE read as EIO (%.1f s for the epoch): %s" % (
+                    options, took, sorted(set("%s %s" % (rc, err[-20:]) for rc, err in results.values()))))
+        h.check(not wrong, "%s: the other %d files read right (wrong: %s)" % (options, len(order) - 3, wrong[:3]))
+        s = h.stats(mnt)
+        h.check(s["source_changed"] >= 3, "%s: counted as changed in SOURCE: %d" % (options, s["source_changed"]))
+        secs = h.unmount(mnt, timeout=20)  # kills the daemon if it has not ended by then
+    h.check(secs < 20 and not h.is_mounted(mnt), "%s: the daemon ended at the unmount (%.1f s)" % (options, secs))
 
-    # Permissions beyond mode bits, as another user.
+
+def test_permissions_beyond_mode_bits(tmp):
+    # As another user.
+    data, mnt = tmp + "/data", tmp + "/mnt"
     subprocess.run(["rm", "-rf", data], check=True)
     os.chmod(tmp, 0o755)
     want, _ = h.dataset(data, 60, 3, 4, 19)
@@ -181,7 +187,11 @@ with h.tempdir() as tmp:
             h.check(got.returncode == 0 and "secret/hidden-name.jpg" in got.stdout.splitlines(),
                     "with every directory listable, the user reads them %s" % got.stderr.strip())
 
-    # A manifest= that is a FIFO: refused at once, not waited on.
+
+def test_a_manifest_that_is_a_fifo(tmp):
+    # Refused at once, not waited on.
+    data, mnt = tmp + "/fifo-data", tmp + "/mnt"
+    h.dataset(data, 10, 1, 4, 20)
     fifo = tmp + "/manifest.fifo"
     os.mkfifo(fifo)
     try:
@@ -191,16 +201,21 @@ with h.tempdir() as tmp:
     except subprocess.TimeoutExpired:
         h.check(False, "manifest= a FIFO refused: still waiting after 20 s")
 
+
+def test_memory_short_under_a_running_daemon(tmp):
     # The address space squeezed under a running daemon (prlimit --as below what it maps): the stager's
     # allocations fail. Before, the stager thread died of bad_alloc and took the daemon with it. Then
     # libfuse's buffers made to fail (an allocator preloaded). (Not under a sanitizer, whose own
     # allocator dies when the address space runs out, and must come first in the process.)
     if os.environ.get("CLAIRFS_SANITIZED"):
-        print("skip: the address-space squeeze under a sanitizer")
-    else:
-        buffers_fail(tmp, data, mnt, squeeze_daemon(tmp, data, mnt))
+        pytest.skip("the address-space squeeze under a sanitizer")
+    data, mnt = tmp + "/data", tmp + "/mnt"
+    buffers_fail(tmp, data, mnt, squeeze_daemon(tmp, data, mnt))
 
+
+def test_a_manifest_of_paths_beyond_path_max(tmp):
     # A manifest of paths longer than PATH_MAX (4096): its spot check at mount found them "missing".
+    data, mnt = tmp + "/data", tmp + "/mnt"
     subprocess.run(["rm", "-rf", data], check=True)
     os.mkdir(data)
     fd = os.open(data, os.O_RDONLY)
@@ -232,6 +247,8 @@ with h.tempdir() as tmp:
         h.check(got == b"deep bytes", "the file beyond PATH_MAX reads right: %r" % got)
         h.unmount(mnt)
 
+
+def test_status_of_stats_of_another_shape(tmp):
     # clairfs status on a stats file it did not write: one line, not an abort.
     fake = tmp + "/fake"
     os.makedirs(fake + "/.clairfs")
@@ -241,4 +258,6 @@ with h.tempdir() as tmp:
     h.check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "is not as this clairfs writes it" in r.stderr,
             "status on stats of another shape: rc %d, %s" % (r.returncode, r.stderr.strip()))
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
