@@ -19,18 +19,14 @@ import ctypes
 import json
 import os
 import pwd
-import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-
-h.require_fuse()
+import harness as h
+import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 UMOUNT = ROOT + "/scripts/clairfs-job-umount"
 
@@ -282,19 +278,53 @@ def escaped_names(tmp):
             "clairfs status escapes what a planted stats file says")
 
 
-with h.tempdir() as tmp, h.other_user() as run_as:
-    uid = pwd.getpwnam("clairfs-other").pw_uid
-    src = tmp + "/src"
-    tree(src)
-    job_state(tmp, uid)
-    cleanup_race(tmp, src)
-    no_write_through(tmp, src)
-    planted_caches(tmp, src, uid)
-    os.chmod(tmp, 0o755)
-    acls_to_the_end(tmp, run_as)
-    control_files_for_others(tmp, src, run_as)
-    escaped_names(tmp)
-    for p in os.listdir(tmp):
-        if h.is_mounted(tmp + "/" + p):
-            h.unmount(tmp + "/" + p)
-h.finish()
+class Planted:
+    """A SOURCE of 6 files in a folder of root's, and a second user (clairfs-other) made for the file."""
+
+    def __init__(self, tmp, run_as):
+        self.tmp, self.run_as, self.src = tmp, run_as, tmp + "/src"
+        self.uid = pwd.getpwnam("clairfs-other").pw_uid
+        tree(self.src)
+
+
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp, h.other_user() as run_as:
+        yield Planted(tmp, run_as)
+        for p in os.listdir(tmp):
+            if h.is_mounted(tmp + "/" + p):
+                h.unmount(tmp + "/" + p)
+
+
+def test_job_helpers_state_is_data(t):
+    job_state(t.tmp, t.uid)
+
+
+def test_cleanup_against_a_swapped_parent(t):
+    cleanup_race(t.tmp, t.src)
+
+
+def test_no_write_through_a_symlink_or_fifo(t):
+    no_write_through(t.tmp, t.src)
+
+
+def test_cache_folders_planted_in_a_shared_nvme(t):
+    planted_caches(t.tmp, t.src, t.uid)
+
+
+def test_acls_to_the_end(t):
+    os.chmod(t.tmp, 0o755)  # (the second user reaches the mounts below)
+    acls_to_the_end(t.tmp, t.run_as)
+
+
+def test_control_files_read_by_others(t):
+    os.chmod(t.tmp, 0o755)
+    control_files_for_others(t.tmp, t.src, t.run_as)
+
+
+def test_names_that_could_forge_lines(t):
+    escaped_names(t.tmp)
+
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
