@@ -4,21 +4,19 @@ repeated lines folded, the daemon's last words), the metrics at .clairfs/metrics
 through a real node_exporter's textfile collector), and clairfs status naming the log. This machine has
 no syslog (/dev/log), as many compute nodes have none.
 """
+import json
 import os
 import re
 import signal
 import socket
-import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
+import harness as h
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z clairfs: ")
 
@@ -100,34 +98,46 @@ def codename():
 
 def status(mnt):
     return subprocess.run([h.CLAIRFS, "status", mnt], capture_output=True, text=True, timeout=30).stdout
+class Tree:
+    """200 files in SOURCE and a mount point."""
+
+    def __init__(self, tmp):
+        self.tmp, self.data, self.mnt = tmp, tmp + "/data", tmp + "/mnt"
+        os.mkdir(self.mnt)
+        h.make_dataset(self.data, 200, 4, 8, 5)
+        self.files = sorted(os.path.join(r, f) for r, _, fs in os.walk(self.data) for f in fs)
+        self.rel = [os.path.relpath(p, self.data) for p in self.files]
+        self.have_syslog = os.path.exists("/dev/log")
 
 
-with h.tempdir() as tmp:
-    data, mnt = tmp + "/data", tmp + "/mnt"
-    os.mkdir(mnt)
-    h.make_dataset(data, 200, 4, 8, 5)
-    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs)
-    rel = [os.path.relpath(p, data) for p in files]
-    have_syslog = os.path.exists("/dev/log")
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        yield Tree(tmp)
 
+
+def test_the_default_log_without_syslog(t):
+    data, mnt, have_syslog = t.data, t.mnt, t.have_syslog
     # No log= on a node without syslog: the documented file, named by status, with the daemon's life.
     # (root's folder, where no other user can make it first; a user's is ~/.local/state/clairfs)
     default = "/var/log/clairfs/%s.log" % mnt.strip("/").replace("/", "-")
-    if not have_syslog:
-        if os.path.exists(default):
-            os.unlink(default)
-        with h.mounted(data, mnt, "seed=1,ram=16M"):
-            text = status(mnt)
-            h.check("log           " + default in text, "status names the log: %s" % text.splitlines()[-1:])
-        got = lines(default) if os.path.exists(default) else []
-        h.check(any("clairfs: mounted %s at %s" % (data, mnt) in l for l in got) and all(STAMP.match(l) for l in got)
-                and got and got[-1].endswith("the mount ended; the daemon exits"),
-                "no syslog: %s holds the daemon's life, timestamped: %s" % (default, got[:1] + got[-1:]))
-        if os.path.exists(default):
-            os.unlink(default)
-    else:
-        print("skip: this node has syslog; the default file is not used")
+    if have_syslog:
+        pytest.skip("this node has syslog; the default file is not used")
+    if os.path.exists(default):
+        os.unlink(default)
+    with h.mounted(data, mnt, "seed=1,ram=16M"):
+        text = status(mnt)
+        h.check("log           " + default in text, "status names the log: %s" % text.splitlines()[-1:])
+    got = lines(default) if os.path.exists(default) else []
+    h.check(any("clairfs: mounted %s at %s" % (data, mnt) in l for l in got) and all(STAMP.match(l) for l in got)
+            and got and got[-1].endswith("the mount ended; the daemon exits"),
+            "no syslog: %s holds the daemon's life, timestamped: %s" % (default, got[:1] + got[-1:]))
+    if os.path.exists(default):
+        os.unlink(default)
 
+
+def test_a_log_file_and_a_changed_file(t):
+    tmp, data, mnt, files, rel = t.tmp, t.data, t.mnt, t.files, t.rel
     # log=FILE; a file changed in SOURCE read five times: one warning and a count; the last words after
     # SIGTERM. A plain mount (ram=0): every read goes to SOURCE, where the change shows.
     log = tmp + "/clairfs.log"
@@ -139,18 +149,21 @@ with h.tempdir() as tmp:
         h.check(all(eio), "a changed file reads EIO, five times")
         for p in h.daemon_pids(mnt):
             os.kill(p, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while h.is_mounted(mnt) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        h.wait_until(lambda: not h.is_mounted(mnt), timeout=10, step=0.1)
     got = lines(log)
     warned = [l for l in got if rel[3] in l]
     h.check(len(warned) == 1 and any("the last line came 4 more times" in l for l in got),
             "the same warning five times: written once, then counted: %s" % [l[25:] for l in got])
     h.check(all(STAMP.match(l) for l in got) and any("stopped by SIGTERM" in l for l in got)
             and got[-1].endswith("the mount ended; the daemon exits"), "the last words name the signal: %s" % got[-2:])
+    os.truncate(changed, os.path.getsize(changed) - 4)  # (as it was)
+
+
+def test_log_level_error(t):
+    tmp, data, mnt, files, rel = t.tmp, t.data, t.mnt, t.files, t.rel
     # log_level=error: no warnings, but the daemon's life is still there.
     log = tmp + "/quiet.log"
-    os.truncate(changed, os.path.getsize(changed) - 4)
+    changed = files[3]
     with h.mounted(data, mnt, "seed=1,ram=0,log_level=error,log=" + log):
         with open(changed, "ab") as f:
             f.write(b"more")
@@ -160,6 +173,9 @@ with h.tempdir() as tmp:
             "log_level=error: no warning, the mount and its end still said: %s" % [l[25:] for l in got])
     os.truncate(changed, os.path.getsize(changed) - 4)
 
+
+def test_log_level_debug(t):
+    tmp, data, mnt, files, rel = t.tmp, t.data, t.mnt, t.files, t.rel
     # log_level=debug: lines that say why (staging waiting, RAM letting files go, opens off the plan) —
     # none at the default level. RAM for a tenth of the data; the planned order for an epoch and a half,
     # then a few files in reverse.
@@ -179,6 +195,10 @@ with h.tempdir() as tmp:
         said = {what for what in ("not near", "let go", "staging waits") if any(what in l for l in debug)}
         h.check(len(said) == 3 if level == "debug" else not debug,
                 "log_level=%s: %d debug lines (%s)%s" % (level, len(debug), sorted(said), [l[25:] for l in debug[:3]]))
+
+
+def test_a_start_up_warning_goes_to_the_log(t):
+    tmp, data, mnt = t.tmp, t.data, t.mnt
     # A warning said at start-up, on the terminal, goes to the log too (an nvme_size= beyond the disk).
     log = tmp + "/early.log"
     fs = os.statvfs(tmp)
@@ -189,6 +209,9 @@ with h.tempdir() as tmp:
     h.check(len(got) == 1 and "warning: said at start-up: nvme_size=" in got[0],
             "a warning before the daemon detached is in its log too: %s" % [l[25:] for l in got])
 
+
+def test_a_second_mount_of_the_same_source(t):
+    tmp, data, mnt = t.tmp, t.data, t.mnt
     # A second mount of the same SOURCE on the node is warned of (each stages it for itself); the first
     # mount is not, nor one of another SOURCE.
     os.mkdir(tmp + "/mnt2")
@@ -201,25 +224,20 @@ with h.tempdir() as tmp:
             and not [l for l in lines(first_log) if "too:" in l],
             "a second mount of one SOURCE is warned of, the first is not: %s" % said)
 
+
+def test_idle_gives_memory_back(t):
+    tmp, data, mnt, rel = t.tmp, t.data, t.mnt, t.rel
     # idle=: a mount nobody reads gives RAM and its pushed pages back (said in the log and by status), and
     # the next read stages again; every byte right throughout.
     log = tmp + "/idle.log"
     with h.mounted(data, mnt, "seed=1,batch_size=4,ram=16M,idle=1,log=" + log):
         right = all(h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[:20])
         held = h.stats(mnt)["ram"]["files"]
-        s = h.stats(mnt)
-        deadline = time.monotonic() + 15
-        while not s["idle"]["now"] and time.monotonic() < deadline:
-            time.sleep(0.2)
-            s = h.stats(mnt)
+        s = h.stats_when(mnt, lambda s: s["idle"]["now"], timeout=15)
         text = status(mnt)
         given_back = s["idle"]["now"] and s["ram"]["used"] == 0 and s["pagecache"]["used"] == 0
         right = right and all(h.digest(os.path.join(mnt, r)) == h.digest(os.path.join(data, r)) for r in rel[20:40])
-        deadline = time.monotonic() + 15
-        again = h.stats(mnt)
-        while again["ram"]["files"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            again = h.stats(mnt)
+        again = h.stats_when(mnt, lambda s: s["ram"]["files"] != 0, timeout=15)
     said = [l[25:] for l in lines(log) if "idle=" in l]
     h.check(right and held > 0 and given_back and "idle: nothing read for 1 s" in text and s["idle"]["releases"] >= 1,
             "idle=1: %d files held, then RAM and pushed pages given back (%s); status: %s" % (
@@ -228,6 +246,9 @@ with h.tempdir() as tmp:
             "the next read stages again (%d files in RAM), every byte right %s; the log: %s" % (
                 again["ram"]["files"], right, said[:2]))
 
+
+def test_log_rotation(t):
+    tmp, data, mnt, rel = t.tmp, t.data, t.mnt, t.rel
     # Log rotation: docs/operating.md's logrotate entry, run by Debian's logrotate (forced) while the mount is
     # read. SIGHUP opens the log file again at its path and never unmounts: the old lines stay in the
     # rotated file, the new ones (and the reopening) go to the new one, every byte still right.
@@ -257,6 +278,9 @@ with h.tempdir() as tmp:
             "holds %s %s" % (still and all(before + after), [l[25:] for l in old[:1]], [l[25:] for l in new],
                              r.stderr.strip()))
 
+
+def test_bad_logs_are_refused(t):
+    data, mnt, have_syslog = t.data, t.mnt, t.have_syslog
     # Bad logs are refused at mount, with one line.
     for options, words in (("log=relative.log", "log=relative.log"), ("log=/nonexistent-dir/x.log", "cannot log to"),
                            ("log_level=loud", "log_level"), ("metrics_file=/nonexistent-dir/m.prom", "metrics_file")):
@@ -267,6 +291,9 @@ with h.tempdir() as tmp:
         r = h.run_clairfs([data, mnt, "-o", "seed=1,log=syslog"])
         h.check(r.returncode == 2 and "no syslog" in r.stderr, "log=syslog without syslog refused: %s" % r.stderr.strip())
 
+
+def test_metrics(t):
+    tmp, data, mnt, rel = t.tmp, t.data, t.mnt, t.rel
     # Metrics: parsed, the numbers the stats have; metrics_file written, read by node_exporter, removed.
     prom = tmp + "/clairfs.prom"
     with h.mounted(data, mnt, "seed=1,ram=16M,metrics_file=" + prom):
@@ -354,6 +381,9 @@ with h.tempdir() as tmp:
                     line for line in exported.splitlines() if "scrape_error" in line or "textfile" in line and "#" not in line])
     h.check(not os.path.exists(prom), "metrics_file removed when the mount ended")
 
+
+def test_metrics_of_a_plain_mount(t):
+    data, mnt, rel = t.data, t.mnt, t.rel
     # A plain mount: SOURCE's numbers only, still valid.
     with h.mounted(data, mnt, "seed=1,ram=0"):
         with open(os.path.join(mnt, rel[0]), "rb") as f:
@@ -362,6 +392,9 @@ with h.tempdir() as tmp:
         h.check("clairfs_rank_epoch" not in fams and value(fams, "clairfs_served_files", "clairfs_served_files_total",
                                                           tier="source") >= 1, "ram=0: SOURCE's numbers, no ranks")
 
+
+def test_a_sites_own_debian_mirror(t):
+    tmp = t.tmp
     # A site with its own Debian mirror: scripts/torch2-chroot takes it from apt's sources (deb822 or
     # one-line, as apt reads them) for this machine's release, or from CLAIRFS_DEBIAN_MIRROR.
     os.mkdir(tmp + "/apt")
@@ -378,4 +411,6 @@ with h.tempdir() as tmp:
     h.check(got == ["http://mirror.site.example/debian", "http://other.example/debian"],
             "scripts/torch2-chroot takes the mirror from apt's sources, or CLAIRFS_DEBIAN_MIRROR: %s" % got)
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
