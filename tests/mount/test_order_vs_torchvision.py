@@ -4,12 +4,10 @@ files, symlinked directories and files, dangling links, absolute links into SOUR
 import os
 import random
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-
-from trees import build, torch_order  # noqa: E402
+import harness as h
+import pytest
+from trees import build, torch_order
 
 LIST = os.environ["CLAIRFS_LIST_SAMPLES"]
 
@@ -19,7 +17,13 @@ def clairfs_order(root, manifest=None):
     return r.stdout.splitlines()
 
 
-with h.tempdir() as tmp:
+@pytest.fixture(scope="module")
+def tmp():
+    with h.tempdir() as tmp:
+        yield tmp
+
+
+def test_random_trees_in_torchvisions_order(tmp):
     trees = 40
     same = 0
     total = 0
@@ -35,10 +39,15 @@ with h.tempdir() as tmp:
             print("tree %d differs at %d: torch %r, clairfs %r" % (seed, diff, want[diff:diff + 2], got[diff:diff + 2]))
     h.check(same == trees, "%d/%d random trees (%d samples) in torchvision's exact order" % (same, trees, total))
 
+
+def test_a_manifest_lists_as_a_scan(tmp):
     # A manifest written by `clairfs index` gives the same order as a scan.
-    root = os.path.join(tmp, "t3")
-    manifest = os.path.join(tmp, "t3.manifest")
+    root = os.path.join(tmp, "m")
+    build(root, random.Random(3))
+    manifest = os.path.join(tmp, "m.manifest")
     subprocess.run([h.CLAIRFS, "index", root, manifest], check=True, capture_output=True)
     h.check(clairfs_order(root, manifest) == clairfs_order(root), "a loaded manifest lists the same order as a scan")
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
