@@ -7,11 +7,10 @@ repeated (with bash-completion, `-o seed=1,wo<Tab>` became `-o seed=seed=1,wor`)
 import os
 import pty
 import select
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
+import harness as h
+import pytest
 
 SCRIPT = os.path.join(os.environ.get("CLAIRFS_SOURCE_ROOT", os.path.join(os.path.dirname(__file__), "..", "..")),
                       "scripts", "clairfs-completion.bash")
@@ -64,32 +63,40 @@ class Shell:
         os.waitpid(self.pid, 0)
 
 
-with h.tempdir() as tmp:
-    os.mkdir(tmp + "/nvme-disk")
-    open(tmp + "/manifest.idx", "w").close()
-    cases = [
-        ("src mnt -o seed=1,wo", "src mnt -o seed=1,wor"),            # two names start with "wor"
-        ("src mnt -o seed=1,pagec", "src mnt -o seed=1,pagecache="),
-        ("src mnt -o ram=4G,progress=w", "src mnt -o ram=4G,progress=watch "),
-        ("src mnt -o order=torch-r", "src mnt -o order=torch-random "),
-        ("src mnt -o seed=2,log=sys", "src mnt -o seed=2,log=syslog "),
-        ("src mnt -o log_level=warn", "src mnt -o log_level=warning "),
-        ("src mnt -o nvme=%s/nvme-d" % tmp, "src mnt -o nvme=%s/nvme-disk/" % tmp),
-        ("src mnt -o seed=1,manifest=%s/manif" % tmp, "src mnt -o seed=1,manifest=%s/manifest.idx " % tmp),
-        ("stat", "status "),
-        ("status --wa", "status --watch "),
-    ]
-    runs = [False] + ([True] if os.path.exists(BASH_COMPLETION) else [])
-    if len(runs) == 1:
-        h.check(False, "Debian's bash-completion is installed (scripts/install-deps): %s" % BASH_COMPLETION)
-    for with_bc in runs:
+CASES = [
+    ("src mnt -o seed=1,wo", "src mnt -o seed=1,wor"),            # two names start with "wor"
+    ("src mnt -o seed=1,pagec", "src mnt -o seed=1,pagecache="),
+    ("src mnt -o ram=4G,progress=w", "src mnt -o ram=4G,progress=watch "),
+    ("src mnt -o order=torch-r", "src mnt -o order=torch-random "),
+    ("src mnt -o seed=2,log=sys", "src mnt -o seed=2,log=syslog "),
+    ("src mnt -o log_level=warn", "src mnt -o log_level=warning "),
+    ("src mnt -o nvme=TMP/nvme-d", "src mnt -o nvme=TMP/nvme-disk/"),
+    ("src mnt -o seed=1,manifest=TMP/manif", "src mnt -o seed=1,manifest=TMP/manifest.idx "),
+    ("stat", "status "),
+    ("status --wa", "status --watch "),
+]
+
+
+@pytest.mark.parametrize("with_bc", [False, True], ids=["bash alone", "with bash-completion"])
+def test_tab_completes_the_line(with_bc):
+    if with_bc:
+        h.check(os.path.exists(BASH_COMPLETION),
+                "Debian's bash-completion is installed (scripts/install-deps): %s" % BASH_COMPLETION)
+        if not os.path.exists(BASH_COMPLETION):
+            return
+    with h.tempdir() as tmp:
+        os.mkdir(tmp + "/nvme-disk")
+        open(tmp + "/manifest.idx", "w").close()
         shell = Shell(with_bc)
         try:
-            for typed, want in cases:
+            for typed, want in CASES:
+                typed, want = typed.replace("TMP", tmp), want.replace("TMP", tmp)
                 got = shell.complete("clairfs " + typed)
                 h.check(got == want.rstrip(), "%s: 'clairfs %s<Tab>' runs 'clairfs %s'" % (
                     "with bash-completion" if with_bc else "bash alone", typed, got))
         finally:
             shell.close()
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
