@@ -97,7 +97,7 @@ def t():
     with h.tempdir() as tmp:
         t = Jobs(tmp)
         yield t
-        print("SOURCE bytes / data set (clairfs, plain mount, direct): " +
+        print("\nSOURCE bytes / data set (clairfs, plain mount, direct): " +
               "; ".join("%s %.2f %.2f %.2f" % r for r in t.report))
 
 

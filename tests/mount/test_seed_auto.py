@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
+import harness as h
+import pytest
 
 JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
 BASE = "batch_size=16,workers=2,ram=%d"
@@ -32,32 +32,44 @@ def run_job(mnt, digests, args):
 def niced_threads(mnt):
     """The daemon's threads that run below normal priority (nice above 0)."""
     return sum(1 for _, fields in h.thread_stats(h.daemon_pids(mnt)[0]) if int(fields[16]) > 0)
-
-
 def settled(mnt):
     """The stats once the rank's last reads have reached the engine (the kernel sends a file's release
     after the job's close returns)."""
-    deadline = time.monotonic() + 20
-    s = h.stats(mnt)
-    while s.get("ranks") and s["ranks"][0]["done"] < s["ranks"][0]["total"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-        s = h.stats(mnt)
-    return s
-
+    return h.stats_when(mnt, lambda s: not s.get("ranks") or s["ranks"][0]["done"] >= s["ranks"][0]["total"])
 
 def read(path):
     with open(path) as f:
         return f.read()
+class Data:
+    """3,000 files in SOURCE and their digests; RAM for all of them (SOURCE once, for the told mount and
+    the learning one alike)."""
+
+    def __init__(self, tmp):
+        self.tmp, self.data, self.mnt = tmp, tmp + "/data", tmp + "/mnt"
+        os.mkdir(self.mnt)
+        self.want, self.total = h.dataset(self.data, 3000, 10, 8, 21)
+        self.digests = tmp + "/digests.json"
+        with open(self.digests, "w") as f:
+            json.dump(self.want, f)
+        self.ram = 2 * self.total
+        self._seed5 = None
+
+    def seed5(self):
+        """The first 64 files of seed 5's order (a likely seed), as a mount told it publishes them."""
+        if self._seed5 is None:
+            with h.mounted(self.data, self.mnt, "seed=5"):
+                self._seed5 = read(self.mnt + "/.clairfs/order/epoch-0/rank-0").splitlines()[:64]
+        return self._seed5
 
 
-with h.tempdir() as tmp:
-    data, mnt = tmp + "/data", tmp + "/mnt"
-    os.mkdir(mnt)
-    want, total = h.dataset(data, 3000, 10, 8, 21)
-    digests = tmp + "/digests.json"
-    with open(digests, "w") as f:
-        json.dump(want, f)
-    ram = 2 * total  # everything fits: SOURCE once, for the told mount and the learning one alike
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        yield Data(tmp)
+
+
+def test_the_seed_learned_against_told_and_plain(t):
+    data, mnt, digests, ram, total = t.data, t.mnt, t.digests, t.ram, t.total
     # The job takes 5 ms a training step (10 ms under a sanitizer): the epoch-0 stalls compared below are a
     # race between the stager and the job, and a job reading a local tree at full speed (2,000 files/s)
     # won it by chance beside a daemon slowed 5-15x (after the engine was there: 9-44 stalls in quiet
@@ -136,6 +148,9 @@ with h.tempdir() as tmp:
           "SOURCE ÷ data set over 2 epochs %.2f (told %.2f, plain %.2f)" % (
               learned["after_opens"], a0, t0, p0, a / total, t / total, p / total))
 
+
+def test_the_global_seed_script(t):
+    data, mnt, digests, ram, total = t.data, t.mnt, t.digests, t.ram, t.total
     # The usual single-GPU script: torch.manual_seed(5), 100 outputs drawn (torch.rand), then
     # DataLoader(shuffle=True) without a generator. Told (order=torch-global,draws=100): every open as
     # planned. Learned: the seed and the draws, from the first opens; followed into epoch 1.
@@ -165,6 +180,9 @@ with h.tempdir() as tmp:
                 "SOURCE over 2 epochs: learned %.2fx the data set (%.3fx before the engine was there), told %.2fx" % (
                     a / total, learned_g["source_bytes"] / total, t / total))
 
+
+def test_a_seed_no_likely_one(t):
+    data, mnt, digests, ram, total = t.data, t.mnt, t.digests, t.ram, t.total
     # A seed no likely one: reads as on a plain mount, and it is said.
     with h.mounted(data, mnt, (BASE % ram) + ",seed=auto"):
         ok, epochs, err = run_job(mnt, digests, ["--seed", "987654321"])
@@ -178,10 +196,12 @@ with h.tempdir() as tmp:
         h.check("learning the job's seed (3000 opens seen)" in text and "generator=torch.Generator()" in text,
                 "clairfs status: %s" % text.splitlines()[1:4])
 
+
+def test_another_users_reads_do_not_choose(t):
+    data, mnt, ram, tmp = t.data, t.mnt, t.ram, t.tmp
     # Another user's reads, in the order of a likely seed, do not choose the seed: only the job's users
     # (the daemon's, here root) are learned from. (Before, 16 such reads locked the mount onto seed 5.)
-    with h.mounted(data, mnt, "seed=5"):
-        seed5 = read(mnt + "/.clairfs/order/epoch-0/rank-0").splitlines()[:64]
+    seed5 = t.seed5()
     os.chmod(tmp, 0o755)
     with h.other_user() as run_as, h.mounted(data, mnt, (BASE % ram) + ",seed=auto,allow_other,default_permissions"):
         got = run_as(["sh", "-c", "cd %s && cat -- %s >/dev/null" % (mnt, " ".join("'%s'" % p for p in seed5))])
@@ -193,6 +213,9 @@ with h.tempdir() as tmp:
         r = h.run_clairfs(["status", mnt])
         h.check("other users' opens" in r.stdout, "clairfs status says so: %s" % r.stdout.splitlines()[1:2])
 
+
+def test_learned_again(t):
+    data, mnt, digests, ram, total, tmp = t.data, t.mnt, t.digests, t.ram, t.total, t.tmp
     # Learned again (security finding 9): the job's own user first reads 64 files in seed 5's order (a
     # quick check, or something planted as that user), and the mount learns seed 5; then the job runs with
     # seed 42. Its workers are judged to read another order; once no rank of the seed-5 plan is followed,
@@ -200,13 +223,11 @@ with h.tempdir() as tmp:
     # status, the files staged kept, the job followed to the end, SOURCE read about once. (Not seed 7:
     # its epoch 0 is seed 5's epoch 2, in the plan already — a job at another epoch, issue 32.)
     log = tmp + "/relearn.log"
+    seed5 = t.seed5()
     with h.mounted(data, mnt, (BASE % ram) + ",seed=auto,log=" + log):
         subprocess.run(["sh", "-c", "cd %s && cat -- %s >/dev/null" % (mnt, " ".join("'%s'" % p for p in seed5))],
                        check=True)
-        for _ in range(100):
-            if h.stats(mnt)["learned"]["seed"] == "seed=5":
-                break
-            time.sleep(0.1)
+        h.wait_until(lambda: h.stats(mnt)["learned"]["seed"] == "seed=5", timeout=10, step=0.1)
         first = h.stats(mnt)["learned"]["seed"]
         # (A training step of 5 ms after each batch: the learning runs at nice 10, and beside a job using
         # both cores in full it came after the job's end, now and then in CI.)
@@ -231,11 +252,15 @@ with h.tempdir() as tmp:
     h.check(h.source_bytes(s) <= 1.05 * total,
             "learned again: SOURCE read %.3f× the data set over the job" % (h.source_bytes(s) / total))
 
-    # What it cannot go with.
+
+def test_what_it_cannot_go_with(t):
+    data, mnt = t.data, t.mnt
     for options, words in (("seed=auto,order=torch-random", "not order=torch-random; give seed="),
                            ("seed=auto,ram=0", "seed=auto needs staging on")):
         r = h.run_clairfs([data, mnt, "-o", options])
         h.check(r.returncode == 2 and words in r.stderr and not h.is_mounted(mnt),
                 "%s refused: %s" % (options, r.stderr.strip()))
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
