@@ -15,8 +15,8 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
+import harness as h
+import pytest
 
 JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
 FILES = 3000
@@ -46,40 +46,36 @@ def checked_epochs(name, r, epochs):
     ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(stats) == epochs
     h.check(ok, "%s: the job read every file right %s" % (name, r.stderr.strip()[-400:]))
     return stats if ok else None
+class Jobs:
+    """3,000 files in SOURCE and their digests, RAM for a third of them (a job not followed reads most files
+    from SOURCE), and the job's lists, as a job writes them: over a plain mount (paths under the mount point,
+    [path, label] pairs); and one path a line, made beforehand over SOURCE itself (paths under SOURCE)."""
 
+    def __init__(self, tmp):
+        self.tmp, self.data, self.mnt = tmp, tmp + "/data", tmp + "/mnt"
+        data, mnt = self.data, self.mnt
+        os.mkdir(mnt)
+        want, self.total = h.dataset(data, FILES, 10, 8, 16)
+        self.digests = digests = tmp + "/digests.json"
+        with open(digests, "w") as f:
+            json.dump(want, f)
+        self.ram = self.total // 3
+        self.by_name, self.skipping = by_name, skipping = tmp + "/by-name.json", tmp + "/skip.txt"
+        with h.mounted(data, mnt, "seed=42,ram=0"):
+            subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--epochs", "0", "--dataset",
+                            "by-name", "--write-samples", by_name], check=True, timeout=300)
+        subprocess.run([sys.executable, JOB, "--data", data, "--digests", digests, "--epochs", "0", "--dataset", "skip",
+                        "--write-samples", skipping, "--as-lines"], check=True, timeout=300)
+        with open(by_name) as f:
+            self.listed = json.load(f)
+        with open(skipping) as f:
+            self.kept = len(f.read().splitlines())
+        self.served = {}  # per job of LIST_JOBS run: its opens served by SOURCE / its opens
 
-with h.tempdir() as tmp:
-    data, mnt = tmp + "/data", tmp + "/mnt"
-    os.mkdir(mnt)
-    want, total = h.dataset(data, FILES, 10, 8, 16)
-    digests = tmp + "/digests.json"
-    with open(digests, "w") as f:
-        json.dump(want, f)
-    ram = total // 3  # a third of the data set: a job not followed reads most files from SOURCE
-    by_name, skipping = tmp + "/by-name.json", tmp + "/skip.txt"
-
-    # The lists, as a job writes them: over a plain mount (paths under the mount point, [path, label]
-    # pairs); and one path a line, made beforehand over SOURCE itself (paths under SOURCE).
-    with h.mounted(data, mnt, "seed=42,ram=0"):
-        subprocess.run([sys.executable, JOB, "--data", mnt, "--digests", digests, "--epochs", "0", "--dataset",
-                        "by-name", "--write-samples", by_name], check=True, timeout=300)
-    subprocess.run([sys.executable, JOB, "--data", data, "--digests", digests, "--epochs", "0", "--dataset", "skip",
-                    "--write-samples", skipping, "--as-lines"], check=True, timeout=300)
-    with open(by_name) as f:
-        listed = json.load(f)
-    with open(skipping) as f:
-        kept = len(f.read().splitlines())
-    h.check(len(listed) == FILES and listed[0][0].startswith(mnt + "/"), "the job's list: %d samples, %s" % (
-        len(listed), listed[:1]))
-
-    results = {}
-    for name, options, args, files in (
-            ("ImageFolder", "", [], FILES),
-            ("a list of its own, samples= (JSON)", ",samples=" + by_name, ["--dataset", "by-name"], FILES),
-            ("ImageFolder with is_valid_file, samples= (lines), seed=auto", ",samples=" + skipping,
-             ["--dataset", "skip"], kept),
-            ("a list of its own, not told", "", ["--dataset", "by-name"], FILES)):
-        options = (BASE % ram) + options
+    def list_job(self, name, options, args, files):
+        """Runs one of LIST_JOBS and checks it followed (or, not told, off the plan); records what SOURCE served."""
+        data, mnt, digests = self.data, self.mnt, self.digests
+        options = (BASE % self.ram) + options
         if "seed=auto" in name:
             options = options.replace("seed=42", "seed=auto")
         with h.mounted(data, mnt, options):
@@ -87,11 +83,11 @@ with h.tempdir() as tmp:
             # (with seed=auto the engine hears only the opens after the seed is found)
             s = h.quiet_stats(mnt) if "seed=auto" in options else h.settled_stats(mnt, files)
         r = s["ranks"][0]
-        results[name] = s
+        self.served[name] = s["stalls"]["opens"] / s["ranks"][0]["total"]
         h.check(ok, "%s: the job read every file right %s" % (name, err))
         if name.endswith("not told"):
             h.check(r["verdict"] == "off", "%s: rank 0 is off the plan: %s, %s" % (name, r["verdict"], r["reads_as"]))
-            continue
+            return
         learned = s.get("learned", {})
         h.check((r["epoch"], r["done"], r["total"], r["verdict"]) == (0, files, files, "following")
                 and s["mispredicted_opens"] == 0 and ("seed=auto" not in name or learned.get("seed") == "seed=42"),
@@ -99,21 +95,48 @@ with h.tempdir() as tmp:
                     name, (r["epoch"], r["done"], r["total"], r["verdict"]), s["mispredicted_opens"], verdicts,
                     ", learned %s" % learned if "seed=auto" in name else ""))
 
+    def list_jobs(self):
+        return [("ImageFolder", "", [], FILES),
+                ("a list of its own, samples= (JSON)", ",samples=" + self.by_name, ["--dataset", "by-name"], FILES),
+                (GIVEN, ",samples=" + self.skipping, ["--dataset", "skip"], self.kept),
+                ("a list of its own, not told", "", ["--dataset", "by-name"], FILES)]
+
+
+GIVEN = "ImageFolder with is_valid_file, samples= (lines), seed=auto"
+
+
+@pytest.fixture(scope="module")
+def t():
+    with h.tempdir() as tmp:
+        yield Jobs(tmp)
+
+
+def test_a_list_of_its_own(t):
+    mnt, listed = t.mnt, t.listed
+    h.check(len(listed) == FILES and listed[0][0].startswith(mnt + "/"), "the job's list: %d samples, %s" % (
+        len(listed), listed[:1]))
+    for job in t.list_jobs():
+        t.list_job(*job)
     # Opens served by SOURCE (each a stall for a job that waits on its reads): a followed list no more than
     # an ImageFolder job, against most of them when not told. (seed=auto reads its first batches from
     # SOURCE while it learns, as it does for any job.)
-    served = {name: s["stalls"]["opens"] / s["ranks"][0]["total"] for name, s in results.items()}
+    served = t.served
     told, untold = served["a list of its own, samples= (JSON)"], served["a list of its own, not told"]
     h.check(told <= served["ImageFolder"] + 0.02 and untold > 0.3, "opens served by SOURCE: %.3f of the job's with "
             "samples=, %.3f not told, ImageFolder %.3f" % (told, untold, served["ImageFolder"]))
     print("opens served by SOURCE / the job's opens: " + "; ".join("%s %.3f" % item for item in served.items()))
 
+
+def test_an_is_valid_file_list_learned(t):
+    tmp, data, mnt, digests, ram, kept = t.tmp, t.data, t.mnt, t.digests, t.ram, t.kept
     # ImageFolder with that is_valid_file, its list not given: the mount's walk fits none of the job's
     # opens, until an epoch of the job ended — then its files are the list (the walk less those it never
     # opened). Told seed=42, or seed=auto, the mount plans again on that list (said in the log and the
     # stats), follows the job to the end of its epoch 1, and serves that epoch's opens from SOURCE no more
     # often than the job's epoch with the list given (above) + 0.02.
-    given = served["ImageFolder with is_valid_file, samples= (lines), seed=auto"]
+    if GIVEN not in t.served:  # (run alone: the job with its list given, for the comparison)
+        t.list_job(*[job for job in t.list_jobs() if job[0] == GIVEN][0])
+    given = t.served[GIVEN]
     served = {}
     for name, options in (("is_valid_file, told seed=42", BASE % ram),
                           ("is_valid_file, seed=auto", (BASE % ram).replace("seed=42", "seed=auto"))):
@@ -141,6 +164,9 @@ with h.tempdir() as tmp:
         print("is_valid_file: opens served by SOURCE / the job's, epochs 0 and 1: " + "; ".join(
             "%s %.3f %.3f" % (name, *v) for name, v in served.items()))
 
+
+def test_bad_lists_are_refused(t):
+    tmp, data, mnt, skipping = t.tmp, t.data, t.mnt, t.skipping
     # Bad lists: one line naming the file and where in it, nothing mounted.
     bad = tmp + "/bad.txt"
     for text, said in (("c0000/0000000.jpg\nc0000/nothing.jpg\n", "line 2: 'c0000/nothing.jpg' is no file in SOURCE"),
@@ -162,6 +188,9 @@ with h.tempdir() as tmp:
     r = h.run_clairfs([data, mnt, "-o", "seed=42,root=c0000,samples=" + skipping])
     h.check(r.returncode == 2 and "samples= or root=" in r.stderr, "samples= with root= refused: %s" % r.stderr.strip())
 
+
+def test_a_subfolder_and_a_glob(t):
+    tmp, mnt = t.tmp, t.mnt
     # A data set in a subfolder, and a sorted glob of it: SOURCE holds train/ (1,200 .jpg files and 120 .png
     # thumbnails) and val/, the mount is over SOURCE, and the job reads ImageFolder(MOUNTPOINT/train) (1,320
     # samples) or sorted(glob("MOUNTPOINT/train/**/*.jpg")) (1,200) for 2 epochs. Its opens all lie in train/
@@ -178,6 +207,7 @@ with h.tempdir() as tmp:
     for i in range(0, 1200, 10):
         with open(split + "/train/c%04d/t%07d.png" % (i % 10, i), "wb") as f:
             f.write(os.urandom(2000 + i))
+    digests = tmp + "/split-digests.json"
     with open(digests, "w") as f:
         json.dump(h.digests(split + "/train"), f)
     folder = "ImageFolder(MOUNTPOINT/train) (1320 samples)"
@@ -234,4 +264,6 @@ with h.tempdir() as tmp:
         print("a subfolder, a glob: opens served by SOURCE / the job's, epochs 0 and 1: " + "; ".join(
             "%s %.3f %.3f" % (name, a, b) for name, (a, b) in served.items()))
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
