@@ -21,16 +21,13 @@ import os
 import random
 import shutil
 import subprocess
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-from oracle_pipe import Oracle, random_seed  # noqa: E402
-from trees import build  # noqa: E402
+import harness as h
+import pytest
+from oracle_pipe import Oracle, random_seed
+from trees import build
 
 CHROOT = os.environ.get("CLAIRFS_TORCH2_ROOT", "/var/cache/clairfs/trixie")
-rnd = random.Random(2026)
 
 
 class Torch2:
@@ -53,9 +50,7 @@ class Torch2:
     def close(self):
         self.p.stdin.close()
         self.p.wait(timeout=60)
-
-
-def published_differs(torch2, mnt, samples, order, world, seed, batch, ldl, epoch, what):
+def published_differs(rnd, torch2, mnt, samples, order, world, seed, batch, ldl, epoch, what):
     """Whether a random rank's published order of `epoch` differs from torch 2.x's sampler over `samples`
     (said when it does)."""
     rank = rnd.randrange(world)
@@ -71,33 +66,81 @@ def published_differs(torch2, mnt, samples, order, world, seed, batch, ldl, epoc
         return False
     print("published order differs: %s epoch %d rank %d" % (what, epoch, rank))
     return True
+class Chroot:
+    """A folder of this test's in the chroot (its trees, its mount point), torch 2.x asked over a pipe, and
+    the oracle. Trees here hold absolute symlinks (host paths under CHROOT): inside the chroot, CHROOT's
+    own path leads back to its root, so they lead where they lead outside it. DataLoader workers need /proc
+    and a /dev/shm in the chroot."""
+
+    def __init__(self):
+        self.work = os.path.join(CHROOT, "mnt", "clairfs-torch2-%d" % os.getpid())
+        os.makedirs(self.work)
+        self.mnt = os.path.join(self.work, "mnt")
+        os.makedirs(self.mnt)
+        self.loop = os.path.join(CHROOT, os.path.relpath(CHROOT, "/"))
+        self.made_loop = not os.path.lexists(self.loop)
+        if self.made_loop:
+            os.makedirs(os.path.dirname(self.loop), exist_ok=True)
+            os.symlink("/", self.loop)
+        self.proc_mounted = False
+        if not os.path.ismount(os.path.join(CHROOT, "proc")):
+            subprocess.run(["mount", "-t", "proc", "proc", os.path.join(CHROOT, "proc")], check=True)
+            self.proc_mounted = True
+        os.makedirs(os.path.join(CHROOT, "dev", "shm"), exist_ok=True)
+        self.torch2, self.oracle = Torch2(self.work), Oracle()
+        self.versions = self.torch2.ask(q="version")
+        shutil.copy(os.path.join(os.path.dirname(__file__), "mismatch_job.py"), self.work)
+        self.digests = os.path.join(self.work, "digests.json")
+
+    def tree(self, t):
+        """Awkward tree number `t` (made once)."""
+        root = os.path.join(self.work, "t%d" % t)
+        if not os.path.exists(root):
+            build(root, random.Random(300 + t))
+        return root
+
+    def job(self, args):
+        """tests/mount/mismatch_job.py run by the chroot's torch 2.x with `args` (paths as seen inside)."""
+        return subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(self.work) + "/mismatch_job.py",
+                               "--digests", inside(self.digests), "--compute", "0.005"] + args, capture_output=True,
+                              text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+
+    def close(self):
+        if h.is_mounted(self.mnt):
+            h.unmount(self.mnt)
+        self.torch2.close()
+        self.oracle.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+        if self.proc_mounted:
+            subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
+        if self.made_loop:
+            os.unlink(self.loop)
 
 
-if not os.path.isfile(os.path.join(CHROOT, "usr/lib/python3/dist-packages/torch/__init__.py")):
-    h.check(False, "a torch 2.x chroot at %s (make it with scripts/torch2-chroot)" % CHROOT)
-    h.finish()
+def inside(path):
+    """A path under CHROOT as the chroot sees it."""
+    return "/" + os.path.relpath(path, CHROOT)
 
-proc_mounted = False
-work = os.path.join(CHROOT, "mnt", "clairfs-torch2-%d" % os.getpid())
-os.makedirs(work)
-# Trees here hold absolute symlinks (host paths under CHROOT): inside the chroot, CHROOT's own path leads
-# back to its root, so they lead where they lead outside it.
-loop = os.path.join(CHROOT, os.path.relpath(CHROOT, "/"))
-made_loop = not os.path.lexists(loop)
-if made_loop:
-    os.makedirs(os.path.dirname(loop), exist_ok=True)
-    os.symlink("/", loop)
-try:
-    # DataLoader workers need /proc and a /dev/shm in the chroot.
-    if not os.path.ismount(os.path.join(CHROOT, "proc")):
-        subprocess.run(["mount", "-t", "proc", "proc", os.path.join(CHROOT, "proc")], check=True)
-        proc_mounted = True
-    os.makedirs(os.path.join(CHROOT, "dev", "shm"), exist_ok=True)
-    torch2, oracle = Torch2(work), Oracle()
-    versions = torch2.ask(q="version")
+
+@pytest.fixture(scope="module")
+def c():
+    if not os.path.isfile(os.path.join(CHROOT, "usr/lib/python3/dist-packages/torch/__init__.py")):
+        pytest.fail("no torch 2.x chroot at %s (make it with scripts/torch2-chroot)" % CHROOT, pytrace=False)
+    c = Chroot()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_the_chroots_torch_is_2x(c):
+    versions = c.versions
     h.check(versions[0].startswith("2."), "the chroot's torch is 2.x: torch %s, torchvision %s" % tuple(versions))
 
-    # 1. DistributedSampler.
+
+def test_distributed_sampler(c):
+    torch2, oracle, versions = c.torch2, c.oracle, c.versions
+    rnd = random.Random(2026)
     cases = bad = 0
     for _ in range(300):
         n = rnd.choice([1, 2, 3, 7, 10, 64, 100, 257, 1000, rnd.randrange(1, 5000)])
@@ -118,7 +161,10 @@ try:
                     n, world, rank, seed, epoch, shuffle, want[:8], got[:8]))
     h.check(bad == 0, "torch %s DistributedSampler: %d/%d random cases bit-exact" % (versions[0], cases - bad, cases))
 
-    # 2. DataLoader(shuffle=True, generator=g) over epochs.
+
+def test_a_dataloader_with_a_generator(c):
+    torch2, oracle, versions = c.torch2, c.oracle, c.versions
+    rnd = random.Random(2027)
     cases = bad = 0
     for trial in range(24):
         n = rnd.choice([1, 2, 5, 100, 1000, rnd.randrange(2, 3000)])
@@ -135,7 +181,11 @@ try:
     h.check(bad == 0, "torch %s DataLoader(shuffle=True, generator=g): %d/%d epochs bit-exact (shared and not)" % (
         versions[0], cases - bad, cases))
 
-    # 2b. DataLoader(shuffle=True) without a generator, after torch.manual_seed and some draws.
+
+def test_a_dataloader_without_a_generator(c):
+    # After torch.manual_seed and some draws.
+    torch2, oracle, versions = c.torch2, c.oracle, c.versions
+    rnd = random.Random(2028)
     cases = bad = 0
     for trial in range(12):
         n = rnd.choice([2, 100, 1000, rnd.randrange(2, 3000)])
@@ -153,7 +203,10 @@ try:
     h.check(bad == 0, "torch %s DataLoader(shuffle=True) after torch.manual_seed: %d/%d epochs bit-exact" % (
         versions[0], cases - bad, cases))
 
-    # 3. Workers.
+
+def test_which_worker_loads_what(c):
+    torch2, oracle, versions = c.torch2, c.oracle, c.versions
+    rnd = random.Random(2029)
     cases = bad = 0
     for _ in range(4):
         n, world = rnd.randrange(50, 400), rnd.choice([1, 2, 3])
@@ -165,13 +218,14 @@ try:
         bad += want != oracle.ask("workers", "torch", n, world, rank, seed, epoch, 0, batch, ldl, workers)
     h.check(bad == 0, "torch %s DataLoader workers: %d/%d cases load the predicted samples" % (versions[0], cases - bad, cases))
 
-    # 4. The published order through real mounts, read by torch 2.x's ImageFolder through the mount.
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
+
+def test_the_published_order_through_mounts(c):
+    torch2, versions = c.torch2, c.versions
+    rnd, mnt = random.Random(2030), c.mnt
+    # The published order through real mounts, read by torch 2.x's ImageFolder through the mount.
     cases = bad = 0
     for t in range(3):
-        root = os.path.join(work, "t%d" % t)
-        build(root, random.Random(300 + t))
+        root = c.tree(t)
         for order in ("torch", "torch-random"):
             world = rnd.choice([1, 2, 3]) if order == "torch" else 1
             seed, batch, ldl = random_seed(rnd, 10), rnd.choice([1, 2, 4]), rnd.random() < 0.5
@@ -181,18 +235,22 @@ try:
                 samples = torch2.ask(q="imagefolder", root="/" + os.path.relpath(mnt, CHROOT))
                 for epoch in range(3):
                     cases += 1
-                    bad += published_differs(torch2, mnt, samples, order, world, seed, batch, ldl, epoch,
+                    bad += published_differs(rnd, torch2, mnt, samples, order, world, seed, batch, ldl, epoch,
                                              "tree %d %s" % (t, opts))
     h.check(bad == 0 and cases > 0, "torch %s: published .clairfs/order files equal ImageFolder + sampler through the "
             "mount: %d/%d (tree, order, epoch) cases" % (versions[0], cases - bad, cases))
 
-    # 5. A job's own sample list (samples=FILE): ImageFolder with an is_valid_file that leaves files out,
+
+def test_a_jobs_own_sample_list(c):
+    torch2, work, versions = c.torch2, c.work, c.versions
+    rnd, mnt = random.Random(2031), c.mnt
+    # A job's own sample list (samples=FILE): ImageFolder with an is_valid_file that leaves files out,
     # its samples' paths written one a line (relative: inside the chroot the mount has another path). The
     # published order equals that dataset's in DistributedSampler's order.
     cases = bad = 0
     listed = os.path.join(work, "samples.txt")
     for t in range(3):
-        root = os.path.join(work, "t%d" % t)
+        root = c.tree(t)
         with h.mounted(root, mnt, "seed=42"):
             samples = torch2.ask(q="imagefolder", root="/" + os.path.relpath(mnt, CHROOT), skip=3)
         with open(listed, "w") as f:
@@ -202,12 +260,16 @@ try:
         with h.mounted(root, mnt, opts):
             for epoch in range(2):
                 cases += 1
-                bad += published_differs(torch2, mnt, samples, "torch", world, seed, batch, False, epoch,
+                bad += published_differs(rnd, torch2, mnt, samples, "torch", world, seed, batch, False, epoch,
                                          "tree %d %s" % (t, opts))
     h.check(bad == 0 and cases > 0, "torch %s: with samples= (ImageFolder with is_valid_file), the published order "
             "equals the job's dataset + DistributedSampler: %d/%d (tree, epoch) cases" % (versions[0], cases - bad, cases))
 
-    # 6. Jobs whose list the mount learns (issue 32), run by torch 2.x in the chroot over a mount of a SOURCE
+
+def test_lists_learned_from_the_opens(c):
+    work, versions = c.work, c.versions
+    mnt, digests, chroot_job = c.mnt, c.digests, c.job
+    # Jobs whose list the mount learns (issue 32), run by torch 2.x in the chroot over a mount of a SOURCE
     # that holds train/ and val/: ImageFolder(MOUNTPOINT/train) with seed=auto, and a sorted glob of train/'s
     # .jpg files (120 .png among them) with seed=auto and on a mount told seed=42 (this fast job's list may
     # be found after its epoch 0's end: the plan is then placed by the opens of both epochs). Each read
@@ -222,15 +284,6 @@ try:
     digests = os.path.join(work, "digests.json")
     with open(digests, "w") as f:
         json.dump(h.digests(split + "/train"), f)
-    shutil.copy(os.path.join(os.path.dirname(__file__), "mismatch_job.py"), work)
-    inside = lambda path: "/" + os.path.relpath(path, CHROOT)  # noqa: E731
-
-    def chroot_job(args):
-        """tests/mount/mismatch_job.py run by the chroot's torch 2.x with `args` (paths as seen inside)."""
-        return subprocess.run(["/usr/sbin/chroot", CHROOT, "/usr/bin/python3", inside(work) + "/mismatch_job.py",
-                               "--digests", inside(digests), "--compute", "0.005"] + args, capture_output=True,
-                              text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
-
     for dataset, options, samples, named in (
             ("imagefolder", "seed=auto", 720, "ImageFolder(MOUNTPOINT/train) (720 samples)"),
             ("glob", "seed=auto", 600, "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (600 samples)"),
@@ -240,13 +293,8 @@ try:
                             "--epochs", "2"])
             # The mount's count of the job's last epoch, once it has it all (the watch's news of the last
             # opens may come a moment after the job's end: under load, after the job's own look at it).
-            deadline = time.monotonic() + 20
-            while True:
-                s = h.stats(mnt)
-                rank = (s.get("ranks") or [{}])[0]
-                if (rank.get("epoch"), rank.get("done")) == (1, samples) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            s = h.stats_when(mnt, lambda s: h.rank0(s)[:2] == (1, samples))
+            rank = (s.get("ranks") or [{}])[0]
         epochs = [json.loads(line[6:])["stats"] for line in r.stdout.splitlines() if line.startswith("STATS ")]
         ok = r.returncode == 0 and ", 0 wrong," in r.stdout and len(epochs) == 2
         world = s.get("plan", {}).get("world", {})
@@ -261,7 +309,11 @@ try:
                     (rank.get("epoch"), rank.get("done"), rank.get("total"), rank.get("verdict")), second,
                     s.get("learned", r.stderr.strip()[-300:])))
 
-    # 7. The usual single-GPU script with seed=auto (torch.manual_seed(5), 100 draws, a DataLoader that
+
+def test_restarted_jobs_and_the_global_seed(c):
+    work, versions = c.work, c.versions
+    mnt, digests, chroot_job = c.mnt, c.digests, c.job
+    # The usual single-GPU script with seed=auto (torch.manual_seed(5), 100 draws, a DataLoader that
     # shuffles with no generator: its seed and draws learned, the job followed into its epoch 1), and jobs
     # restarted from a checkpoint (issue 32), run by torch 2.x: resumed at its epoch 5 on a mount
     # told seed=42 from epoch 0 (named off the plan, then planned again from epoch 5, followed to the end
@@ -309,15 +361,7 @@ try:
         h.check(ok, "torch %s, %s: followed to %s, plan %s, learned %s, %s mispredicted %s" % (
             versions[0], name, at, world, s.get("learned", {}).get("seed"), s.get("mispredicted_opens"),
             r.stderr.strip()[-300:]))
-    torch2.close()
-    oracle.close()
-finally:
-    mnt = os.path.join(work, "mnt")
-    if h.is_mounted(mnt):
-        h.unmount(mnt)
-    shutil.rmtree(work, ignore_errors=True)
-    if proc_mounted:
-        subprocess.run(["umount", "-l", os.path.join(CHROOT, "proc")])
-    if made_loop:
-        os.unlink(loop)
-h.finish()
+
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
