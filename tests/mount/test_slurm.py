@@ -9,22 +9,20 @@ node), two daemons that form one MPI world through srun --mpi=pmi2 and serve eac
 shipped prolog/epilog pair (examples/slurm_prolog.sh, slurm_epilog.sh: the mount made before the job,
 examples/train.py reading it, a wrong option told to the job). After each job no clairfs mount, daemon
 or cache folder may stay."""
+import contextlib
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
+import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-from cluster import SlowSource, SlurmCluster, have, leftovers, read_in_step, wait_clean  # noqa: E402
+import harness as h
+import pytest
+from cluster import SlowSource, SlurmCluster, have, leftovers, read_in_step, wait_clean
 
-h.require_fuse()
 if not have("slurmctld", "slurmd", "munged", "sbatch"):
-    print("SKIP: Slurm (slurm-wlm, munge) is not installed; scripts/install-deps installs it")
-    sys.exit(77)
+    pytest.skip("Slurm (slurm-wlm, munge) is not installed; scripts/install-deps installs it", allow_module_level=True)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 READER = os.path.join(HERE, "job_reader.py")
@@ -100,33 +98,33 @@ def wait_for(cond, timeout):
             return True
         time.sleep(0.2)
     return False
+class Site:
+    """A Slurm of one node started for the file (4 CPUs on this 2-core host), with what a site installs: on
+    PATH clairfs and the two helpers (this build's); the shipped prolog and epilog, told where clairfs is
+    (Slurm gives them no PATH of the test's) — every job runs them, those without the comment left alone.
+    600 files in SOURCE. The time-limit job (which waits out its minute, reading slowly) is submitted first
+    and runs beside the others, in folders of its own so that their checks of what is left do not see it;
+    once it is mounted its end is brought forward (Slurm ends it at its next look at time limits, every
+    30 s, as when its minute runs out)."""
 
-
-with h.tempdir() as tmp:
-    data, nvme, bin_dir = tmp + "/data", tmp + "/nvme", tmp + "/bin"
-    want, total = h.dataset(data, FILES, 6, 8, 11)
-    with open(tmp + "/digests.json", "w") as f:
-        json.dump(want, f)
-    os.makedirs(nvme)
-    # What a site installs on PATH: clairfs and the two helpers (this build's).
-    os.makedirs(bin_dir)
-    for src in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
-        os.symlink(os.path.abspath(src), os.path.join(bin_dir, os.path.basename(src)))
-
-    # The site's prolog and epilog, as installed: the shipped scripts, told where clairfs is (Slurm gives
-    # them no PATH of the test's). Every job below runs them; those without the comment are left alone.
-    for name in ("prolog", "epilog"):
-        with open("%s/%s.sh" % (tmp, name), "w") as f:
-            f.write("#!/bin/sh\nCLAIRFS=%s exec %s/examples/slurm_%s.sh\n" % (os.path.abspath(h.CLAIRFS), ROOT, name))
-        os.chmod("%s/%s.sh" % (tmp, name), 0o755)
-    # 4 CPUs on this 2-core host: the time-limit job (which waits out Slurm's minute, reading slowly) runs
-    # beside the others, in folders of its own so that their checks of what is left do not see it.
-    with SlurmCluster(tmp + "/slurm", ["Prolog=%s/prolog.sh" % tmp, "Epilog=%s/epilog.sh" % tmp,
-                                       "PrologFlags=Alloc"], cpus=4) as slurm, h.tempdir() as apart:
+    def __init__(self, tmp, apart, stack):
+        self.tmp, self.apart = tmp, apart
+        self.data, self.nvme, self.bin_dir = data, nvme, bin_dir = tmp + "/data", tmp + "/nvme", tmp + "/bin"
+        self.want, self.total = h.dataset(data, FILES, 6, 8, 11)
+        with open(tmp + "/digests.json", "w") as f:
+            json.dump(self.want, f)
+        os.makedirs(nvme)
+        os.makedirs(bin_dir)
+        for src in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
+            os.symlink(os.path.abspath(src), os.path.join(bin_dir, os.path.basename(src)))
+        for name in ("prolog", "epilog"):
+            with open("%s/%s.sh" % (tmp, name), "w") as f:
+                f.write("#!/bin/sh\nCLAIRFS=%s exec %s/examples/slurm_%s.sh\n" % (os.path.abspath(h.CLAIRFS), ROOT, name))
+            os.chmod("%s/%s.sh" % (tmp, name), 0o755)
+        self.slurm = slurm = stack.enter_context(SlurmCluster(tmp + "/slurm", [
+            "Prolog=%s/prolog.sh" % tmp, "Epilog=%s/epilog.sh" % tmp, "PrologFlags=Alloc"], cpus=4))
         slurm.env["PATH"] = bin_dir + ":" + slurm.env["PATH"]
 
-        # 3. The time limit (1 minute; its end brought forward below): as scancel below, from Slurm's own
-        # SIGTERM. Started first, checked at the end.
         shutil.copytree(data, apart + "/data")
         shutil.copytree(bin_dir, apart + "/bin", symlinks=True)  # (its daemon's command line names nothing of tmp)
         shutil.copy(tmp + "/digests.json", apart + "/digests.json")
@@ -136,139 +134,180 @@ with h.tempdir() as tmp:
             first, rest = f.read().split("\n", 1)
         with open(script, "w") as f:
             f.write("%s\nexport PATH=%s/bin:$PATH\n%s" % (first, apart, rest))
-        limited, _ = submit(slurm, apart, script, "--time=1")
+        self.limited, _ = submit(slurm, apart, script, "--time=1")
+        self.ended = None
+        self.ender = threading.Thread(target=self.end_the_limited_job)
+        self.ender.start()
 
-        # 1. The job as shipped: it completes, every task reads every file of its share right, SOURCE is
-        # read about once, nothing stays.
-        t0 = time.monotonic()
-        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 2"), wait=True)
-        took = time.monotonic() - t0
-        out = output(tmp, job)
-        epochs = re.findall(r"rank (\d) epoch (\d): (\d+) files, (\d+) wrong", out)
-        traffic = [int(x) for x in re.findall(r"source_traffic (\d+) bytes", out)]  # one line per node
-        h.check(r.returncode == 0 and slurm.job_state(job) == "COMPLETED",
-                "the shipped job script completed under sbatch --nodes=1 --ntasks-per-node=2 in %.1f s (exit %d)%s"
-                % (took, r.returncode, "" if r.returncode == 0 else ": " + out[-1500:] + slurm.log_tail()))
-        h.check("all 1 nodes mounted" in out, "clairfs-job-mount: one daemon on the one node, mounted")
-        h.check(len(epochs) == 4 and all(int(n) == FILES // 2 and w == "0" for _, _, n, w in epochs),
-                "2 ranks × 2 epochs through torchvision: every file right %s" % epochs)
-        h.check(len(traffic) == 1 and traffic[0] / total <= 1.05,
-                "SOURCE read %.3f× the data set over 2 epochs" % (traffic[0] / total if traffic else -1))
-        h.check("clairfs-job-umount:" not in out, "clairfs-job-umount found nothing to report")
-        left = wait_clean(tmp, [nvme], timeout=10)
-        h.check(not left, "nothing left after the job: %s" % left)
+    def end_the_limited_job(self):
+        wait_for(lambda: "all 1 nodes mounted" in output(self.apart, self.limited), 120)
+        self.ended = self.slurm.run(["scontrol", "update", "JobId=" + self.limited,
+                                     "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))])
 
-        # 2. scancel mid-job: every daemon gets SIGTERM from Slurm and cleans up by itself.
-        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 50 --batch-size 8 --sleep-per-batch 0.5"))
-        mounted = wait_for(lambda: "all 1 nodes mounted" in output(tmp, job) and "epoch" not in output(tmp, job)
-                           and any(l.startswith("mount ") for l in leftovers(tmp)), 120)
-        time.sleep(2)  # reading
-        slurm.run(["scancel", job])
-        state = slurm.wait_done(job, 60)
-        left = wait_clean(tmp, [nvme], timeout=20)
-        h.check(mounted and state == "CANCELLED" and not left,
-                "scancel mid-job: %s, nothing left %s" % (state, left))
 
-        # The time-limit job, once mounted (by now, as a rule), is given its end now: Slurm ends it at its
-        # next look at time limits (every 30 s) as when its minute runs out.
-        wait_for(lambda: "all 1 nodes mounted" in output(apart, limited), 120)
-        ended = slurm.run(["scontrol", "update", "JobId=" + limited,
-                           "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))])
+@pytest.fixture(scope="module")
+def s():
+    with h.tempdir() as tmp, h.tempdir() as apart, contextlib.ExitStack() as stack:
+        s = Site(tmp, apart, stack)
+        try:
+            yield s
+        finally:
+            s.ender.join()
 
-        # 4. A bad option: the job fails at once, with clairfs's line naming it.
-        job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 1", opts_extra="bogus_option=1"), wait=True)
-        out = output(tmp, job)
-        left = wait_clean(tmp, [nvme], timeout=20)
-        h.check(r.returncode != 0 and "bogus_option" in out and "clairfs-job-mount:" in out and "epoch" not in out
-                and not left, "a bad option: the job fails before training (exit %d), nothing left %s: %s"
-                % (r.returncode, left, [l for l in out.splitlines() if "bogus" in l][:2]))
 
-        # 5. The launch line users used to write: srun with several daemon tasks and no --mpi. Each task
-        # refuses with one line naming --mpi=pmi2; nothing is mounted.
-        script = tmp + "/singleton.sh"
-        os.makedirs(tmp + "/mnt-single")
-        with open(script, "w") as f:
-            f.write("#!/bin/bash\nsrun --overlap -n 2 clairfs %s %s/mnt-single -o seed=42,batch_size=8,world_size=2,"
-                    "ranks_per_node=1\necho srun-exit=$?\n" % (data, tmp))
-        job, r = submit(slurm, tmp, script, wait=True)
-        out = output(tmp, job)
-        h.check(out.count("--mpi=pmi2") == 2 and "srun-exit=0" not in out and not leftovers(tmp, [nvme]),
-                "two daemon tasks without --mpi: both refuse, naming --mpi=pmi2: %s" % out.strip().splitlines()[:1])
+def test_the_shipped_job(s):
+    # It completes, every task reads every file of its share right, SOURCE is read about once, nothing
+    # stays.
+    slurm, tmp, data, nvme, total = s.slurm, s.tmp, s.data, s.nvme, s.total
+    t0 = time.monotonic()
+    job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 2"), wait=True)
+    took = time.monotonic() - t0
+    out = output(tmp, job)
+    epochs = re.findall(r"rank (\d) epoch (\d): (\d+) files, (\d+) wrong", out)
+    traffic = [int(x) for x in re.findall(r"source_traffic (\d+) bytes", out)]  # one line per node
+    h.check(r.returncode == 0 and slurm.job_state(job) == "COMPLETED",
+            "the shipped job script completed under sbatch --nodes=1 --ntasks-per-node=2 in %.1f s (exit %d)%s"
+            % (took, r.returncode, "" if r.returncode == 0 else ": " + out[-1500:] + slurm.log_tail()))
+    h.check("all 1 nodes mounted" in out, "clairfs-job-mount: one daemon on the one node, mounted")
+    h.check(len(epochs) == 4 and all(int(n) == FILES // 2 and w == "0" for _, _, n, w in epochs),
+            "2 ranks × 2 epochs through torchvision: every file right %s" % epochs)
+    h.check(len(traffic) == 1 and traffic[0] / total <= 1.05,
+            "SOURCE read %.3f× the data set over 2 epochs" % (traffic[0] / total if traffic else -1))
+    h.check("clairfs-job-umount:" not in out, "clairfs-job-umount found nothing to report")
+    left = wait_clean(tmp, [nvme], timeout=10)
+    h.check(not left, "nothing left after the job: %s" % left)
 
-        # 6. Two daemons under srun --mpi=pmi2 form one MPI world (one host plays two nodes: srun's
-        # --multi-prog gives each its own mount point and cache): they fetch from each other, and at the
-        # job's end clairfs-job-umount stops the step with scancel --signal=TERM, leaving nothing.
-        # SOURCE slower than a peer, as a parallel file system is (bench/slowfs in front of the data).
-        slow = SlowSource(data, tmp + "/slow")
-        mnts = ["%s/mnt-pmi%d" % (tmp, n) for n in range(2)]
-        nvmes = ["%s/nvme-pmi%d" % (tmp, n) for n in range(2)]
-        for d in mnts + nvmes:
-            os.makedirs(d)
-        with open(tmp + "/multi.conf", "w") as f:
-            for n in range(2):
-                f.write("%d clairfs %s %s -o seed=7,batch_size=8,world_size=2,ranks=%d,epochs=2,ram=%d,nvme=%s,"
-                        "nvme_size=%d\n" % (n, slow.mnt, mnts[n], n, int(total * 0.2), nvmes[n], int(total * 0.6)))
-        flag = tmp + "/training-done"
-        with open(tmp + "/pmi2.sh", "w") as f:
-            f.write("#!/bin/bash\nset -euo pipefail\n"
-                    "clairfs-job-mount -- srun -n 2 --overlap --mpi=pmi2 --kill-on-bad-exit=0 --multi-prog %s/multi.conf\n"
-                    "trap clairfs-job-umount EXIT\n"
-                    "while [ ! -e %s ]; do sleep 0.2; done  # training, played by the test\n" % (tmp, flag))
-        job, r = submit(slurm, tmp, tmp + "/pmi2.sh")
-        up = wait_for(lambda: "all 2 nodes mounted" in output(tmp, job), 120)
-        h.check(up, "two daemons under srun --mpi=pmi2: %s" % output(tmp, job).strip()[-300:])
-        if up:
-            threads, wrong, opened, errors = read_in_step(mnts, want, 2)
-            for t in threads:
-                t.join(timeout=300)
-            s = [h.stats(m) for m in mnts]
-            fetched = [x["peers"]["staged_files"] + x["peers"]["demand_files"] for x in s]
-            traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
-            h.check(not errors and sum(wrong) == 0 and all(f > 0 for f in fetched) and traffic <= 1.05,
-                    "2 ranks × 2 epochs, every byte right; fetched from each other %s; SOURCE %.3f×" % (fetched, traffic))
-        open(flag, "w").close()
-        state = slurm.wait_done(job, 120)
-        left = wait_clean(tmp, nvmes, timeout=20)
-        out = output(tmp, job)
-        h.check(state == "COMPLETED" and "clairfs-job-umount:" not in out and not left,
-                "the job ended, clairfs-job-umount stopped both daemons cleanly: %s, nothing left %s %s" % (
-                    state, left, out.strip()[-300:]))
-        slow.close()
 
-        # 7. The prolog/epilog pair: a job whose comment asks for clairfs finds its mount made before it
-        # started (ranks_per_node=2 made ranks=0-1 on this node), runs the shipped train.py (real PNGs
-        # decoded) through it, and after it nothing is left; a wrong option in the comment reaches the job
-        # as one line in .../error and leaves the node up.
-        images = tmp + "/images"
+def test_scancel_mid_job(s):
+    # Every daemon gets SIGTERM from Slurm and cleans up by itself.
+    slurm, tmp, data, nvme = s.slurm, s.tmp, s.data, s.nvme
+    job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 50 --batch-size 8 --sleep-per-batch 0.5"))
+    mounted = wait_for(lambda: "all 1 nodes mounted" in output(tmp, job) and "epoch" not in output(tmp, job)
+                       and any(l.startswith("mount ") for l in leftovers(tmp)), 120)
+    time.sleep(2)  # reading
+    slurm.run(["scancel", job])
+    state = slurm.wait_done(job, 60)
+    left = wait_clean(tmp, [nvme], timeout=20)
+    h.check(mounted and state == "CANCELLED" and not left,
+            "scancel mid-job: %s, nothing left %s" % (state, left))
+
+
+def test_a_bad_option(s):
+    # The job fails at once, with clairfs's line naming it.
+    slurm, tmp, data, nvme = s.slurm, s.tmp, s.data, s.nvme
+    job, r = submit(slurm, tmp, job_script(tmp, data, nvme, "--epochs 1", opts_extra="bogus_option=1"), wait=True)
+    out = output(tmp, job)
+    left = wait_clean(tmp, [nvme], timeout=20)
+    h.check(r.returncode != 0 and "bogus_option" in out and "clairfs-job-mount:" in out and "epoch" not in out
+            and not left, "a bad option: the job fails before training (exit %d), nothing left %s: %s"
+            % (r.returncode, left, [l for l in out.splitlines() if "bogus" in l][:2]))
+
+
+def test_srun_without_mpi(s):
+    # The launch line users used to write: srun with several daemon tasks and no --mpi. Each task refuses
+    # with one line naming --mpi=pmi2; nothing is mounted.
+    slurm, tmp, data, nvme = s.slurm, s.tmp, s.data, s.nvme
+    script = tmp + "/singleton.sh"
+    os.makedirs(tmp + "/mnt-single")
+    with open(script, "w") as f:
+        f.write("#!/bin/bash\nsrun --overlap -n 2 clairfs %s %s/mnt-single -o seed=42,batch_size=8,world_size=2,"
+                "ranks_per_node=1\necho srun-exit=$?\n" % (data, tmp))
+    job, r = submit(slurm, tmp, script, wait=True)
+    out = output(tmp, job)
+    h.check(out.count("--mpi=pmi2") == 2 and "srun-exit=0" not in out and not leftovers(tmp, [nvme]),
+            "two daemon tasks without --mpi: both refuse, naming --mpi=pmi2: %s" % out.strip().splitlines()[:1])
+
+
+def test_two_daemons_under_srun_mpi_pmi2(s):
+    slurm, tmp, data, want, total = s.slurm, s.tmp, s.data, s.want, s.total
+    # Two daemons under srun --mpi=pmi2 form one MPI world (one host plays two nodes: srun's
+    # --multi-prog gives each its own mount point and cache): they fetch from each other, and at the
+    # job's end clairfs-job-umount stops the step with scancel --signal=TERM, leaving nothing.
+    # SOURCE slower than a peer, as a parallel file system is (bench/slowfs in front of the data).
+    slow = SlowSource(data, tmp + "/slow")
+    mnts = ["%s/mnt-pmi%d" % (tmp, n) for n in range(2)]
+    nvmes = ["%s/nvme-pmi%d" % (tmp, n) for n in range(2)]
+    for d in mnts + nvmes:
+        os.makedirs(d)
+    with open(tmp + "/multi.conf", "w") as f:
+        for n in range(2):
+            f.write("%d clairfs %s %s -o seed=7,batch_size=8,world_size=2,ranks=%d,epochs=2,ram=%d,nvme=%s,"
+                    "nvme_size=%d\n" % (n, slow.mnt, mnts[n], n, int(total * 0.2), nvmes[n], int(total * 0.6)))
+    flag = tmp + "/training-done"
+    with open(tmp + "/pmi2.sh", "w") as f:
+        f.write("#!/bin/bash\nset -euo pipefail\n"
+                "clairfs-job-mount -- srun -n 2 --overlap --mpi=pmi2 --kill-on-bad-exit=0 --multi-prog %s/multi.conf\n"
+                "trap clairfs-job-umount EXIT\n"
+                "while [ ! -e %s ]; do sleep 0.2; done  # training, played by the test\n" % (tmp, flag))
+    job, r = submit(slurm, tmp, tmp + "/pmi2.sh")
+    up = wait_for(lambda: "all 2 nodes mounted" in output(tmp, job), 120)
+    h.check(up, "two daemons under srun --mpi=pmi2: %s" % output(tmp, job).strip()[-300:])
+    if up:
+        threads, wrong, opened, errors = read_in_step(mnts, want, 2)
+        for t in threads:
+            t.join(timeout=300)
+        s = [h.stats(m) for m in mnts]
+        fetched = [x["peers"]["staged_files"] + x["peers"]["demand_files"] for x in s]
+        traffic = sum(x["source_traffic"]["bytes"] for x in s) / total
+        h.check(not errors and sum(wrong) == 0 and all(f > 0 for f in fetched) and traffic <= 1.05,
+                "2 ranks × 2 epochs, every byte right; fetched from each other %s; SOURCE %.3f×" % (fetched, traffic))
+    open(flag, "w").close()
+    state = slurm.wait_done(job, 120)
+    left = wait_clean(tmp, nvmes, timeout=20)
+    out = output(tmp, job)
+    h.check(state == "COMPLETED" and "clairfs-job-umount:" not in out and not left,
+            "the job ended, clairfs-job-umount stopped both daemons cleanly: %s, nothing left %s %s" % (
+                state, left, out.strip()[-300:]))
+    slow.close()
+
+
+@pytest.mark.parametrize("name", ["prolog-job", "prolog-bad"])
+def test_the_prolog_and_epilog(s, name):
+    slurm, tmp = s.slurm, s.tmp
+    # A job whose comment asks for clairfs finds its mount made before it started (ranks_per_node=2 made
+    # ranks=0-1 on this node), runs the shipped train.py (real PNGs decoded) through it, and after it
+    # nothing is left; a wrong option in the comment reaches the job as one line in .../error and leaves
+    # the node up.
+    images = tmp + "/images"
+    if not os.path.exists(images):
         make_images(images, 3, 20)
-        for comment, name in (("clairfs:%s:seed=42,batch_size=4,workers=2,world_size=2,ranks_per_node=2,epochs=2"
-                               % images, "prolog-job"), ("clairfs:%s:seed=42,bogus_option=1" % images, "prolog-bad")):
-            script = prolog_job(tmp, name)
-            job, r = submit(slurm, tmp, script, "--comment=" + comment, wait=True)
-            out = output(tmp, job)
-            where = "/run/clairfs-jobs/" + job
-            gone = wait_for(lambda: not os.path.exists(where), 20)
-            left = leftovers(tmp)
-            node = slurm.run(["sinfo", "-h", "-o", "%t"]).stdout.strip()
-            if name == "prolog-job":
-                epochs = re.findall(r"rank (\d)/2 epoch (\d): (\d+) samples", out)
-                h.check(r.returncode == 0 and "mounted before the job: " + where + "/mnt" in out
-                        and sorted(epochs) == [(str(k), str(e), "30") for k in range(2) for e in range(2)]
-                        and "ranks 0-1 served" in out and gone and not left,
-                        "the prolog mounted before the job, train.py read 2 ranks × 2 epochs through it, the epilog "
-                        "removed it: exit %d, epochs %s, %s gone %s, nothing left %s%s" % (
-                            r.returncode, epochs, where, gone, left, "" if r.returncode == 0 else ": " + out[-800:]))
-            else:
-                h.check(r.returncode != 0 and "clairfs prolog on" in out and "bogus_option" in out and gone
-                        # (mix: the time-limit job runs; plnd: idle, and the backfill scheduler planned
-                        # it for a job waiting — the time-limit job, once in CI)
-                        and not left and node in ("idle", "mix", "plnd"),
-                        "a wrong option in the comment: the job is told (%s), the node stays up (%s), nothing left %s"
-                        % ([l for l in out.splitlines() if "bogus" in l][:1], node, left))
+    comment = {"prolog-job": "clairfs:%s:seed=42,batch_size=4,workers=2,world_size=2,ranks_per_node=2,epochs=2",
+               "prolog-bad": "clairfs:%s:seed=42,bogus_option=1"}[name] % images
+    script = prolog_job(tmp, name)
+    job, r = submit(slurm, tmp, script, "--comment=" + comment, wait=True)
+    out = output(tmp, job)
+    where = "/run/clairfs-jobs/" + job
+    gone = wait_for(lambda: not os.path.exists(where), 20)
+    left = leftovers(tmp)
+    node = slurm.run(["sinfo", "-h", "-o", "%t"]).stdout.strip()
+    if name == "prolog-job":
+        epochs = re.findall(r"rank (\d)/2 epoch (\d): (\d+) samples", out)
+        h.check(r.returncode == 0 and "mounted before the job: " + where + "/mnt" in out
+                and sorted(epochs) == [(str(k), str(e), "30") for k in range(2) for e in range(2)]
+                and "ranks 0-1 served" in out and gone and not left,
+                "the prolog mounted before the job, train.py read 2 ranks × 2 epochs through it, the epilog "
+                "removed it: exit %d, epochs %s, %s gone %s, nothing left %s%s" % (
+                    r.returncode, epochs, where, gone, left, "" if r.returncode == 0 else ": " + out[-800:]))
+    else:
+        h.check(r.returncode != 0 and "clairfs prolog on" in out and "bogus_option" in out and gone
+                # (mix: the time-limit job runs; plnd: idle, and the backfill scheduler planned
+                # it for a job waiting — the time-limit job, once in CI)
+                and not left and node in ("idle", "mix", "plnd"),
+                "a wrong option in the comment: the job is told (%s), the node stays up (%s), nothing left %s"
+                % ([l for l in out.splitlines() if "bogus" in l][:1], node, left))
 
-        state = slurm.wait_done(limited, 240)
-        left = wait_clean(apart, [apart + "/nvme"], timeout=20)
-        h.check("all 1 nodes mounted" in output(apart, limited) and state == "TIMEOUT" and not left,
-                "3. time limit hit mid-job: %s, nothing left %s %s" % (state, left, ended.stderr.strip()))
 
-h.finish()
+def test_the_time_limit(s):
+    # Hit mid-job: as scancel, from Slurm's own SIGTERM.
+    slurm, apart, limited = s.slurm, s.apart, s.limited
+    s.ender.join()
+    ended = s.ended
+    state = slurm.wait_done(limited, 240)
+    left = wait_clean(apart, [apart + "/nvme"], timeout=20)
+    h.check("all 1 nodes mounted" in output(apart, limited) and state == "TIMEOUT" and not left,
+            "time limit hit mid-job: %s, nothing left %s %s" % (
+                state, left, ended.stderr.strip() if ended else "(never mounted: its end not brought forward)"))
+
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
