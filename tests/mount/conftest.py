@@ -4,7 +4,8 @@
 
 (or `/usr/bin/python3 tests/mount/test_mount.py`) from a checkout built in build/ (harness.py's defaults;
 meson test runs each file with its own). A scenario's h.check lines are printed as they are made; it goes
-on past a failed check and fails at its end, naming them all. Skipped when /dev/fuse is missing.
+on past a failed check and fails at its end, naming them all. Skipped when /dev/fuse is missing; a file
+whose every scenario was skipped (no Slurm, say) exits 77, meson's "skipped".
 """
 import os
 import sys
@@ -19,6 +20,19 @@ def pytest_collection_modifyitems(config, items):
     if not os.path.exists("/dev/fuse"):
         for item in items:
             item.add_marker(pytest.mark.skip(reason="/dev/fuse is missing"))
+
+
+_ran = []  # whether each scenario's call ran (not skipped)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _ran.append(not report.skipped)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == 0 and _ran and not any(_ran):
+        session.exitstatus = 77
 
 
 def _judge(failed_before):

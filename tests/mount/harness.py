@@ -1,8 +1,8 @@
 """Shared helpers for tests that mount clairfs for real.
 
-Each test starts the built daemon on a temporary SOURCE, waits for the command to return (it returns
+Each scenario starts the built daemon on a temporary SOURCE, waits for the command to return (it returns
 only once the mount is live), checks what it must, and always unmounts with `fusermount3 -u -z`,
-killing the daemon if it does not go. Tests exit 77 (meson's "skipped") only when /dev/fuse is missing.
+killing the daemon if it does not go. The scenarios are pytest's test functions (conftest.py).
 """
 import contextlib
 import errno
@@ -30,28 +30,13 @@ MAKE_DATASET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".
 FAILURES = []
 
 
-def require_fuse():
-    if not os.path.exists("/dev/fuse"):
-        print("SKIP: /dev/fuse is missing")
-        sys.exit(77)
-
-
 def check(cond, what):
-    """Records a failed assertion (the test goes on, and fails at the end)."""
+    """Records a failed check: the scenario goes on, and fails at its end naming every one (conftest.py)."""
     if cond:
         print("ok   " + what)
     else:
         print("FAIL " + what)
         FAILURES.append(what)
-
-
-def finish():
-    if FAILURES:
-        print("%d check(s) failed:" % len(FAILURES))
-        for f in FAILURES:
-            print("  - " + f)
-        sys.exit(1)
-    print("all checks passed")
 
 
 def is_mounted(mnt):

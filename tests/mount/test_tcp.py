@@ -13,22 +13,20 @@ memory even across network namespaces). Started and stopped with clairfs-job-mou
    removed).
    With room to spare on the survivors (3b), SOURCE reads the dead node's share at most once more.
 4. examples/pbs_job.sh under a PBS-like environment, each host with its own files and host name."""
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import harness as h  # noqa: E402
-from cluster import SLOWFS, NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean  # noqa: E402
+import harness as h
+import pytest
+from cluster import SLOWFS, NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean
 
-h.require_fuse()
 if os.geteuid() != 0 or not have("ip", "tc", "nsenter", "mpiexec", "ss"):
-    print("SKIP: needs root, iproute2 (ip, tc, ss), nsenter and mpiexec")
-    sys.exit(77)
+    pytest.skip("needs root, iproute2 (ip, tc, ss), nsenter and mpiexec", allow_module_level=True)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 NODES = 3
 EPOCHS = 2
@@ -87,16 +85,28 @@ def kill_mid_epoch(mnts, want, victim):
 def join(threads):
     for t in threads:
         t.join(timeout=300)
+class Hosts:
+    """Three hosts in network namespaces, and 600 files behind a slow SOURCE (as a parallel file system is:
+    slower than a peer's cache over the network)."""
+
+    def __init__(self, tmp, stack):
+        self.tmp = tmp
+        self.net = stack.enter_context(NetnsHosts(NODES, tmp))
+        self.data = tmp + "/data"
+        self.want, self.total = h.dataset(self.data, 600, 6, 16, 9)
+        self.slow = SlowSource(self.data, tmp + "/slow")
+        stack.callback(self.slow.close)
+        self.src = self.slow.mnt
 
 
-with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
-    data = tmp + "/data"
-    want, total = h.dataset(data, 600, 6, 16, 9)
-    # SOURCE as a parallel file system is: slower than a peer's cache over the network.
-    slow = SlowSource(data, tmp + "/slow")
-    src = slow.mnt
+@pytest.fixture(scope="module")
+def c():
+    with h.tempdir() as tmp, contextlib.ExitStack() as stack:
+        yield Hosts(tmp, stack)
 
-    # 1. Two epochs over TCP.
+
+def test_two_epochs_over_tcp(c):
+    net, tmp, src, want, total = c.net, c.tmp, c.src, c.want, c.total
     mnts, nvmes, state, r = launch(net, tmp, src, total)
     h.check(r.returncode == 0 and "all 3 nodes mounted" in r.stdout,
             "3 daemons on 3 network namespaces mounted: %s %s" % (r.stdout.strip(), r.stderr.strip()[-500:]))
@@ -136,7 +146,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10),
                 "clairfs-job-umount: exit %d in %.1f s, nothing left: %s" % (r2.returncode, took, r2.stderr.strip()[-300:]))
 
-    # 1b. The nodes' caches together just hold the data set, split between RAM and NVMe: each node keeps
+
+def test_caches_split_between_ram_and_nvme(c):
+    net, tmp = c.net, c.tmp
+    # The nodes' caches together just hold the data set, split between RAM and NVMe: each node keeps
     # the files its rank reads first (a third) in one of the two, so SOURCE is read once over 3 epochs —
     # but for what does not fit. Files of ~100 KB, as images are (NVMe space goes by 4 KiB blocks: a third
     # of a set of 16 KB files takes an eighth more of it than their bytes). A node's third of the bytes
@@ -195,7 +208,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10), "and ended clean")
     big.close()
 
-    # 2. Clean ends in a row (each run reads a little, as a short job would).
+
+def test_clean_ends_in_a_row(c):
+    # Each run reads a little, as a short job would.
+    net, tmp, src, want, total = c.net, c.tmp, c.src, c.want, c.total
     clean, times, bounded = 0, [], 0
     for k in range(CLEAN_RUNS):
         mnts, nvmes, state, r = launch(net, tmp, src, total)
@@ -217,7 +233,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
     h.check(clean == CLEAN_RUNS, "%d of %d jobs ended clean (umount %.1f-%.1f s; a node left before the others %d times)" % (
         clean, CLEAN_RUNS, min(times or [0]), max(times or [0]), bounded))
 
-    # 3. Node 2's daemon SIGKILLed in the middle of epoch 1, the others staging from it (peer_timeout left
+
+def test_a_node_killed_mid_epoch(c):
+    net, tmp, src, want, total = c.net, c.tmp, c.src, c.want, c.total
+    # Node 2's daemon SIGKILLed in the middle of epoch 1, the others staging from it (peer_timeout left
     # at its 5 s): a survivor's ping goes unanswered, and no read waits the timeout — nor more than 1.5 s
     # (250 ms of silence and 600 ms for the ping: 0.85 s; 2.6 s in CI once, when the ping's wait was 4 ×
     # the slowest answer to a request). Each node's RAM holds
@@ -254,7 +273,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         left = wait_clean(tmp, nvmes, timeout=10)
         h.check(not left, "nothing left on any node; umount took %.1f s: %s" % (took, left))
 
-    # 3b. Node 2 SIGKILLed mid-epoch 1 again, each node's RAM now half the data set: the survivors have room
+
+def test_a_node_killed_mid_epoch_with_room_for_its_share(c):
+    net, tmp, src, want, total = c.net, c.tmp, c.src, c.want, c.total
+    # Node 2 SIGKILLed mid-epoch 1 again, each node's RAM now half the data set: the survivors have room
     # for its third, and keep what they fetched of it or read again from SOURCE for their readers' next
     # uses, so a dead node costs at most its share once more (the bound of issue 31: SOURCE over the job no
     # more than the data set plus that share, +0.03). The victim's own SOURCE reads, up to the kill, count.
@@ -276,7 +298,10 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
         left = wait_clean(tmp, nvmes, timeout=10)
         h.check(not left, "nothing left on any node: %s" % left)
 
-    # 4. examples/pbs_job.sh, changed only in its paths and training line, run as PBS runs a job: the
+
+def test_the_pbs_job_script(c):
+    tmp, src, want, total = c.tmp, c.src, c.want, c.total
+    # examples/pbs_job.sh, changed only in its paths and training line, run as PBS runs a job: the
     # environment PBS gives it (PBS_NODEFILE with 2 slots per host, PBS_JOBID, PBS_O_WORKDIR), hydra
     # reaching the hosts through the ssh stand-in (HYDRA_LAUNCHER_EXEC). Here each host also has its own
     # files (mount namespace, its own /tmp-like folder and host name), as real nodes do, so every daemon
@@ -339,6 +364,7 @@ with h.tempdir() as tmp, NetnsHosts(NODES, tmp) as net:
                 "the others %s" % (traffic, EPOCHS, ceiling, fetched))
         left = [x for i in range(NODES) for x in pnet.leftovers(i, node_dir, [nvme])] + leftovers(tmp)
         h.check("clairfs-job-umount:" not in out and not left, "nothing left on any host: %s" % left)
-    slow.close()
 
-h.finish()
+
+if __name__ == "__main__":  # (run as a script: the same tests, under pytest)
+    raise SystemExit(pytest.main([__file__]))
