@@ -299,12 +299,12 @@ void Stager::evict_ram(EntryId id) {
   state_.window.evicted(id);
 }
 
-bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !(nvme_ && nvme_->find(id)); }
+bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !on_nvme(id); }
 
 bool Stager::make_ram_room(uint64_t size, uint64_t key, bool kept) {
   return state_.policy.make_ram_room(
       key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); },
-      [&](EntryId id) { return nvme_ && nvme_->find(id); });
+      [&](EntryId id) { return on_nvme(id); });
 }
 
 bool Stager::make_nvme_room(uint64_t size, uint64_t key) {
@@ -384,7 +384,7 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     const bool room_found = state_.policy.make_readahead_room(
         [&] { return ram_.reserve(e.size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); });
     if (!room_found) break;  // the rest waits for room (read files make it)
-    picks.push_back(Pick{id, kReadAheadKey, true, nvme_ && nvme_->find(id) ? Origin::kNvme : Origin::kSource});
+    picks.push_back(Pick{id, kReadAheadKey, true, on_nvme(id) ? Origin::kNvme : Origin::kSource});
     take_off(id, e.size);
   }
   queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
@@ -447,7 +447,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     }
     Origin first = Origin::kSource;
     const bool soon = policy.needed_soon(c->key);
-    if (nvme_ && nvme_->find(c->id))
+    if (on_nvme(c->id))
       first = Origin::kNvme;
     else if (peers_ && peers_->may_hold(c->id)) {
       if (model_.prefer_peer(soon, peers_->in_flight(), io_.ring_in_flight() + static_cast<unsigned>(picks.size()),
@@ -582,7 +582,7 @@ void Stager::pick_handed(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
   for (; next_handed_ < handed_.size() && picks.size() < room; ++next_handed_) {
     const EntryId id = handed_[next_handed_];
-    if (!manifest_.known(id) || policy.ram().contains(id) || on_its_way(id) || (nvme_ && nvme_->find(id))) continue;
+    if (!manifest_.known(id) || policy.ram().contains(id) || on_its_way(id) || on_nvme(id)) continue;
     const uint64_t key = policy.keep_key(id), size = manifest_.entry(id).size;
     if (key == kNever) continue;
     if (!room_in_flight(size) || !make_ram_room(size, key, true)) return;

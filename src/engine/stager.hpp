@@ -126,6 +126,8 @@ class Stager {
   // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
   // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
   bool kept_in_ram(EntryId id) const REQUIRES(state_.mutex);
+  // Whether this node's NVMe tier holds a copy of `id` (false without one).
+  bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
   // Room in RAM for a file needed at `key`: by eviction (next use) within the eviction window, free room
   // only beyond it. `kept`: the file will be this node's kept copy (kept_in_ram), which may push out
   // another kept copy needed later; any other file pushes out only files not kept for the others.
