@@ -49,7 +49,7 @@ class Workload:
 
 def workloads(quick):
     if quick:
-        return {"resnet": Workload("resnet", 480, 110, 0.6, 4, 16, 2, 20, 2, 2)}
+        return {"resnet": Workload("resnet", 480, 110, 0.6, 4, 16, 2, 20, 2, 1)}  # (one accelerator: a smoke run)
     return {
         "resnet": Workload("resnet", 3000, 110, 0.6, 20, 16, 4, 40, 3, 128),
         "unet3d": Workload("unet3d", 8, 140 * 1024, 0.1, 1, 1, 2, 4000, 2, 8),
