@@ -642,6 +642,21 @@ bool ClairvoyantEngine::unread_open(EntryId id) const {
   return state_.watched.unread(id);
 }
 
+bool ClairvoyantEngine::give_up_unread_open(EntryId id) {
+  FileBytes held;  // let go after the lock
+  Origin from = Origin::kRam;
+  MutexLock lock(state_.mutex);
+  return state_.watched.take_unread(id, &held, &from);
+}
+
+void ClairvoyantEngine::take_unread_open(EntryId id) {
+  MutexLock lock(state_.mutex);
+  if (!state_.watched.opened(id, Clock::now())) return;  // (a read here counted it already)
+  Origin from = Origin::kRam;
+  FileBytes data = ram_copy(id, &from);
+  state_.watched.hold(id, std::move(data), from);
+}
+
 void ClairvoyantEngine::low_on_memory() {
   {
     MutexLock lock(state_.mutex);

@@ -280,7 +280,18 @@ void LearningEngine::release(uint64_t handle) {
 }
 
 ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
-  if (ClairvoyantEngine* e = current()) return e->read_unopened(id, pid, buf, size, offset);
+  uint64_t plan = 0;
+  if (ClairvoyantEngine* e = current(&plan)) {
+    // A use told to an earlier plan's engine and read first now (the plan changed in between) is the
+    // current engine's to count, at this read or its close — not both engines'.
+    if (plan > 0 && watched_.load(std::memory_order_acquire))
+      for (uint64_t p = plan; p-- > 0;)
+        if (ClairvoyantEngine* was = plans_[p].load(std::memory_order_acquire); was && was->give_up_unread_open(id)) {
+          e->take_unread_open(id);
+          break;
+        }
+    return e->read_unopened(id, pid, buf, size, offset);
+  }
   if (offset == 0) {
     // The first read of a file is its open; the same reader reading its file from the start again is not.
     bool fresh = false;
