@@ -405,6 +405,14 @@ def make_dataset(path, files, classes, mean_kb, seed):
                     "--mean-kb", str(mean_kb), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
 
 
+def write_digests(path, want):
+    """{relative path: digest} written as JSON at `path` (returned), for a job that checks the bytes it
+    reads (mismatch_job.py --digests)."""
+    with open(path, "w") as f:
+        json.dump(want, f)
+    return path
+
+
 def dataset(path, files, classes, mean_kb, seed):
     """make_dataset(), then what a test checks reads against: ({relative path: digest}, total bytes)."""
     make_dataset(path, files, classes, mean_kb, seed)

@@ -44,9 +44,7 @@ class Jobs:
         self.tmp, self.data, self.mnt = tmp, tmp + "/data", tmp + "/mnt"
         os.mkdir(self.mnt)
         self.want, self.total = h.dataset(self.data, 3000, 10, 8, 16)
-        self.digests = tmp + "/digests.json"
-        with open(self.digests, "w") as f:
-            json.dump(self.want, f)
+        self.digests = h.write_digests(tmp + "/digests.json", self.want)
         self.ram = self.total // 3
         self.report = []
 

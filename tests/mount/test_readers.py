@@ -81,6 +81,8 @@ def start_rank(tmp, mnt, digests, rank, torch2, barrier, first, persistent, seed
 def hog():
     """Both cores kept busy beside the job, at the job's own priority."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+
+
 class Readers:
     """1,500 files in SOURCE (under the chroot when there is one, so that torch 2.x reads the same mount)
     and their digests; /proc mounted in the chroot for the while (DataLoader workers need it)."""
@@ -91,9 +93,7 @@ class Readers:
         os.mkdir(self.mnt)
         self.want, self.total = h.dataset(self.data, FILES, 8, 8, 30)
         self.samples = len(self.want)
-        self.digests = tmp + "/digests.json"
-        with open(self.digests, "w") as f:
-            json.dump(self.want, f)
+        self.digests = h.write_digests(tmp + "/digests.json", self.want)
 
     def job(self, world, first, tag, epochs=1, only=None):
         """Runs the job's ranks (`only` of them: the others are taken to run elsewhere); whether all read

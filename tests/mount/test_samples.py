@@ -56,9 +56,7 @@ class Jobs:
         data, mnt = self.data, self.mnt
         os.mkdir(mnt)
         want, self.total = h.dataset(data, FILES, 10, 8, 16)
-        self.digests = digests = tmp + "/digests.json"
-        with open(digests, "w") as f:
-            json.dump(want, f)
+        self.digests = digests = h.write_digests(tmp + "/digests.json", want)
         self.ram = self.total // 3
         self.by_name, self.skipping = by_name, skipping = tmp + "/by-name.json", tmp + "/skip.txt"
         with h.mounted(data, mnt, "seed=42,ram=0"):
@@ -207,9 +205,7 @@ def test_a_subfolder_and_a_glob(t):
     for i in range(0, 1200, 10):
         with open(split + "/train/c%04d/t%07d.png" % (i % 10, i), "wb") as f:
             f.write(os.urandom(2000 + i))
-    digests = tmp + "/split-digests.json"
-    with open(digests, "w") as f:
-        json.dump(h.digests(split + "/train"), f)
+    digests = h.write_digests(tmp + "/split-digests.json", h.digests(split + "/train"))
     folder = "ImageFolder(MOUNTPOINT/train) (1320 samples)"
     globbed = "sorted(glob('MOUNTPOINT/train/**/*.jpg')) (1200 samples)"
     train_total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(split + "/train") for n in names)

@@ -10,7 +10,6 @@ shipped prolog/epilog pair (examples/slurm_prolog.sh, slurm_epilog.sh: the mount
 examples/train.py reading it, a wrong option told to the job). After each job no clairfs mount, daemon
 or cache folder may stay."""
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -111,8 +110,7 @@ class Site:
         self.tmp, self.apart = tmp, apart
         self.data, self.nvme, self.bin_dir = data, nvme, bin_dir = tmp + "/data", tmp + "/nvme", tmp + "/bin"
         self.want, self.total = h.dataset(data, FILES, 6, 8, 11)
-        with open(tmp + "/digests.json", "w") as f:
-            json.dump(self.want, f)
+        h.write_digests(tmp + "/digests.json", self.want)
         os.makedirs(nvme)
         os.makedirs(bin_dir)
         for src in (h.CLAIRFS, ROOT + "/scripts/clairfs-job-mount", ROOT + "/scripts/clairfs-job-umount"):
