@@ -6,7 +6,14 @@
 meson test runs each file with its own). A scenario's h.check lines are printed as they are made; it goes
 on past a failed check and fails at its end, naming them all. Skipped when /dev/fuse is missing; a file
 whose every scenario was skipped (no Slurm, say) exits 77, meson's "skipped".
+
+Files run two at a time (scripts/test: `meson test --num-processes 2`). A file that changes what every
+mount on the machine meets (a sysctl, the page cache, network namespaces, Slurm, the torch 2 chroot's
+/proc) or whose checks lean on the machine's time and load says `ALONE = True` (with why): it holds the
+build's lock file (mount-tests.lock) alone, the others hold it shared (flock), so it runs with no other
+file beside it, however its files are started.
 """
+import fcntl
 import os
 import sys
 
@@ -20,6 +27,18 @@ def pytest_collection_modifyitems(config, items):
     if not os.path.exists("/dev/fuse"):
         for item in items:
             item.add_marker(pytest.mark.skip(reason="/dev/fuse is missing"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_machine(request):
+    alone = any(getattr(item.module, "ALONE", False) for item in request.session.items)
+    fd = os.open(os.path.join(os.environ["CLAIRFS_BUILD"], "mount-tests.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 _ran = []  # whether each scenario's call ran (not skipped)

@@ -11,6 +11,8 @@ import time
 import harness as h
 import pytest
 
+ALONE = True  # (conftest.py) it drops the kernel's page cache, every mount's pages with it
+
 
 @contextlib.contextmanager
 def tmpfs(path, size):

@@ -20,6 +20,8 @@ import harness as h
 import pytest
 from cluster import SlowSource, read_in_step
 
+ALONE = True  # (conftest.py) its daemons, answering each other late under another file's load, read SOURCE more (1.057x once)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NODES = 4

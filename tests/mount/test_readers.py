@@ -46,6 +46,8 @@ import harness as h
 import pytest
 from cluster import SlowSource
 
+ALONE = True  # (conftest.py) it sets fs.fanotify.max_user_marks (every user's, root's too), runs a CPU hog, uses the torch 2 chroot
+
 JOB = os.path.join(os.path.dirname(__file__), "mismatch_job.py")
 FILES, EPOCHS, WORLD = 1500, 3, 2
 # How many runs of the flagship job (`tests/mount/test_readers.py N` sets it; 0: none).

@@ -25,6 +25,8 @@ import harness as h
 import pytest
 from cluster import SLOWFS, NetnsHosts, SlowSource, have, leftovers, read_in_step, wait_clean
 
+ALONE = True  # (conftest.py) it makes network namespaces and shapes their links; its checks count stalls
+
 if os.geteuid() != 0 or not have("ip", "tc", "nsenter", "mpiexec", "ss"):
     pytest.skip("needs root, iproute2 (ip, tc, ss), nsenter and mpiexec", allow_module_level=True)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
