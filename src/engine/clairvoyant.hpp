@@ -9,7 +9,8 @@
 //   stager.hpp          the background thread: its io_uring loop, picks, reads, NVMe writes
 //   demand.hpp          misses: files read on the request threads, whole or piece by piece
 //   tiers/chain.hpp     where bytes not in RAM come from: NVMe, the keeper node, SOURCE (one chain)
-//   counters.hpp        every number the stats show
+//   counters.hpp        every number the engine counts
+//   engine_stats.hpp    the stats, typed, and their JSON
 //
 // and EngineState (state.hpp), what the request threads and the stager share under one mutex.
 //
@@ -38,6 +39,7 @@
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
 #include "engine/diagnosis.hpp"
+#include "engine/engine_stats.hpp"
 #include "engine/stager.hpp"
 #include "engine/state.hpp"
 #include "peer/peer_store.hpp"
@@ -156,7 +158,8 @@ class ClairvoyantEngine final : public Engine {
   // while it runs (an epoch of a large data set takes seconds to build).
   void plan_for(size_t opens) EXCLUDES(state_.mutex);
 
-  // The counters as JSON (.clairfs/stats).
+  // What it has done, typed (engine tests), and as JSON (.clairfs/stats): to_json(snapshot()).
+  EngineStats snapshot() const EXCLUDES(state_.mutex);
   nlohmann::json stats() const override;
 
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
@@ -254,7 +257,8 @@ class ClairvoyantEngine final : public Engine {
   // The key `opens` opens could reach at most: the furthest rank's next, a step each and the tolerance.
   uint64_t reach(size_t opens) EXCLUDES(state_.mutex);
   uint64_t lead_files(uint64_t rank) const REQUIRES(state_.mutex);
-  void ranks_json(nlohmann::json& j) const REQUIRES(state_.mutex);
+  // The ranks', the plan's, the page window's and the readers' part of the snapshot.
+  void rank_stats(EngineStats& s) const REQUIRES(state_.mutex);
 
   const Manifest& manifest_;
   const EngineConfig config_;

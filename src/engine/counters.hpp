@@ -1,11 +1,10 @@
-// The engine's counters, and the part of .clairfs/stats they make: one place for every number the engine
-// counts, written by any thread (relaxed atomics: each is a tally, read only for the stats).
+// The engine's counters: one place for every number the engine counts, written by any thread (relaxed
+// atomics: each is a tally, read only for the stats: ClairvoyantEngine::snapshot).
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 
 #include "clairfs/store.hpp"
 
@@ -51,9 +50,6 @@ struct EngineCounters {
   std::atomic<uint64_t> staging_waits_given_up{0};
   // Opens and closes a watch on the mount told (no-open mode), and the times it lost some.
   std::atomic<uint64_t> watched_opens{0}, watched_closes{0}, watch_losses{0};
-
-  // Writes "tiers", "staged", "source_traffic", "stalls", "readahead_files" into `j`.
-  void to_json(nlohmann::json& j) const;
 
  private:
   static size_t index(Origin o) { return static_cast<size_t>(o); }

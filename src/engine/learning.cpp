@@ -75,19 +75,6 @@ void run_niced(const std::function<void()>& work) {
 // True while a process runs (or runs as another user).
 bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
-// Adds `from`'s numbers into `into`'s, member by member (both objects of counters).
-void add_numbers(nlohmann::json& into, const nlohmann::json& from) {
-  if (!from.is_object()) return;
-  for (const auto& [key, value] : from.items()) {
-    if (value.is_object())
-      add_numbers(into[key], value);
-    else if (value.is_number_unsigned())
-      into[key] = into.value(key, uint64_t{0}) + value.get<uint64_t>();
-    else if (value.is_number())
-      into[key] = into.value(key, 0.0) + value.get<double>();
-  }
-}
-
 }  // namespace
 
 std::optional<Replan> replan_for(const std::unordered_map<pid_t, ReaderTracker::ReadsAs>& readers,
@@ -964,52 +951,79 @@ std::optional<Learned> LearningEngine::learn(std::vector<std::pair<EntryId, pid_
   }
 }
 
-nlohmann::json LearningEngine::stats() const {
-  MutexLock lock(mutex_);  // the engines of earlier plans retire under it
+std::optional<EngineStats> LearningEngine::snapshot() const {
+  MutexLock lock(mutex_);
+  return snapshot_locked();
+}
+
+std::optional<EngineStats> LearningEngine::snapshot_locked() const {
   uint64_t n = 0;
   ClairvoyantEngine* e = current(&n);
-  nlohmann::json j = e ? e->stats() : reader_.stats();
-  if (e) {  // what was read before the engine was there counts as SOURCE's
-    j["source_traffic"]["bytes"] = j["source_traffic"].value("bytes", uint64_t{0}) + source_bytes_.load();
-    j["tiers"]["source"]["bytes"] = j["tiers"]["source"].value("bytes", uint64_t{0}) + source_bytes_.load();
-    j["tiers"]["source"]["files"] = j["tiers"]["source"].value("files", uint64_t{0}) + source_files_.load();
-    j["stalls"]["opens"] = j["stalls"].value("opens", uint64_t{0}) + source_files_.load();
-    j["progress"]["opens_seen"] = j["progress"].value("opens_seen", uint64_t{0}) + opens_before_.load();
-    j["progress"]["closes_seen"] = j["progress"].value("closes_seen", uint64_t{0}) + closes_before_.load();
-  }
+  if (!e) return std::nullopt;
+  EngineStats s = e->snapshot();
+  // What was read before the engine was there counts as SOURCE's.
+  s.tier(Origin::kSource).bytes += source_bytes_.load();
+  s.tier(Origin::kSource).files += source_files_.load();
+  s.progress.opens_seen += opens_before_.load();
+  s.progress.closes_seen += closes_before_.load();
   // What the engines of earlier plans served counts too.
-  for (uint64_t p = 0; p < n; ++p) {
-    const nlohmann::json before = engines_[p]->stats();
-    for (const char* section : {"tiers", "staged", "source_traffic", "stalls"})
-      add_numbers(j[section], before[section]);
-    // The watch's news went to the plan of the moment: heard opens and closes are the sum.
-    for (const char* count : {"opens_seen", "closes_seen", "losses"})
-      j["progress"][count] = j["progress"].value(count, uint64_t{0}) + before["progress"].value(count, uint64_t{0});
-  }
+  for (uint64_t p = 0; p < n; ++p) s.add_served(engines_[p]->snapshot());
+  return s;
+}
+
+LearningEngine::Learning LearningEngine::learning() const {
+  MutexLock lock(mutex_);
+  return learning_locked();
+}
+
+LearningEngine::Learning LearningEngine::learning_locked() const {
+  uint64_t n = 0;
+  const ClairvoyantEngine* e = current(&n);
+  Learning l;
   if (replanning_.on)
-    j["plan"]["world"] = {{"world_size", plan_.world},
-                          {"ranks", rank_list_text(plan_.ranks)},
-                          {"epoch", plan_.epoch},
-                          // the order planned for: the told seed until the job's own was found
-                          {"order", found_.empty() && told_ ? "seed=" + seed_text(told_->schedule().seed) : found_},
-                          {"replanned", replanned_},
-                          // the list the job was found to read, where not the mount's: "ImageFolder(MOUNTPOINT/train)
-                          // (1459 samples)", "sorted(glob('MOUNTPOINT/**/*.jpg')) (1500 samples)"
-                          {"samples", samples_words_},
-                          {"kept_files", n > 0 ? engines_[n]->adopted() : 0}};
-  if (told_) {  // what was read from SOURCE while the engine waited for the files' attributes
-    j["waited"] = {{"state", state_}, {"source_bytes", source_bytes_.load()}, {"source_files", source_files_.load()}};
-    return j;
-  }
-  j["learned"] = {{"state", state_},
-                  {"seed", found_},
-                  {"after_opens", found_after_},
-                  {"tries", tries_},
-                  {"opens_seen", e ? found_after_ : opens_.size()},
-                  {"other_users_opens", not_the_job_},  // not learned from (learn_from=)
-                  {"relearned", relearned_},  // times a seed was learned again (the job read in another order)
-                  {"source_bytes", source_bytes_.load()},   // read before the engine was there (counted in
-                  {"source_files", source_files_.load()}};  // source_traffic, tiers.source and stalls too)
+    l.world = Learning::World{plan_.world,
+                              plan_.epoch,
+                              replanned_,
+                              n > 0 ? engines_[n]->adopted() : 0,
+                              rank_list_text(plan_.ranks),
+                              found_.empty() && told_ ? "seed=" + seed_text(told_->schedule().seed) : found_,
+                              samples_words_};
+  if (told_)
+    l.waited = Learning::Waited{state_, source_bytes_.load(), source_files_.load()};
+  else
+    l.learned = Learning::Learned{state_,
+                                  found_,
+                                  found_after_,
+                                  tries_,
+                                  e ? found_after_ : opens_.size(),
+                                  not_the_job_,
+                                  relearned_,
+                                  source_bytes_.load(),
+                                  source_files_.load()};
+  return l;
+}
+
+nlohmann::json LearningEngine::stats() const {
+  MutexLock lock(mutex_);  // the engines of earlier plans retire under it
+  const std::optional<EngineStats> s = snapshot_locked();
+  nlohmann::json j = s ? to_json(*s) : reader_.stats();
+  const Learning l = learning_locked();
+  if (const auto& w = l.world)
+    j["plan"]["world"] = {{"world_size", w->world_size}, {"ranks", w->ranks},         {"epoch", w->epoch},
+                          {"order", w->order},           {"replanned", w->replanned}, {"samples", w->samples},
+                          {"kept_files", w->kept_files}};
+  if (const auto& w = l.waited)  // what was read from SOURCE while the engine waited for the files' attributes
+    j["waited"] = {{"state", w->state}, {"source_bytes", w->source_bytes}, {"source_files", w->source_files}};
+  if (const auto& x = l.learned)
+    j["learned"] = {{"state", x->state},
+                    {"seed", x->seed},
+                    {"after_opens", x->after_opens},
+                    {"tries", x->tries},
+                    {"opens_seen", x->opens_seen},
+                    {"other_users_opens", x->other_users_opens},  // not learned from (learn_from=)
+                    {"relearned", x->relearned},  // times a seed was learned again (the job read in another order)
+                    {"source_bytes", x->source_bytes},   // read before the engine was there (counted in
+                    {"source_files", x->source_files}};  // source_traffic, tiers.source and stalls too)
   return j;
 }
 

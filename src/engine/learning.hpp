@@ -132,12 +132,39 @@ class LearningEngine final : public Engine {
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
   nlohmann::json stats() const override;
+  // The current plan's engine's, typed, with what was read before it and by earlier plans' engines
+  // (nullopt before an engine runs).
+  std::optional<EngineStats> snapshot() const EXCLUDES(mutex_);
+  // What it learned and planned, typed: .clairfs/stats' "plan.world", "learned" and "waited".
+  struct Learning {
+    struct World {  // re-planning on: the plan of the moment
+      uint64_t world_size = 0, epoch = 0, replanned = 0, kept_files = 0;
+      std::string ranks;    // "0-3"
+      std::string order;    // the order planned for: the told seed until the job's own was found
+      std::string samples;  // the list the job was found to read, where not the mount's (folder_words)
+    };
+    std::optional<World> world;
+    struct Learned {  // seed=auto
+      std::string state, seed;
+      uint64_t after_opens = 0, tries = 0, opens_seen = 0, other_users_opens = 0, relearned = 0;
+      uint64_t source_bytes = 0, source_files = 0;  // read before the engine was there
+    };
+    std::optional<Learned> learned;
+    struct Waited {  // a told seed, its engine waiting for the files' attributes
+      std::string state;
+      uint64_t source_bytes = 0, source_files = 0;
+    };
+    std::optional<Waited> waited;
+  };
+  Learning learning() const EXCLUDES(mutex_);
   // The oracle of the seed found (of the latest plan); nullptr until then.
   const Oracle* oracle() const { return oracle_ready_.load(std::memory_order_acquire); }
 
  private:
   // The engine of the current plan, if any, and its number.
   ClairvoyantEngine* current(uint64_t* plan = nullptr) const;
+  std::optional<EngineStats> snapshot_locked() const REQUIRES(mutex_);
+  Learning learning_locked() const REQUIRES(mutex_);
   // The engine a handle was opened through.
   ClairvoyantEngine* engine_of(uint64_t handle) const {
     return plans_[(handle >> 1) & (kPlans - 1)].load(std::memory_order_acquire);
