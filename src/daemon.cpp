@@ -142,8 +142,8 @@ void BackgroundFill::run(const Manifest& m) {
            std::to_string(seconds_since(t0)).substr(0, 5) + " s");
   if (const uint64_t gone = m.gone_at_fill())
     log_warning(std::to_string(gone) +
-                " files listed at mount were gone from SOURCE (or replaced) when their "
-                "attributes were read; reads of them fail (EIO)");
+                " files listed at mount were gone from SOURCE (or replaced by no regular file) when "
+                "their attributes were read: a lookup of one finds no such file (ENOENT)");
 }
 
 std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
@@ -201,8 +201,8 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
         d.manifest->fill_attributes(never_stopped);
         if (const uint64_t gone = d.manifest->gone_at_fill())
           log_warning(std::to_string(gone) +
-                      " files listed were gone from SOURCE (or replaced) when stat-ed; "
-                      "reads of them fail (EIO)");
+                      " files listed were gone from SOURCE (or replaced by no regular file) when stat-ed: "
+                      "a lookup of one finds no such file (ENOENT)");
       } else {
         // (The default at every size: said in a debug line; a line above that for each mount is noise.)
         log_debug("mounting once SOURCE's names are listed (" + std::to_string(d.manifest->attributes_pending()) +
