@@ -266,6 +266,10 @@ def test_a_listing_by_names_pushes_every_file(t):
     big_want = h.digests(big)
     big_total = sum(os.path.getsize(os.path.join(big, p)) for p in big_want)
     with h.mounted(big, mnt, "seed=9,batch_size=8,start_batch=0,ram=%d,pagecache=%d" % (2 * big_total, 2 * big_total)):
+        # (Listed before the mount has read the files' attributes, a file is given to the kernel by name
+        # and type alone, without an inode, and is not pushed until looked up: beside another test file
+        # the listing came first once, and 361 of 600 were pushed.)
+        h.check(h.attributes_read(mnt), "the files' attributes read before the listing")
         for _ in os.walk(mnt):
             pass
         files = sum(1 for p in big_want if os.path.getsize(os.path.join(big, p)) > 0)
