@@ -110,12 +110,21 @@ def live_processes(match):
     return [pid for pid, argv in command_lines() if argv and match(argv) and running(pid)]
 
 
+def _names(path, mnt):
+    """Whether `path` resolves to `mnt` (False where it cannot be resolved: another test's mount point
+    may be half gone, and realpath then fails with EINVAL)."""
+    try:
+        return os.path.realpath(path) == mnt
+    except OSError:
+        return False
+
+
 def daemon_pids(mnt):
     """PIDs of clairfs processes whose command line names this mount point."""
     mnt = os.path.realpath(mnt)
     return [pid for pid, args in command_lines()
             if args and os.path.basename(args[0]) == b"clairfs" and any(
-                os.path.realpath(a.decode(errors="replace")) == mnt for a in args[1:] if a)]
+                _names(a.decode(errors="replace"), mnt) for a in args[1:] if a)]
 
 
 def unmount(mnt, timeout=10):
