@@ -7,11 +7,11 @@ meson test runs each file with its own). A scenario's h.check lines are printed 
 on past a failed check and fails at its end, naming them all. Skipped when /dev/fuse is missing; a file
 whose every scenario was skipped (no Slurm, say) exits 77, meson's "skipped".
 
-Files run two at a time (scripts/test: `meson test --num-processes 2`). A file that changes what every
-mount on the machine meets (a sysctl, the page cache, network namespaces, Slurm, the torch 2 chroot's
-/proc) or whose checks lean on the machine's time and load says `ALONE = True` (with why): it holds the
-build's lock file (mount-tests.lock) alone, the others hold it shared (flock), so it runs with no other
-file beside it, however its files are started.
+Files run two at a time in the plain pass (scripts/test: `meson test --num-processes 2`). A file that
+changes what every mount on the machine meets (a sysctl, the page cache, network namespaces) or whose
+checks lean on the machine's time and load says `ALONE = True` (with why): it holds the build's lock file
+(mount-tests.lock) alone, the others hold it shared (flock), so it runs with no other file beside it,
+however its files are started. (test_torch2 shares the torch 2 chroot with test_readers, which is alone.)
 """
 import fcntl
 import os
