@@ -152,7 +152,8 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_, mean_size_),
-             window_config(config_, mean_size_), ram_) {
+             window_config(config_, mean_size_), ram_),
+      handing_over_(config_.handed_over) {
   {
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
@@ -204,7 +205,20 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
     p.woke = true;
   }
   if (handle) state_.window.opened(id);
-  p.seen = state_.tracker.on_open(id, pid, handle);
+  if (!handle && state_.tracker.read_again(id, pid)) {
+    p.seen.again = true;
+    return p;
+  }
+  if (handing_over_) {  // placed once the old plan's last opens are (take_over)
+    waiting_.emplace_back(id, pid);
+    return p;
+  }
+  use(p, id, pid);
+  return p;
+}
+
+void ClairvoyantEngine::use(Placed& p, EntryId id, pid_t pid) {
+  p.seen = state_.tracker.on_use(id, pid);
   for (uint64_t r : p.seen.diagnose) {
     const Planner::RankProgress rp = state_.planner.progress(r);
     // Read by another job's processes than the plan's readers (started again from scratch), or never read:
@@ -213,7 +227,6 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
     p.evidence.push_back(
         {served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r), fresh});
   }
-  if (p.seen.again) return p;
   if (!p.seen.open.expected && log_enabled(LogLevel::kDebug))
     p.debug = "open of /" + manifest_.path(id) + " by process " + std::to_string(pid) +
               (p.seen.open.blamed ? " not near rank " + std::to_string(served_ranks(config_)[p.seen.open.rank]) +
@@ -230,7 +243,6 @@ ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool h
   if (state_.policy.ram().key(id) == kReadAheadKey) state_.policy.ram().set(id, kNever, false);
   state_.window.read_through(id, p.seen.open);
   p.wake = state_.stager_wants_waking(!state_.tracker.readahead().empty() || p.seen.returned);
-  return p;
 }
 
 void ClairvoyantEngine::placed(Placed& p) {
@@ -302,7 +314,7 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
     if (state_.planner.planned_end() >= up_to) planning = false;
     for (; i < opens.size() && !(planning && state_.planner.wanted_epoch()); ++i) {
       const auto& [id, pid] = opens[i];
-      const ReaderTracker::Seen seen = state_.tracker.on_open(id, pid, true);
+      const ReaderTracker::Seen seen = state_.tracker.on_use(id, pid);
       all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
       if (seen.other) all.other = seen.other;
       if (seen.other_world) {
@@ -316,6 +328,25 @@ void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& o
   }
   state_.wake_stager();
   if (!all.changed.empty() || all.other || all.other_world || all.world_decided) tell(all, {});
+}
+
+void ClairvoyantEngine::take_over(const std::vector<std::pair<EntryId, pid_t>>& opens) {
+  catch_up(opens);
+  // Then those told here since (waiting meanwhile), and those told while these are placed, in turn.
+  for (;;) {
+    std::vector<std::pair<EntryId, pid_t>> waiting;
+    std::vector<Placed> done;
+    {
+      MutexLock lock(state_.mutex);
+      if (waiting_.empty()) {
+        handing_over_ = false;
+        return;
+      }
+      waiting.swap(waiting_);
+      for (const auto& [id, pid] : waiting) use(done.emplace_back(), id, pid);
+    }
+    for (Placed& p : done) placed(p);
+  }
 }
 
 void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {

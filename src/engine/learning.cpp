@@ -638,6 +638,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     c.start_items = std::move(start_items);
     c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
+    c.handed_over = true;
     c.adopt = [this, old] {
       MutexLock lock(mutex_);  // stats() reads the engines under it
       return old->retire();
@@ -651,6 +652,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     return false;
   }
   const std::vector<std::pair<EntryId, pid_t>> meanwhile = opens(seen, &seen);  // (`opens` may take mutex_)
+  if (replanning_.while_switching) replanning_.while_switching(false);
   ClairvoyantEngine* const now = e.get();
   {
     MutexLock lock(mutex_);
@@ -665,8 +667,10 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     old->free_ram();
   }
   // The opens the old plan took after those, until the new one was published: its readers' too (a job
-  // reading 1,700 files a second left 120 of its epoch's opens counted by neither plan under ASan).
-  now->catch_up(opens(seen, &seen));
+  // reading 1,700 files a second left 120 of its epoch's opens counted by neither plan under ASan); then
+  // those the new one was told meanwhile.
+  if (replanning_.while_switching) replanning_.while_switching(true);
+  now->take_over(opens(seen, &seen));
   return true;
 }
 

@@ -78,6 +78,10 @@ struct Replanning {
   // Called on the re-planning thread once an order was learned again, before it is planned for (tests:
   // the plan's own readers read meanwhile, as they do while a slow learning runs).
   std::function<void()> after_relearning = nullptr;
+  // Called on the re-planning thread as it switches to a new plan: before it is published (opens then go
+  // to the old plan's engine) and once it is, before the old one's last opens are handed over (tests:
+  // readers read on meanwhile, as they do while a thread at nice 10 waits for a core a busy job holds).
+  std::function<void(bool published)> while_switching = nullptr;
 };
 
 // The files a job opened, a bit each (any thread; no lock): once it opened some of them again (an epoch

@@ -103,19 +103,18 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
   }
 }
 
-ReaderTracker::Seen ReaderTracker::on_open(EntryId id, pid_t pid, bool handle) {
-  Seen seen;
+bool ReaderTracker::read_again(EntryId id, pid_t pid) {
   // Without opens, the same reader reading the file from its start again is the same use: the kernel
   // reads a page again when its cached copy went while it was being read.
-  if (!handle) {
-    if (last_read_.size() > kMaxReaders) last_read_.clear();
-    auto [it, fresh] = last_read_.try_emplace(pid, id);
-    if (!fresh && it->second == id) {
-      seen.again = true;
-      return seen;
-    }
-    it->second = id;
-  }
+  if (last_read_.size() > kMaxReaders) last_read_.clear();
+  auto [it, fresh] = last_read_.try_emplace(pid, id);
+  if (!fresh && it->second == id) return true;
+  it->second = id;
+  return false;
+}
+
+ReaderTracker::Seen ReaderTracker::on_use(EntryId id, pid_t pid) {
+  Seen seen;
   const uint64_t others = planner_.other_readers();
   seen.open = planner_.on_open(id, pid, parent_of(pid));
   if (others == 0 && planner_.other_readers() > 0) seen.other = pid;

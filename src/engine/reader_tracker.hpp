@@ -46,8 +46,11 @@ class ReaderTracker {
     uint64_t world = 0, mounted_world = 0;  // that world size, and the mounted one
     bool world_decided = false;  // a reader was found to read as another world size (any, not only the first)
   };
-  // An open of `id` by `pid`; `handle`: through a handle (opens), else a first read (no-open mode).
-  Seen on_open(EntryId id, pid_t pid, bool handle);
+  // Without a handle (no-open mode, a file's first read is its open): whether `pid` read `id` last too —
+  // the same use again, not a use; noted as its last if not.
+  bool read_again(EntryId id, pid_t pid);
+  // A use of `id` by `pid` (an open, or a first read not read_again): placed in the plan.
+  Seen on_use(EntryId id, pid_t pid);
   // The order is DistributedSampler's split of a shuffle: rank r's k-th item is the shuffle's k·W + r-th
   // (W = world_size; `ranks`: the training rank of each served rank). A DataLoader worker opens its
   // batch's items one after another, so the shuffle positions of its consecutive opens differ by the
