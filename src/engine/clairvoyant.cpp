@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 // time on a working file system, short enough that a stuck read costs little.
 constexpr auto kWaitForStaging = std::chrono::seconds(5);
 // ...and stops waiting sooner when the stager's push or drop into the kernel is overdue
-// (EngineState::wait_for_flight).
+// (StagingCore::wait_for_flight).
 
 std::vector<uint64_t> served_ranks(const EngineConfig& c) {
   return c.ranks.empty() ? std::vector<uint64_t>{0} : c.ranks;
@@ -151,9 +151,8 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       chain_({nvme_.get(), peers_.get(), &source}),
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
-      state_(manifest_, planner_config(manifest_, config_), streams_, policy_config(config_, mean_size_),
-             window_config(config_, mean_size_), ram_),
-      handing_over_(config_.handed_over) {
+      state_(manifest_, served_ranks(config_), planner_config(manifest_, config_), streams_,
+             policy_config(config_, mean_size_), window_config(config_, mean_size_), ram_, config_.handed_over) {
   {
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
@@ -166,7 +165,7 @@ void ClairvoyantEngine::begin() {
   if (config_.watched) watching_opens();
   // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
   // already is kept for its next use there.
-  if (config_.adopt) plan_wanted(kNever);
+  if (config_.adopt) state_.plan_wanted(kNever);
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
@@ -182,12 +181,6 @@ ClairvoyantEngine::~ClairvoyantEngine() {
 
 // ---- progress --------------------------------------------------------------------------------------
 
-void ClairvoyantEngine::progressed() {
-  state_.policy.readers_moved(state_.planner, [&](EntryId id, uint64_t key, uint64_t next)
-                                                  REQUIRES(state_.mutex) { state_.window.passed(key, id, next); });
-  state_.window.settle(state_.policy.evict_window());
-}
-
 void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
   // A file being staged right now arrives sooner from that read than from a second one.
   // Given up (the stager's call into the kernel overdue): read on demand by the caller, so that request
@@ -195,57 +188,8 @@ void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
   if (!state_.wait_for_flight(lock, id, Clock::now() + kWaitForStaging)) counters_.staging_waits_given_up++;
 }
 
-ClairvoyantEngine::Placed ClairvoyantEngine::place(EntryId id, pid_t pid, bool handle) {
-  Placed p;
-  touch();
-  if (state_.idle) {  // idle= gave RAM back: this read starts staging again, from where the readers are
-    state_.idle = false;
-    state_.policy.restart();
-    state_.window.restart();
-    p.woke = true;
-  }
-  if (handle) state_.window.opened(id);
-  if (!handle && state_.tracker.read_again(id, pid)) {
-    p.seen.again = true;
-    return p;
-  }
-  if (handing_over_) {  // placed once the old plan's last opens are (take_over)
-    waiting_.emplace_back(id, pid);
-    return p;
-  }
-  use(p, id, pid);
-  return p;
-}
-
-void ClairvoyantEngine::use(Placed& p, EntryId id, pid_t pid) {
-  p.seen = state_.tracker.on_use(id, pid);
-  for (uint64_t r : p.seen.diagnose) {
-    const Planner::RankProgress rp = state_.planner.progress(r);
-    // Read by another job's processes than the plan's readers (started again from scratch), or never read:
-    // the start epoch read now is a start, not an epoch repeated for want of set_epoch.
-    const bool fresh = !state_.planner.read_any(r) || (r == p.seen.open.rank && state_.planner.new_lineage(pid));
-    p.evidence.push_back(
-        {served_ranks(config_)[r], rp.shifted_from.value_or(rp.next_epoch), state_.tracker.recent(r), fresh});
-  }
-  if (!p.seen.open.expected && log_enabled(LogLevel::kDebug))
-    p.debug = "open of /" + manifest_.path(id) + " by process " + std::to_string(pid) +
-              (p.seen.open.blamed ? " not near rank " + std::to_string(served_ranks(config_)[p.seen.open.rank]) +
-                                        "'s place in the plan (counted against it)"
-                                  : " not near any rank's place in the plan");
-  for (uint64_t rank : p.seen.lost) state_.window.rank_lost(rank);
-  if (p.seen.returned) {  // a rank came back: stage and push for it again
-    state_.policy.restart();
-    state_.window.restart();
-  }
+void ClairvoyantEngine::placed(StagingCore::Placed& p) {
   if (p.seen.open.expected) counters_.served_files(Origin::kPageCache, p.seen.open.presumed);
-  progressed();
-  // Read: first to go.
-  if (state_.policy.ram().key(id) == kReadAheadKey) state_.policy.ram().set(id, kNever, false);
-  state_.window.read_through(id, p.seen.open);
-  p.wake = state_.stager_wants_waking(!state_.tracker.readahead().empty() || p.seen.returned);
-}
-
-void ClairvoyantEngine::placed(Placed& p) {
   if (!p.debug.empty()) log_debug(p.debug);
   if (p.woke) log_info("a read after idle=: staging again");
   if (p.wake || p.woke) state_.wake_stager();
@@ -255,98 +199,30 @@ void ClairvoyantEngine::placed(Placed& p) {
 
 FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) {
   FileBytes data;
-  Placed p;
+  StagingCore::Placed p;
   {
     MutexLock lock(state_.mutex);
     wait_for_staging(lock, id);
-    data = ram_copy(id, from);
-    p = place(id, pid, handle);
+    data = state_.ram_copy(id, from);
+    p = state_.place(id, pid, handle);
   }
   *again = p.seen.again;
   placed(p);
   return data;
 }
 
-bool ClairvoyantEngine::plan_wanted(uint64_t up_to) {
-  for (;;) {
-    std::optional<uint64_t> want;
-    uint64_t ranks = 0, end = 0;
-    {
-      MutexLock lock(state_.mutex);
-      end = state_.planner.planned_end();
-      want = end < up_to ? state_.planner.wanted_epoch() : std::nullopt;
-      ranks = state_.tracker.ranks();
-    }
-    if (!want) return true;
-    std::optional<EpochStreams> e;
-    try {
-      e = Planner::build(streams_, *want, ranks, manifest_.size());
-    } catch (const std::exception&) {
-      return false;  // (out of memory, most likely: the stager says so when it tries)
-    }
-    MutexLock lock(state_.mutex);
-    if (state_.planner.wanted_epoch() == want) state_.grow_plan(std::move(e));
-    if (state_.planner.planned_end() == end) return true;  // epochs with no uses: never nearer
-  }
-}
-
-uint64_t ClairvoyantEngine::reach(size_t opens) {
-  MutexLock lock(state_.mutex);
-  return state_.planner.furthest() + (opens + config_.tolerance) * state_.tracker.ranks();
-}
-
-void ClairvoyantEngine::plan_for(size_t opens) { plan_wanted(reach(opens)); }
+void ClairvoyantEngine::plan_for(size_t opens) { state_.plan_wanted(state_.reach(opens)); }
 
 void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
-  if (opens.empty()) return;
-  ReaderTracker::Seen all;
-  // Opens past the end of the epochs planned would have no place: the next epoch is planned first (the
-  // opens made while a seed was learned may reach into the job's next epoch, before the stager plans it)
-  // — but no further than these opens can go, a step each and the tolerance from the rank furthest on
-  // (so a start epoch planned by its head alone is not built whole here, and where an epoch is not much
-  // longer than the tolerance, the opens of another epoch, lying near some place of this one by chance,
-  // do not carry a rank on without end).
-  const uint64_t up_to = reach(opens.size());
-  bool planning = true;  // (until an epoch cannot be built, or the opens' reach: placed in what is planned)
-  for (size_t i = 0; i < opens.size();) {
-    if (planning) planning = plan_wanted(up_to);
-    MutexLock lock(state_.mutex);
-    if (state_.planner.planned_end() >= up_to) planning = false;
-    for (; i < opens.size() && !(planning && state_.planner.wanted_epoch()); ++i) {
-      const auto& [id, pid] = opens[i];
-      const ReaderTracker::Seen seen = state_.tracker.on_use(id, pid);
-      all.changed.insert(all.changed.end(), seen.changed.begin(), seen.changed.end());
-      if (seen.other) all.other = seen.other;
-      if (seen.other_world) {
-        all.other_world = seen.other_world;
-        all.world = seen.world;
-        all.mounted_world = seen.mounted_world;
-      }
-      all.world_decided |= seen.world_decided;
-      progressed();
-    }
-  }
-  state_.wake_stager();
+  const ReaderTracker::Seen all = state_.catch_up(opens);
   if (!all.changed.empty() || all.other || all.other_world || all.world_decided) tell(all, {});
 }
 
 void ClairvoyantEngine::take_over(const std::vector<std::pair<EntryId, pid_t>>& opens) {
   catch_up(opens);
   // Then those told here since (waiting meanwhile), and those told while these are placed, in turn.
-  for (;;) {
-    std::vector<std::pair<EntryId, pid_t>> waiting;
-    std::vector<Placed> done;
-    {
-      MutexLock lock(state_.mutex);
-      if (waiting_.empty()) {
-        handing_over_ = false;
-        return;
-      }
-      waiting.swap(waiting_);
-      for (const auto& [id, pid] : waiting) use(done.emplace_back(), id, pid);
-    }
-    for (Placed& p : done) placed(p);
-  }
+  while (auto done = state_.place_waiting())
+    for (StagingCore::Placed& p : *done) placed(p);
 }
 
 void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
@@ -406,63 +282,27 @@ void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Eviden
 
 // ---- re-planning -----------------------------------------------------------------------------------
 
-std::unordered_map<pid_t, ReaderTracker::ReadsAs> ClairvoyantEngine::readers_as() const {
-  MutexLock lock(state_.mutex);
-  return state_.tracker.readers_as();
-}
+std::unordered_map<pid_t, ReaderTracker::ReadsAs> ClairvoyantEngine::readers_as() const { return state_.readers_as(); }
 
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_as(uint64_t world, uint64_t after,
                                                                    uint64_t* last) const {
-  MutexLock lock(state_.mutex);
-  return state_.tracker.opens_as(world, after, last);
+  return state_.opens_as(world, after, last);
 }
 
-bool ClairvoyantEngine::followed() const {
-  MutexLock lock(state_.mutex);
-  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
-    if (state_.planner.live(r) && state_.planner.confirmed(r)) return true;
-  return false;
-}
-
-uint64_t ClairvoyantEngine::other_readers() const {
-  MutexLock lock(state_.mutex);
-  return state_.planner.other_readers();
-}
+bool ClairvoyantEngine::followed() const { return state_.followed(); }
+uint64_t ClairvoyantEngine::other_readers() const { return state_.other_readers(); }
+uint64_t ClairvoyantEngine::ranks_off() const { return state_.ranks_off(); }
 
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_other(uint64_t after, uint64_t* last) const {
-  MutexLock lock(state_.mutex);
-  return state_.tracker.opens_other(after, last);
+  return state_.opens_other(after, last);
 }
 
 void ClairvoyantEngine::other_order_said() {
   if (config_.on_other_order && !other_order_said_.exchange(true)) config_.on_other_order();
 }
 
-std::vector<uint64_t> ClairvoyantEngine::off_ranks() const {
-  std::vector<uint64_t> off;
-  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
-    if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kOtherOrder) off.push_back(r);
-  return off;
-}
-
-uint64_t ClairvoyantEngine::ranks_off() const {
-  MutexLock lock(state_.mutex);
-  return off_ranks().size();
-}
-
 std::vector<ClairvoyantEngine::RankAt> ClairvoyantEngine::ranks_at() const {
-  std::vector<RankAt> at;
-  {
-    MutexLock lock(state_.mutex);
-    for (uint64_t r = 0; r < state_.tracker.ranks(); ++r) {
-      if (const Planner::RankProgress rp = state_.planner.progress(r); state_.planner.live(r))
-        at.push_back({RankAt::Is::kFollowing, rp.epoch, rp.done});
-      else if (state_.planner.lost(r) == Planner::Lost::kOtherOrder)
-        at.push_back({RankAt::Is::kOff, std::nullopt});
-      else
-        at.push_back({state_.planner.read_any(r) ? RankAt::Is::kIdle : RankAt::Is::kUnread, std::nullopt});
-    }
-  }
+  std::vector<RankAt> at = state_.ranks_at();
   for (size_t r = 0; r < at.size(); ++r)
     if (at[r].is == RankAt::Is::kOff && diagnoser_) at[r].epoch = diagnoser_->epoch(r);
   return at;
@@ -496,27 +336,15 @@ std::vector<std::optional<uint64_t>> ClairvoyantEngine::late_epochs(
 }
 
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_unplaced(uint64_t after, uint64_t* last) const {
-  MutexLock lock(state_.mutex);
-  return state_.tracker.opens_unplaced(after, last);
+  return state_.opens_unplaced(after, last);
 }
 
-bool ClairvoyantEngine::late_start_suspected() const {
-  MutexLock lock(state_.mutex);
-  if (state_.planner.mispredicted() == 0 && state_.planner.other_readers() == 0) return false;
-  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r)
-    if (!state_.planner.live(r) && state_.planner.lost(r) == Planner::Lost::kIdle && !state_.planner.read_any(r))
-      return true;
-  return false;
-}
+bool ClairvoyantEngine::late_start_suspected() const { return state_.late_start_suspected(); }
 
-uint64_t ClairvoyantEngine::reading_epoch() const {
-  MutexLock lock(state_.mutex);
-  return state_.planner.epoch_of(state_.planner.cursor()).value_or(config_.start_epoch);
-}
+uint64_t ClairvoyantEngine::reading_epoch() const { return state_.reading_epoch().value_or(config_.start_epoch); }
 
 std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::latest_opens(uint64_t after, uint64_t* last) const {
-  MutexLock lock(state_.mutex);
-  return state_.tracker.opens_all(after, last);
+  return state_.latest_opens(after, last);
 }
 
 std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
@@ -581,39 +409,15 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   Origin from = Origin::kRam;
   FileBytes data;
   std::optional<DemandReader::Claim> miss;  // taken under the lock when RAM has no copy (see Claim)
-  if (!first && watched_.load(std::memory_order_acquire)) {
+  if (watched_.load(std::memory_order_acquire)) {
     MutexLock lock(state_.mutex);
-    // A read past the start of a use the watch told and no read reached yet: the kernel held the file's
-    // first pages and not the rest. This use's first read is here, counted by where it is served from
-    // (not also as the page cache's at the close). The same when the watch has not told the open yet
-    // (such a use was counted twice: as SOURCE's here, then as the page cache's at the close).
-    first = state_.watched.take_unread(id, &data, &from);
-    if (!first && !state_.window.is_open(id) && !state_.watched.told_lately(id, t0))
-      first = state_.watched.read_before_told(id, t0);
-    if (!data) data = ram_copy(id, &from);
-    if (!data) miss.emplace(demand_, id);
-  } else if (first && watched_.load(std::memory_order_acquire)) {
-    {
-      MutexLock lock(state_.mutex);
-      if (state_.watched.take_unread(id, &data, &from)) {
-        // The watch told its open: placed then, and its RAM copy held since.
-        if (!data) wait_for_staging(lock, id), data = ram_copy(id, &from);
-      } else if (state_.window.is_open(id) || state_.watched.told_lately(id, t0)) {
-        // Read from its start again while open (its pages went meanwhile), or late (the kernel's read
-        // ahead, after the close): the use the watch told, counted once.
-        first = false;
-        data = ram_copy(id, &from);
-      } else {
-        // The watch's thread is behind the reader: the open is placed when it tells it (the watch is
-        // the one account of opens), the file counted as served here and not again at its close.
-        first = state_.watched.read_before_told(id, t0);
-        auto& ahead = state_.tracker.readahead();  // being read: not to be staged beside it
-        if (!ahead.empty()) ahead.erase(std::remove(ahead.begin(), ahead.end(), id), ahead.end());
-        wait_for_staging(lock, id);
-        data = ram_copy(id, &from);
-      }
-      if (!data) miss.emplace(demand_, id);
+    const StagingCore::WatchedRead r = state_.watched_read(id, first, t0, &data, &from);
+    first = r.first;
+    if (r.wait) {
+      wait_for_staging(lock, id);
+      data = state_.ram_copy(id, &from);
     }
+    if (!data) miss.emplace(demand_, id);
   } else if (first) {
     // Without a watch, the first read is the open.
     bool again = false;
@@ -621,7 +425,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     first = !again;  // counted once
   } else {
     MutexLock lock(state_.mutex);
-    data = ram_copy(id, &from);
+    data = state_.ram_copy(id, &from);
     if (!data) miss.emplace(demand_, id);
   }
   if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
@@ -632,23 +436,16 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
 
 void ClairvoyantEngine::watching_opens() {
   MutexLock lock(state_.mutex);
-  state_.window.opens_seen();
-  state_.planner.opens_seen();
+  state_.watching_opens();
   watched_.store(true, std::memory_order_release);
 }
 
 void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   counters_.watched_opens++;
-  Placed p;
+  StagingCore::Placed p;
   {
     MutexLock lock(state_.mutex);
-    const bool unread = state_.watched.opened(id, Clock::now());
-    p = place(id, pid, true);
-    if (unread) {
-      Origin from = Origin::kRam;
-      FileBytes data = ram_copy(id, &from);
-      state_.watched.hold(id, std::move(data), from);
-    }
+    p = state_.watched_open(id, pid, Clock::now());
   }
   placed(p);
 }
@@ -658,13 +455,11 @@ void ClairvoyantEngine::closed(EntryId id, pid_t pid) { close_told(id, pid); }
 bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   counters_.watched_closes++;
   FileBytes held;  // let go after the lock
-  Origin from = Origin::kRam;
   MutexLock lock(state_.mutex);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  const bool counted = state_.watched.take_unread(id, &held, &from);
+  const bool counted = state_.watched_close(id, &held);
   if (counted) counters_.served_file(Origin::kPageCache);
-  state_.window.released(id);
   return counted;
 }
 
@@ -675,17 +470,13 @@ bool ClairvoyantEngine::unread_open(EntryId id) const {
 
 bool ClairvoyantEngine::give_up_unread_open(EntryId id) {
   FileBytes held;  // let go after the lock
-  Origin from = Origin::kRam;
   MutexLock lock(state_.mutex);
-  return state_.watched.take_unread(id, &held, &from);
+  return state_.give_up_unread(id, &held);
 }
 
 void ClairvoyantEngine::take_unread_open(EntryId id) {
   MutexLock lock(state_.mutex);
-  if (!state_.watched.opened(id, Clock::now())) return;  // (a read here counted it already)
-  Origin from = Origin::kRam;
-  FileBytes data = ram_copy(id, &from);
-  state_.watched.hold(id, std::move(data), from);
+  state_.take_unread(id, Clock::now());
 }
 
 void ClairvoyantEngine::low_on_memory() {
@@ -699,14 +490,7 @@ void ClairvoyantEngine::low_on_memory() {
 void ClairvoyantEngine::opens_lost() {
   counters_.watch_losses++;
   MutexLock lock(state_.mutex);
-  state_.watched.forget();
-  state_.window.forget_opens();
-}
-
-FileBytes ClairvoyantEngine::ram_copy(EntryId id, Origin* from) const {
-  FileBytes data = ram_.get(id);
-  *from = data && state_.from_peer[id] ? Origin::kPeer : Origin::kRam;
-  return data;
+  state_.opens_lost();
 }
 
 PeerTransport::Lookup ClairvoyantEngine::peer_lookup() {

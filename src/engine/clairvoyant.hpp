@@ -12,7 +12,7 @@
 //   counters.hpp        every number the engine counts
 //   engine_stats.hpp    the stats, typed, and their JSON
 //
-// and EngineState (state.hpp), what the request threads and the stager share under one mutex.
+// and StagingCore (core.hpp), what the request threads and the stager share under one mutex.
 //
 // An open (or, in FUSE no-open mode, a file's first read) is placed in the plan, and served from the RAM
 // copy staged for it (or the kernel's pages pushed for it); anything else is read on demand. Opens no
@@ -36,12 +36,12 @@
 #include "clairfs/oracle.hpp"
 #include "clairfs/peer.hpp"
 #include "clairfs/store.hpp"
+#include "engine/core.hpp"
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
 #include "engine/diagnosis.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/stager.hpp"
-#include "engine/state.hpp"
 #include "peer/peer_store.hpp"
 #include "tiers/chain.hpp"
 #include "tiers/nvme.hpp"
@@ -183,12 +183,7 @@ class ClairvoyantEngine final : public Engine {
   uint64_t ranks_off() const EXCLUDES(state_.mutex);
   std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
   // Where each served rank reads, for a plan that follows them all (LearningEngine::follow_epoch).
-  struct RankAt {
-    enum class Is { kFollowing, kOff, kIdle, kUnread };  // kUnread: idle, and never read in this plan
-    Is is = Is::kIdle;
-    std::optional<uint64_t> epoch;  // its own: where it reads (following), the diagnosis's (off), or none
-    uint64_t done = 0;              // following: its items of that epoch read
-  };
+  using RankAt = StagingCore::RankAt;
   std::vector<RankAt> ranks_at() const EXCLUDES(state_.mutex);
   // For each served rank that never read (kUnread), the epoch of the planned order it reads in, found
   // from `others`, the opens of processes that follow no rank (opens_unplaced) — a rank that started
@@ -235,40 +230,15 @@ class ClairvoyantEngine final : public Engine {
   FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.mutex);
   // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
   void wait_for_staging(MutexLock& lock, EntryId id) REQUIRES(state_.mutex);
-  // What placing an open did, to act on once the lock is let go (placed()).
-  struct Placed {
-    ReaderTracker::Seen seen;
-    std::vector<Evidence> evidence;
-    bool wake = false;  // the stager waits for the readers to move this far
-    std::string debug;  // a line for log_level=debug, said outside the lock
-    bool woke = false;  // the first open after idle= gave RAM back
-  };
-  Placed place(EntryId id, pid_t pid, bool handle) REQUIRES(state_.mutex);
-  // Its use (not a read again, nor waiting for take_over): what place() does with it.
-  void use(Placed& p, EntryId id, pid_t pid) REQUIRES(state_.mutex);
   // A reader or a peer asked for something now (idle=).
   void touch(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
     state_.last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                              std::memory_order_relaxed);
   }
-  void placed(Placed& p) EXCLUDES(state_.mutex);
-  // The RAM copy of `id`, if any, and where it came from (kPeer or kRam).
-  FileBytes ram_copy(EntryId id, Origin* from) const REQUIRES(state_.mutex);
-  // The served ranks off the plan for reading another order (not idle), by index.
-  std::vector<uint64_t> off_ranks() const REQUIRES(state_.mutex);
+  // What placing an open did, acted on once the lock is let go: counted, logged, the stager woken, told.
+  void placed(StagingCore::Placed& p) EXCLUDES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
   void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
-  // The readers moved: residents and pages of passed uses are re-keyed or dropped.
-  void progressed() REQUIRES(state_.mutex);
-  // Plans the epochs the readers' places call for (as the stager does on its thread), each built off the
-  // lock, until the plan reaches key `up_to`: opens caught up on may lie past the epoch the plan starts
-  // at. False if one could not be built.
-  bool plan_wanted(uint64_t up_to) EXCLUDES(state_.mutex);
-  // The key `opens` opens could reach at most: the furthest rank's next, a step each and the tolerance.
-  uint64_t reach(size_t opens) EXCLUDES(state_.mutex);
-  uint64_t lead_files(uint64_t rank) const REQUIRES(state_.mutex);
-  // The ranks', the plan's, the page window's and the readers' part of the snapshot.
-  void rank_stats(EngineStats& s) const REQUIRES(state_.mutex);
 
   const Manifest& manifest_;
   const EngineConfig config_;
@@ -280,9 +250,7 @@ class ClairvoyantEngine final : public Engine {
   StoreChain chain_;
   DemandReader demand_;
   const uint64_t mean_size_;        // a sample's mean size: one walk over the samples, for the parts below
-  mutable EngineState state_;
-  bool handing_over_ GUARDED_BY(state_.mutex);                               // (EngineConfig::handed_over)
-  std::vector<std::pair<EntryId, pid_t>> waiting_ GUARDED_BY(state_.mutex);  // opens told meanwhile
+  mutable StagingCore state_;
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try

@@ -1,6 +1,6 @@
-// The engine's stats (.clairfs/stats, clairfs status, the OpenMetrics): its parts' numbers taken into an
-// EngineStats (typed) under the engine's mutex, apart from the serving paths in clairvoyant.cpp, and
-// rendered by engine_stats.cpp.
+// The engine's stats (.clairfs/stats, clairfs status, the OpenMetrics): its counters, tiers and peers
+// taken into an EngineStats (typed), the staging core's part added by StagingCore::snapshot, apart from
+// the serving paths in clairvoyant.cpp; rendered by engine_stats.cpp.
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
@@ -9,60 +9,6 @@
 #include "util/text.hpp"
 
 namespace clairfs {
-
-namespace {
-// How far the stats look for a rank's lead: enough to say "more than the window a loader keeps".
-constexpr uint64_t kLeadScanSteps = 100000;
-}  // namespace
-
-uint64_t ClairvoyantEngine::lead_files(uint64_t rank) const {
-  const uint64_t ranks = state_.tracker.ranks();
-  uint64_t lead = 0;
-  for (uint64_t n = 0, key = state_.planner.progress(rank).next_key;
-       n < kLeadScanSteps && key < state_.planner.planned_end(); ++n, key += ranks) {
-    const auto item = state_.planner.item(key);
-    if (!item) continue;
-    if (!state_.policy.ram().contains(*item) && !state_.window.pushed(*item)) break;
-    ++lead;
-  }
-  return lead;
-}
-
-void ClairvoyantEngine::rank_stats(EngineStats& s) const {
-  uint64_t min_epoch = UINT64_MAX, lead_min = UINT64_MAX;
-  for (uint64_t r = 0; r < state_.tracker.ranks(); ++r) {
-    const Planner::RankProgress p = state_.planner.progress(r);
-    const uint64_t lead = lead_files(r);
-    const double rate = state_.tracker.files_per_second(r);
-    s.ranks.push_back({config_.ranks.empty() ? 0 : config_.ranks[r], p.epoch, p.done, p.total, p.live,
-                       state_.tracker.verdict(r), diagnoser_ ? diagnoser_->answer(r) : "", lead,
-                       rate > 0 ? static_cast<double>(lead) / rate : 0.0, rate, p.mispredicted});
-    if (p.live) min_epoch = std::min(min_epoch, p.epoch), lead_min = std::min(lead_min, lead);
-  }
-  s.epoch = min_epoch == UINT64_MAX ? state_.planner.progress(0).epoch : min_epoch;
-  s.mispredicted_opens = state_.planner.mispredicted();
-  s.plan = {state_.planner.cursor(), state_.policy.stage_key(), state_.planner.planned_end(),
-            lead_min == UINT64_MAX ? 0 : lead_min};
-  s.pagecache = {config_.page_cache ? config_.pagecache : 0,
-                 state_.window.used(),
-                 counters_.pushes.load(),
-                 counters_.push_failures.load(),
-                 counters_.drops.load(),
-                 counters_.kernel_asks.load(),
-                 counters_.left_to_kernel.load(),
-                 counters_.kernel_took_back.load()};
-  const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
-  s.progress = {!config_.no_open ? "opens"
-                : inferred       ? "reads"
-                                 : "watched opens",
-                inferred ? state_.window.beacon_every() : 0,
-                counters_.watched_opens.load(),
-                counters_.watched_closes.load(),
-                counters_.watch_losses.load(),
-                state_.planner.other_readers(),
-                state_.tracker.reads_as_world(),
-                state_.planner.other_opens()};
-}
 
 EngineStats ClairvoyantEngine::snapshot() const {
   EngineStats s;
@@ -115,17 +61,28 @@ EngineStats ClairvoyantEngine::snapshot() const {
   }
   s.demand = {demand_.allowance().limit(), demand_.allowance().used(), counters_.piecewise_files.load(),
               counters_.left_to_readers.load()};
-  MutexLock lock(state_.mutex);
-  rank_stats(s);
-  s.idle = {std::chrono::duration_cast<std::chrono::seconds>(config_.idle).count(), state_.idle,
-            counters_.idle_releases.load()};
+  s.pagecache = {config_.page_cache ? config_.pagecache : 0,
+                 0,  // (the core's)
+                 counters_.pushes.load(),
+                 counters_.push_failures.load(),
+                 counters_.drops.load(),
+                 counters_.kernel_asks.load(),
+                 counters_.left_to_kernel.load(),
+                 counters_.kernel_took_back.load()};
+  const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
+  s.progress.from = !config_.no_open ? "opens" : inferred ? "reads" : "watched opens";
+  s.progress.opens_seen = counters_.watched_opens.load();
+  s.progress.closes_seen = counters_.watched_closes.load();
+  s.progress.losses = counters_.watch_losses.load();
+  s.idle.after_seconds = std::chrono::duration_cast<std::chrono::seconds>(config_.idle).count();
+  s.idle.releases = counters_.idle_releases.load();
   // What grows with the data set's size, for the bound of 100 bytes per file.
-  s.memory = {manifest_.size(),
-              manifest_.memory_bytes(),
-              state_.planner.memory_bytes(),
-              state_.policy.memory_bytes(),
-              state_.tracker.memory_bytes() + state_.window.memory_bytes() + state_.from_peer.capacity(),
-              ram_.bookkeeping()};
+  s.memory.entries = manifest_.size();
+  s.memory.manifest = manifest_.memory_bytes();
+  s.memory.ram_bookkeeping = ram_.bookkeeping();
+  state_.snapshot(s, inferred);  // the ranks, the plan, the window's use, the readers, idle, the parts' memory
+  if (diagnoser_)
+    for (size_t r = 0; r < s.ranks.size(); ++r) s.ranks[r].reads_as = diagnoser_->answer(r);
   return s;
 }
 

@@ -8,7 +8,7 @@
 // beyond the window files are staged into free room only — staging far ahead would push out files kept
 // for later epochs and fetch them again (prefetching only pays within the lead the readers need).
 //
-// Thread-compatible: the engine guards it with its mutex (EngineState::mutex), but PeerModel, which is
+// Thread-compatible: the engine guards it with its mutex (StagingCore::mutex), but PeerModel, which is
 // the stager's alone.
 #pragma once
 

@@ -5,7 +5,7 @@
 // its next-use key, and into NVMe too when next-use admission keeps it there.
 //
 // Runs on its own thread only (it owns the IoLoop and its ring); shares the engine's state under
-// EngineState::mutex, never holding it across I/O.
+// StagingCore::mutex, never holding it across I/O.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core.hpp"
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
-#include "engine/state.hpp"
 #include "io/io_loop.hpp"
 #include "peer/peer_store.hpp"
 #include "tiers/chain.hpp"
@@ -36,7 +36,7 @@ namespace clairfs {
 
 struct StagerParts {
   const Manifest& manifest;
-  EngineState& state;
+  StagingCore& state;
   RamTier& ram;
   StoreChain& chain;
   NvmeTier* nvme;        // nullptr: no NVMe tier
@@ -104,7 +104,7 @@ class Stager {
   void ask_kernel();
   void answered(EntryId id, bool held) EXCLUDES(state_.mutex);
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
-  // (EngineState::in_kernel_until).
+  // (StagingCore::in_kernel_until).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
   // Picks, under the mutex: adopted files kept, their writes, read-ahead, then the plan. `room`: ring slots.
   void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
@@ -138,7 +138,7 @@ class Stager {
   bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(state_.mutex);
   void evict_ram(EntryId id) REQUIRES(state_.mutex);
   // The process could not allocate `bytes` (an address-space limit, overcommit off), here or where
-  // requests are served (EngineState::short_of_memory): the RAM budget comes down to kServingRoom more
+  // requests are served (StagingCore::short_of_memory): the RAM budget comes down to kServingRoom more
   // than that below what is held, and the files needed last are let go until RAM is within it, so that
   // reading goes on. Said once; the stats show the budget.
   void give_back_memory(uint64_t bytes) EXCLUDES(state_.mutex);
@@ -161,7 +161,7 @@ class Stager {
   void take_off(EntryId id, uint64_t size) REQUIRES(state_.mutex);
 
   const Manifest& manifest_;
-  EngineState& state_;
+  StagingCore& state_;
   RamTier& ram_;
   StoreChain& chain_;
   NvmeTier* nvme_;

@@ -9,7 +9,7 @@
 // open is held for its first read, as a handle holds it (passed at its open, the file may be evicted
 // before its read arrives).
 //
-// Not thread-safe: EngineState's mutex guards it. Time is the caller's (a test's clock of its own).
+// Not thread-safe: StagingCore's mutex guards it. Time is the caller's (a test's clock of its own).
 #pragma once
 
 #include <chrono>
