@@ -152,7 +152,8 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, served_ranks(config_), planner_config(manifest_, config_), streams_,
-             policy_config(config_, mean_size_), window_config(config_, mean_size_), ram_, config_.handed_over) {
+             policy_config(config_, mean_size_), window_config(config_, mean_size_), ram_, nvme_.get(), counters_,
+             config_.handed_over) {
   {
     MutexLock lock(state_.mutex);
     state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
@@ -358,23 +359,12 @@ std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
 
 void ClairvoyantEngine::free_ram() {
   MutexLock lock(state_.mutex);
-  for (EntryId id : ram_.ids()) {
-    ram_.erase(id);
-    state_.policy.ram().erase(id);
-  }
+  state_.forget_ram();
 }
 
 void ClairvoyantEngine::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
   MutexLock lock(state_.mutex);
-  for (auto& [id, bytes] : files) {
-    // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
-    // would be read from SOURCE again once they do.
-    const uint64_t key = state_.policy.keep_key(id);
-    if (state_.policy.ram().contains(id) || !ram_.reserve(bytes->size())) continue;
-    ram_.insert(id, std::move(bytes));
-    state_.policy.ram().set(id, key, false);
-    ++adopted_;
-  }
+  for (auto& [id, bytes] : files) adopted_ += state_.adopt_copy(id, std::move(bytes)) ? 1 : 0;
 }
 
 // ---- Engine ----------------------------------------------------------------------------------------

@@ -136,6 +136,72 @@ std::optional<std::vector<StagingCore::Placed>> StagingCore::place_waiting() {
   return done;
 }
 
+// ---- RAM -----------------------------------------------------------------------------------------------
+
+bool StagingCore::make_ram_room(uint64_t size, uint64_t key, bool kept) {
+  return policy.make_ram_room(
+      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); },
+      [&](EntryId id) { return on_nvme(id); });
+}
+
+bool StagingCore::make_readahead_room(uint64_t size) {
+  return policy.make_readahead_room([&] { return ram_.reserve(size); },
+                                    [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); });
+}
+
+void StagingCore::keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool kept, Origin from) {
+  ram_.insert(id, std::move(bytes));
+  policy.ram().set(id, key, kept);
+  from_peer[id] = from == Origin::kPeer ? 1 : 0;
+}
+
+bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
+  // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
+  // would be read from SOURCE again once they do.
+  if (policy.ram().contains(id) || !ram_.reserve(bytes->size())) return false;
+  keep_in_ram(id, std::move(bytes), policy.keep_key(id), false, Origin::kRam);
+  return true;
+}
+
+void StagingCore::evict_ram(EntryId id) {
+  if (log_enabled(LogLevel::kDebug)) log_debug("RAM: /" + manifest_.path(id) + " let go for a file needed sooner");
+  ram_.erase(id);
+  counters_.ram_evictions++;
+  window.evicted(id);
+}
+
+unsigned StagingCore::shed_ram(uint64_t budget) {
+  unsigned let_go = 0;
+  while (ram_.used() > budget) {
+    const auto victim = policy.ram().farthest();
+    if (!victim) break;
+    policy.ram().erase(*victim);
+    evict_ram(*victim);
+    let_go++;
+  }
+  return let_go;
+}
+
+std::pair<uint64_t, uint64_t> StagingCore::release_ram() {
+  uint64_t files = 0, bytes = 0;
+  window.drop_pushes();  // (first: a push let go as RAM goes would stay the kernel's)
+  for (EntryId id : ram_.ids()) {
+    bytes += manifest_.entry(id).size;
+    ++files;
+    policy.ram().erase(id);
+    ram_.erase(id);
+    window.evicted(id);
+  }
+  return {files, bytes};
+}
+
+void StagingCore::forget_ram() {
+  for (EntryId id : ram_.ids()) {
+    ram_.erase(id);
+    policy.ram().erase(id);
+  }
+}
+
 // ---- the uses a watch tells ----------------------------------------------------------------------------
 
 StagingCore::Placed StagingCore::watched_open(EntryId id, pid_t pid, std::chrono::steady_clock::time_point now) {

@@ -23,6 +23,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/counters.hpp"
 #include "engine/diagnosis.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/page_window.hpp"
@@ -30,15 +31,18 @@
 #include "engine/policy.hpp"
 #include "engine/reader_tracker.hpp"
 #include "engine/watched_uses.hpp"
+#include "tiers/nvme.hpp"
+#include "tiers/ram.hpp"
 #include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
 struct StagingCore {
   // `ranks`: the training rank of each served rank (the planner's streams, in order).
+  // `nvme`: the node's NVMe tier, or none; `counters`: the engine's.
   StagingCore(const Manifest& manifest, std::vector<uint64_t> ranks, PlannerConfig planner_config,
-              const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config, const RamTier& ram,
-              bool handed_over)
+              const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config, RamTier& ram,
+              const NvmeTier* nvme, EngineCounters& counters, bool handed_over)
       : planner(planner_config, streams),
         tracker(manifest, planner, policy_config.ranks),
         policy(manifest, planner, std::move(policy_config)),
@@ -46,6 +50,8 @@ struct StagingCore {
         from_peer(manifest.size(), 0),
         manifest_(manifest),
         ram_(ram),
+        nvme_(nvme),
+        counters_(counters),
         ranks_(std::move(ranks)),
         streams_(streams),
         tolerance_(planner_config.tolerance),
@@ -152,6 +158,33 @@ struct StagingCore {
     policy.plan_grew(old_end);
   }
 
+  // ---- RAM: which files it holds — the tier's bytes and the policy's index of them, kept in step here
+  // (the tier's budget and reservations are the stager's).
+
+  // Room in RAM for `size` bytes needed at `key`, reserved: by eviction (next use) within the eviction
+  // window, free room only beyond it. `kept`: the file will be this node's kept copy (kept_in_ram), which
+  // may push out another kept copy needed later; any other file pushes out only files not kept for the
+  // others. False: full of files needed sooner, or no free room beyond the window.
+  bool make_ram_room(uint64_t size, uint64_t key, bool kept) REQUIRES(mutex);
+  // Room for a read-ahead: only files no plan needs go, or any when no rank follows the plan.
+  bool make_readahead_room(uint64_t size) REQUIRES(mutex);
+  // Into RAM (its room reserved), keyed by `key`; `kept` for the other nodes; where its bytes came from.
+  void keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool kept, Origin from) REQUIRES(mutex);
+  // A copy of another plan's engine (a re-plan): kept if there is free room, keyed by its next use here
+  // (or as never used: the first to go). True if kept.
+  bool adopt_copy(EntryId id, FileBytes bytes) REQUIRES(mutex);
+  // RAM given back until it holds at most `budget` bytes, the files needed last first; how many went.
+  unsigned shed_ram(uint64_t budget) REQUIRES(mutex);
+  // Every file let go (idle=), the pages pushed for them first; their count and bytes.
+  std::pair<uint64_t, uint64_t> release_ram() REQUIRES(mutex);
+  // Every file let go, nothing else told (a retired plan's engine: its stager stopped).
+  void forget_ram() REQUIRES(mutex);
+  // Whether this node's NVMe tier holds a copy of `id` (false without one).
+  bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
+  // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
+  // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
+  bool kept_in_ram(EntryId id) const REQUIRES(mutex) { return policy.owned(id) && !on_nvme(id); }
+
   // ---- who waits for what: the staging reads in flight (an open of such a file waits for it rather
   // than read it twice), the stager's sleep until the readers have moved, its calls into the kernel.
 
@@ -210,6 +243,8 @@ struct StagingCore {
  private:
   // Uses of the plan passed by the readers: residents and pages re-keyed or dropped.
   void progressed() REQUIRES(mutex);
+  // A file the policy let go (its index entry gone): its bytes and pushed pages with it, counted.
+  void evict_ram(EntryId id) REQUIRES(mutex);
   // The files from a rank's next on that RAM or the kernel holds, one after another (up to a bound).
   uint64_t lead_files(uint64_t rank) const REQUIRES(mutex);
   // Holds `id`'s RAM copy for the told use's first read.
@@ -218,7 +253,9 @@ struct StagingCore {
   void use(Placed& p, EntryId id, pid_t pid) REQUIRES(mutex);
 
   const Manifest& manifest_;
-  const RamTier& ram_;
+  RamTier& ram_;
+  const NvmeTier* const nvme_;
+  EngineCounters& counters_;
   const std::vector<uint64_t> ranks_;
   const StreamSource& streams_;
   const uint64_t tolerance_;

@@ -230,15 +230,7 @@ void Stager::give_back_if_idle() {
   const int64_t last = state_.last_use_ns.load(std::memory_order_relaxed);
   if (Clock::now().time_since_epoch() - std::chrono::nanoseconds(last) < idle_after_) return;
   state_.idle = true;
-  uint64_t files = 0, bytes = 0;
-  state_.window.drop_pushes();  // (first: a push let go as RAM goes would stay the kernel's)
-  for (EntryId id : ram_.ids()) {
-    bytes += manifest_.entry(id).size;
-    ++files;
-    state_.policy.ram().erase(id);
-    ram_.erase(id);
-    state_.window.evicted(id);
-  }
+  const auto [files, bytes] = state_.release_ram();
   counters_.idle_releases++;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(idle_after_).count();
   log_info("nothing read for " + std::to_string(seconds) + " s (idle=): " + std::to_string(files) + " files (" +
@@ -292,21 +284,6 @@ int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
   return rc;
 }
 
-void Stager::evict_ram(EntryId id) {
-  if (log_enabled(LogLevel::kDebug)) log_debug("RAM: /" + manifest_.path(id) + " let go for a file needed sooner");
-  ram_.erase(id);
-  counters_.ram_evictions++;
-  state_.window.evicted(id);
-}
-
-bool Stager::kept_in_ram(EntryId id) const { return state_.policy.owned(id) && !on_nvme(id); }
-
-bool Stager::make_ram_room(uint64_t size, uint64_t key, bool kept) {
-  return state_.policy.make_ram_room(
-      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); },
-      [&](EntryId id) { return on_nvme(id); });
-}
-
 bool Stager::make_nvme_room(uint64_t size, uint64_t key) {
   if (!nvme_->admitting() || size > nvme_->capacity()) return false;
   return StagingPolicy::make_room(
@@ -325,11 +302,10 @@ void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
     const uint64_t key = policy.keep_key(id);
     if (key == kNever) continue;
     const uint64_t size = bytes->size();
-    const bool kept = kept_in_ram(id);
-    if (make_ram_room(size, key, kept)) {
-      ram_.insert(id, bytes);
+    const bool kept = state_.kept_in_ram(id);
+    if (state_.make_ram_room(size, key, kept)) {
       DemandAllowance::hand_over(bytes);
-      policy.ram().set(id, key, kept);
+      state_.keep_in_ram(id, bytes, key, kept, Origin::kRam);
     }
     if (nvme_ && to_write_.size() < kMaxToWrite && !writing_.count(id) && !nvme_->find(id))
       to_write_.emplace_back(id, std::move(bytes));
@@ -355,10 +331,9 @@ std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
     // NVMe is full of kept copies. A kept file whose only copy waits here goes to RAM instead, where
     // RAM's copies of NVMe's files make room for it (dropped, it would be read from SOURCE again). With
     // no room in either, it is dropped.
-    if (kept_in_ram(id) && !state_.policy.ram().contains(id) && make_ram_room(bytes->size(), key, true)) {
-      ram_.insert(id, bytes);
+    if (state_.kept_in_ram(id) && !state_.policy.ram().contains(id) && state_.make_ram_room(bytes->size(), key, true)) {
       DemandAllowance::hand_over(bytes);
-      state_.policy.ram().set(id, key, true);
+      state_.keep_in_ram(id, bytes, key, true, Origin::kRam);
     }
   }
   to_write_.erase(to_write_.begin(), to_write_.begin() + static_cast<std::ptrdiff_t>(w));
@@ -381,10 +356,8 @@ void Stager::pick_readahead(unsigned room, std::vector<Pick>& picks) {
     }
     if (state_.window.kernel_may_hold(id)) continue;
     if (!room_in_flight(e.size)) break;
-    const bool room_found = state_.policy.make_readahead_room(
-        [&] { return ram_.reserve(e.size); }, [&](EntryId victim) REQUIRES(state_.mutex) { evict_ram(victim); });
-    if (!room_found) break;  // the rest waits for room (read files make it)
-    picks.push_back(Pick{id, kReadAheadKey, true, on_nvme(id) ? Origin::kNvme : Origin::kSource});
+    if (!state_.make_readahead_room(e.size)) break;  // the rest waits for room (read files make it)
+    picks.push_back(Pick{id, kReadAheadKey, true, state_.on_nvme(id) ? Origin::kNvme : Origin::kSource});
     take_off(id, e.size);
   }
   queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
@@ -410,7 +383,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
       policy.take();
       continue;
     }
-    const bool kept = kept_in_ram(c->id);
+    const bool kept = state_.kept_in_ram(c->id);
     if (kernel_ && !kept) {                     // (a file kept for the other nodes is staged: they ask this one)
       if (state_.window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
         if (c->key >= left_up_to_) {            // (once: the walk may come again)
@@ -437,7 +410,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     }
     if (!room_in_flight(c->size)) break;  // comes once those in flight are in
     // Full of files needed sooner, or this one is beyond the eviction window: wait for the readers.
-    if (!make_ram_room(c->size, c->key, kept)) {
+    if (!state_.make_ram_room(c->size, c->key, kept)) {
       if (c->key != said_wait_at_ && log_enabled(LogLevel::kDebug))
         log_debug("staging waits for the readers at step " + std::to_string(c->key) + " (/" + manifest_.path(c->id) +
                   "): RAM holds files needed sooner" +
@@ -447,7 +420,7 @@ void Stager::pick_planned(unsigned room, std::vector<Pick>& picks) {
     }
     Origin first = Origin::kSource;
     const bool soon = policy.needed_soon(c->key);
-    if (on_nvme(c->id))
+    if (state_.on_nvme(c->id))
       first = Origin::kNvme;
     else if (peers_ && peers_->may_hold(c->id)) {
       if (model_.prefer_peer(soon, peers_->in_flight(), io_.ring_in_flight() + static_cast<unsigned>(picks.size()),
@@ -568,7 +541,7 @@ void Stager::pick_deferred(unsigned room, std::vector<Pick>& picks) {
     const uint64_t size = manifest_.entry(id).size;
     if (!room_in_flight(size)) return;
     // Full of files needed sooner, or beyond the eviction window and no free room: wait for the readers.
-    if (!make_ram_room(size, key, kept_in_ram(id))) return;
+    if (!state_.make_ram_room(size, key, state_.kept_in_ram(id))) return;
     pop_deferred();
     picks.push_back(Pick{id, key, false, peers_ && peers_->may_hold(id) ? Origin::kPeer : Origin::kSource});
     take_off(id, size);
@@ -582,10 +555,10 @@ void Stager::pick_handed(unsigned room, std::vector<Pick>& picks) {
   StagingPolicy& policy = state_.policy;
   for (; next_handed_ < handed_.size() && picks.size() < room; ++next_handed_) {
     const EntryId id = handed_[next_handed_];
-    if (!manifest_.known(id) || policy.ram().contains(id) || on_its_way(id) || on_nvme(id)) continue;
+    if (!manifest_.known(id) || policy.ram().contains(id) || on_its_way(id) || state_.on_nvme(id)) continue;
     const uint64_t key = policy.keep_key(id), size = manifest_.entry(id).size;
     if (key == kNever) continue;
-    if (!room_in_flight(size) || !make_ram_room(size, key, true)) return;
+    if (!room_in_flight(size) || !state_.make_ram_room(size, key, true)) return;
     picks.push_back(Pick{id, key, false, Origin::kSource});
     take_off(id, size);
     counters_.handed_staged++;
@@ -615,14 +588,7 @@ void Stager::give_back_memory(uint64_t bytes) {
   unsigned let_go = 0;
   {
     MutexLock lock(state_.mutex);
-    TierIndex& index = state_.policy.ram();
-    while (ram_.used() > budget) {
-      const auto victim = index.farthest();
-      if (!victim) break;
-      index.erase(*victim);
-      evict_ram(*victim);
-      let_go++;
-    }
+    let_go = state_.shed_ram(budget);
   }
   raise_step_ = kServingRoom;
   raise_budget_at_ = Clock::now() + memory_retry_;
@@ -681,7 +647,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
   MutexLock lock(state_.mutex);
   StagingPolicy& policy = state_.policy;
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
-  const bool keep_for_peers = !pick.readahead && kept_in_ram(pick.id);
+  const bool keep_for_peers = !pick.readahead && state_.kept_in_ram(pick.id);
   const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
   // The readers passed it (or left the plan, or idle= came) while it was read: dropped — unless a reader
   // opened it meanwhile and waits for these bytes (wait_for_staging), which are then its, held as read
@@ -692,9 +658,7 @@ bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after
     ram_.unreserve(size);
     return false;
   }
-  ram_.insert(pick.id, r.buf);
-  policy.ram().set(pick.id, key, keep_for_peers);
-  state_.from_peer[pick.id] = r.from == Origin::kPeer ? 1 : 0;
+  state_.keep_in_ram(pick.id, r.buf, key, keep_for_peers, r.from);
   counters_.staged_files++;
   counters_.staged_bytes += size;
   if (r.from == Origin::kNvme) counters_.staged_from_nvme++;

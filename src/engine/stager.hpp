@@ -123,20 +123,10 @@ class Stager {
   // the stager's next turn, keep_adopted). Staged too, SOURCE would read it twice (TSan's test_readers:
   // 1.001x, 1.003x).
   bool on_its_way(EntryId id) const REQUIRES(state_.mutex);
-  // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
-  // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
-  bool kept_in_ram(EntryId id) const REQUIRES(state_.mutex);
-  // Whether this node's NVMe tier holds a copy of `id` (false without one).
-  bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
-  // Room in RAM for a file needed at `key`: by eviction (next use) within the eviction window, free room
-  // only beyond it. `kept`: the file will be this node's kept copy (kept_in_ram), which may push out
-  // another kept copy needed later; any other file pushes out only files not kept for the others.
-  bool make_ram_room(uint64_t size, uint64_t key, bool kept) REQUIRES(state_.mutex);
   // Room on NVMe: by eviction of copies not kept for the other nodes only. A kept copy there is the
   // node's only one (its RAM copy stops being kept once it is written), and the file being written is
   // kept in RAM meanwhile: trading one for the other would lose a file the others count on.
   bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(state_.mutex);
-  void evict_ram(EntryId id) REQUIRES(state_.mutex);
   // The process could not allocate `bytes` (an address-space limit, overcommit off), here or where
   // requests are served (StagingCore::short_of_memory): the RAM budget comes down to kServingRoom more
   // than that below what is held, and the files needed last are let go until RAM is within it, so that
