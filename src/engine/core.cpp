@@ -163,6 +163,49 @@ bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
   return true;
 }
 
+uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) {
+  const uint64_t size = bytes->size();
+  // Kept in RAM for the other nodes only while NVMe does not keep it for them.
+  const bool keep_for_peers = !readahead && kept_in_ram(id);
+  const uint64_t key = policy.staged_key(id, readahead, keep_for_peers);
+  // An open waiting for these bytes (the stager's read was in flight: wait_for_flight) takes them, held as
+  // read (the first to go) rather than read from SOURCE again.
+  const bool awaited = key == kNever && !idle && (window.is_open(id) || watched.unread(id));
+  if ((key == kNever || idle) && !awaited) {
+    ram_.unreserve(size);
+    return kNever;
+  }
+  keep_in_ram(id, bytes, key, keep_for_peers, from);
+  counters_.staged_files++;
+  counters_.staged_bytes += size;
+  if (from == Origin::kNvme) counters_.staged_from_nvme++;
+  if (readahead) counters_.readahead_files++;
+  if (awaited) {  // no later use to keep it for; an open not read yet holds it (RAM may let it go first)
+    watched.hold(id, bytes, from == Origin::kPeer ? Origin::kPeer : Origin::kRam);
+    return kNever;
+  }
+  // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
+  // one keeps it for them).
+  return readahead || from == Origin::kNvme ? kNever : policy.after_key(id, key, keep_for_peers);
+}
+
+bool StagingCore::make_nvme_room(uint64_t size, uint64_t key) {
+  if (!nvme_->admitting() || size > nvme_->capacity()) return false;
+  return StagingPolicy::make_room(
+      policy.nvme(), key, /*owned=*/false, [&] { return nvme_->reserve(size); },
+      [&](EntryId victim) {
+        nvme_->erase(victim);
+        counters_.nvme_evictions++;
+      });
+}
+
+void StagingCore::written(EntryId id, uint64_t key) {
+  const bool owned = policy.owned(id);
+  policy.nvme().set(id, policy.written_key(id, key), owned);
+  if (owned)
+    if (auto k = policy.ram().key(id)) policy.ram().set(id, *k == kKeptForPeers ? kNever : *k, false);
+}
+
 void StagingCore::evict_ram(EntryId id) {
   if (log_enabled(LogLevel::kDebug)) log_debug("RAM: /" + manifest_.path(id) + " let go for a file needed sooner");
   ram_.erase(id);

@@ -42,7 +42,7 @@ struct StagingCore {
   // `nvme`: the node's NVMe tier, or none; `counters`: the engine's.
   StagingCore(const Manifest& manifest, std::vector<uint64_t> ranks, PlannerConfig planner_config,
               const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config, RamTier& ram,
-              const NvmeTier* nvme, EngineCounters& counters, bool handed_over)
+              NvmeTier* nvme, EngineCounters& counters, bool handed_over)
       : planner(planner_config, streams),
         tracker(manifest, planner, policy_config.ranks),
         policy(manifest, planner, std::move(policy_config)),
@@ -179,6 +179,20 @@ struct StagingCore {
   std::pair<uint64_t, uint64_t> release_ram() REQUIRES(mutex);
   // Every file let go, nothing else told (a retired plan's engine: its stager stopped).
   void forget_ram() REQUIRES(mutex);
+  // A staging read of `id` done (`bytes` from `from`; `readahead`: for a reader off the plan): kept in
+  // RAM, its room reserved before, keyed by its next use — or dropped, its room given back, when the
+  // readers passed it meanwhile (or left the plan, or idle= came), unless an open waits for it (then its
+  // bytes are that open's, held as read). Returns its use after this one, for which NVMe should hold it
+  // too (kNever: not; a copy read from NVMe, a read-ahead, a file RAM alone keeps).
+  uint64_t staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) REQUIRES(mutex);
+  // Room on NVMe for `size` bytes needed at `key`: by eviction of copies not kept for the other nodes only.
+  // A kept copy there is the node's only one (its RAM copy stops being kept once it is written), and the
+  // file being written is kept in RAM meanwhile: trading one for the other would lose a file the others
+  // count on.
+  bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(mutex);
+  // `id` written to NVMe for its use at `key`: indexed there; kept there for the other nodes, its RAM
+  // copy is no longer kept for them.
+  void written(EntryId id, uint64_t key) REQUIRES(mutex);
   // Whether this node's NVMe tier holds a copy of `id` (false without one).
   bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
   // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
@@ -254,7 +268,7 @@ struct StagingCore {
 
   const Manifest& manifest_;
   RamTier& ram_;
-  const NvmeTier* const nvme_;
+  NvmeTier* const nvme_;
   EngineCounters& counters_;
   const std::vector<uint64_t> ranks_;
   const StreamSource& streams_;

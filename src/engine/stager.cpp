@@ -284,16 +284,6 @@ int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
   return rc;
 }
 
-bool Stager::make_nvme_room(uint64_t size, uint64_t key) {
-  if (!nvme_->admitting() || size > nvme_->capacity()) return false;
-  return StagingPolicy::make_room(
-      state_.policy.nvme(), key, /*owned=*/false, [&] { return nvme_->reserve(size); },
-      [&](EntryId victim) {
-        nvme_->erase(victim);
-        counters_.nvme_evictions++;
-      });
-}
-
 void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
   // Files read whole on demand: kept like staged ones, so SOURCE sees them once.
   StagingPolicy& policy = state_.policy;
@@ -324,7 +314,7 @@ std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
     auto& [id, bytes] = to_write_[w];
     const uint64_t key = state_.policy.keep_key(id);
     if (key == kNever || writing_.count(id) || nvme_->find(id)) continue;
-    if (make_nvme_room(bytes->size(), key)) {
+    if (state_.make_nvme_room(bytes->size(), key)) {
       writes.push_back(Write{id, std::move(bytes), key});
       continue;
     }
@@ -643,35 +633,10 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
 }
 
 bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after) {
-  const uint64_t size = r.buf->size();
   MutexLock lock(state_.mutex);
-  StagingPolicy& policy = state_.policy;
-  // Kept in RAM for the other nodes only while NVMe does not keep it for them.
-  const bool keep_for_peers = !pick.readahead && state_.kept_in_ram(pick.id);
-  const uint64_t key = policy.staged_key(pick.id, pick.readahead, keep_for_peers);
-  // The readers passed it (or left the plan, or idle= came) while it was read: dropped — unless a reader
-  // opened it meanwhile and waits for these bytes (wait_for_staging), which are then its, held as read
-  // (the first to go) rather than read from SOURCE again.
-  const bool awaited =
-      key == kNever && !state_.idle && (state_.window.is_open(pick.id) || state_.watched.unread(pick.id));
-  if ((key == kNever || state_.idle) && !awaited) {
-    ram_.unreserve(size);
-    return false;
-  }
-  state_.keep_in_ram(pick.id, r.buf, key, keep_for_peers, r.from);
-  counters_.staged_files++;
-  counters_.staged_bytes += size;
-  if (r.from == Origin::kNvme) counters_.staged_from_nvme++;
-  if (pick.readahead) counters_.readahead_files++;
-  if (awaited) {  // no later use to keep it for; an open not read yet holds it (RAM may let it go first)
-    state_.watched.hold(pick.id, r.buf, r.from == Origin::kPeer ? Origin::kPeer : Origin::kRam);
-    return false;
-  }
-  // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
-  // one keeps it for them).
-  *after = policy.after_key(pick.id, key, keep_for_peers);
-  return nvme_ && r.from != Origin::kNvme && !pick.readahead && *after != kNever && !writing_.count(pick.id) &&
-         !nvme_->find(pick.id) && make_nvme_room(size, *after);
+  *after = state_.staged(pick.id, r.buf, r.from, pick.readahead);
+  return nvme_ && *after != kNever && !writing_.count(pick.id) && !nvme_->find(pick.id) &&
+         state_.make_nvme_room(r.buf->size(), *after);
 }
 
 void Stager::write(EntryId id, FileBytes bytes, uint64_t key) {
@@ -683,12 +648,7 @@ void Stager::written(EntryId id, uint64_t key, int rc) {
   writing_.erase(id);
   if (rc < 0) return;  // counted (and a full disk logged) by the tier
   MutexLock lock(state_.mutex);
-  StagingPolicy& policy = state_.policy;
-  const bool owned = policy.owned(id);
-  policy.nvme().set(id, policy.written_key(id, key), owned);
-  // Kept for the other nodes on NVMe now: its RAM copy no longer needs to stay for them.
-  if (owned)
-    if (auto k = policy.ram().key(id)) policy.ram().set(id, *k == kKeptForPeers ? kNever : *k, false);
+  state_.written(id, key);
 }
 
 bool Stager::room_in_flight(uint64_t size) const {

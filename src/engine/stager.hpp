@@ -123,10 +123,6 @@ class Stager {
   // the stager's next turn, keep_adopted). Staged too, SOURCE would read it twice (TSan's test_readers:
   // 1.001x, 1.003x).
   bool on_its_way(EntryId id) const REQUIRES(state_.mutex);
-  // Room on NVMe: by eviction of copies not kept for the other nodes only. A kept copy there is the
-  // node's only one (its RAM copy stops being kept once it is written), and the file being written is
-  // kept in RAM meanwhile: trading one for the other would lose a file the others count on.
-  bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(state_.mutex);
   // The process could not allocate `bytes` (an address-space limit, overcommit off), here or where
   // requests are served (StagingCore::short_of_memory): the RAM budget comes down to kServingRoom more
   // than that below what is held, and the files needed last are let go until RAM is within it, so that
