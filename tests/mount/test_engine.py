@@ -208,6 +208,9 @@ def test_off_the_plan_and_back(t):
     h.make_dataset(many, 3000, 4, 1, 4)
     many_want = h.digests(many)
     with h.mounted(many, mnt, "seed=9,batch_size=1,epochs=3,ram=%d" % (sum(os.path.getsize(os.path.join(many, p)) for p in many_want) // 2)):
+        # (The mount is up before its plan: opens made meanwhile are placed once it is, but the rank's
+        # verdict is read below as the opens go. Three test files at a time once took longer than 8 opens.)
+        h.check(h.wait_until(lambda: "ranks" in h.stats(mnt)), "the plan made")
         wrong_order = list(many_want)
         rnd.shuffle(wrong_order)
         lost_at, bad = None, 0
