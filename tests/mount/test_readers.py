@@ -203,7 +203,7 @@ def test_two_jobs_on_one_mount(t):
         theirs = [start_rank(tmp, mnt, digests, r, False, tmp + "/two-theirs", 0, False, seed=7, epochs=1, after=go)
                   for r in range(WORLD)]
         mine = [start_rank(tmp, mnt, digests, r, False, tmp + "/two-mine", 0, False) for r in range(WORLD)]
-        h.wait_until(lambda: all(r["verdict"] == "following" for r in h.stats(mnt)["ranks"]), timeout=60)
+        h.wait_until(lambda: all(r.get("verdict") == "following" for r in h.stats(mnt).get("ranks") or [{}]), timeout=60)
         open(go, "w").close()
         before = h.stats(mnt)["progress"]["opens_seen"]
         outs = [j.communicate(timeout=600) for j in mine + theirs]
@@ -337,7 +337,7 @@ def test_a_rank_started_epochs_after_the_other(t):
             os.mkdir("%s/late-%d" % (tmp, r))
             open("%s/late-%d/rank-%d" % (tmp, r, 1 - r), "w").close()  # alone at its start barrier
         late.append(start_rank(tmp, mnt, digests, 0, False, tmp + "/late-0", 0, False, epochs=5, compute=0.04))
-        h.wait_until(lambda: h.stats(mnt)["ranks"][0]["epoch"] == 4 or late[0].poll() is not None, timeout=300)
+        h.wait_until(lambda: h.rank0(h.stats(mnt))[:1] == (4,) or late[0].poll() is not None, timeout=300)
         idle_before = h.stats(mnt)["ranks"][1]["verdict"]
         late.append(start_rank(tmp, mnt, digests, 1, False, tmp + "/late-1", 0, False, compute=0.04))
         outs = [j.communicate(timeout=600) for j in late]
