@@ -61,26 +61,17 @@ EngineStats ClairvoyantEngine::snapshot() const {
   }
   s.demand = {demand_.allowance().limit(), demand_.allowance().used(), counters_.piecewise_files.load(),
               counters_.left_to_readers.load()};
-  s.pagecache = {config_.page_cache ? config_.pagecache : 0,
-                 0,  // (the core's)
-                 counters_.pushes.load(),
-                 counters_.push_failures.load(),
-                 counters_.drops.load(),
-                 counters_.kernel_asks.load(),
-                 counters_.left_to_kernel.load(),
-                 counters_.kernel_took_back.load()};
+  s.pagecache.budget = config_.page_cache ? config_.pagecache : 0;
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
   s.progress.from = !config_.no_open ? "opens" : inferred ? "reads" : "watched opens";
-  s.progress.opens_seen = counters_.watched_opens.load();
-  s.progress.closes_seen = counters_.watched_closes.load();
-  s.progress.losses = counters_.watch_losses.load();
   s.idle.after_seconds = std::chrono::duration_cast<std::chrono::seconds>(config_.idle).count();
-  s.idle.releases = counters_.idle_releases.load();
   // What grows with the data set's size, for the bound of 100 bytes per file.
   s.memory.entries = manifest_.size();
   s.memory.manifest = manifest_.memory_bytes();
   s.memory.ram_bookkeeping = ram_.bookkeeping();
-  state_.snapshot(s, inferred);  // the ranks, the plan, the window's use, the readers, idle, the parts' memory
+  // The ranks, the plan, the page window, the readers, idle=, the parts' memory, and the counters that
+  // move with them.
+  state_.snapshot(s, inferred);
   if (diagnoser_)
     for (size_t r = 0; r < s.ranks.size(); ++r) s.ranks[r].reads_as = diagnoser_->answer(r);
   return s;

@@ -345,12 +345,24 @@ void StagingCore::snapshot(EngineStats& s, bool inferred) const {
   s.epoch = min_epoch == UINT64_MAX ? planner.progress(0).epoch : min_epoch;
   s.mispredicted_opens = planner.mispredicted();
   s.plan = {planner.cursor(), policy.stage_key(), planner.planned_end(), lead_min == UINT64_MAX ? 0 : lead_min};
+  // The counters that move with the state below, read with it under the lock (the stager counts a
+  // release at idle= as it sets `idle`: read apart, a snapshot said idle with none released).
   s.pagecache.used = window.used();
+  s.pagecache.pushes = counters_.pushes.load();
+  s.pagecache.push_failures = counters_.push_failures.load();
+  s.pagecache.drops = counters_.drops.load();
+  s.pagecache.asked = counters_.kernel_asks.load();
+  s.pagecache.left_to_kernel = counters_.left_to_kernel.load();
+  s.pagecache.taken_back = counters_.kernel_took_back.load();
+  s.progress.opens_seen = counters_.watched_opens.load();
+  s.progress.closes_seen = counters_.watched_closes.load();
+  s.progress.losses = counters_.watch_losses.load();
   s.progress.beacon_every = inferred ? window.beacon_every() : 0;
   s.progress.other_readers = planner.other_readers();
   s.progress.reads_as_world_size = tracker.reads_as_world();
   s.progress.other_opens = planner.other_opens();
   s.idle.now = idle;
+  s.idle.releases = counters_.idle_releases.load();
   s.memory.plan = planner.memory_bytes();
   s.memory.policy = policy.memory_bytes();
   s.memory.per_entry = tracker.memory_bytes() + window.memory_bytes() + from_peer.capacity();

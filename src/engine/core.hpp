@@ -119,8 +119,9 @@ struct StagingCore {
 
   // ---- its part of the engine's stats
 
-  // The ranks (all but the diagnosis's words), the plan, the page window's use, the readers' progress
-  // (the beacon's spacing where progress is `inferred` from reads), whether idle, its parts' memory.
+  // The ranks (all but the diagnosis's words), the plan, the page window's use and pushes, the readers'
+  // progress (the beacon's spacing where progress is `inferred` from reads), idle= and its releases, its
+  // parts' memory — with the counters that move with them, in one moment.
   void snapshot(EngineStats& s, bool inferred) const EXCLUDES(mutex);
 
   // ---- where the readers are, for re-planning (LearningEngine through the facade)
