@@ -8,9 +8,7 @@ namespace clairfs {
 
 StagingCore::Placed StagingCore::place(EntryId id, pid_t pid, bool handle) {
   Placed p;
-  last_use_ns.store(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count(),
-      std::memory_order_relaxed);
+  touch();
   if (idle) {  // idle= gave RAM back: this read starts staging again, from where the readers are
     idle = false;
     policy.restart();
@@ -255,8 +253,7 @@ StagingCore::Placed StagingCore::watched_open(EntryId id, pid_t pid, std::chrono
 }
 
 bool StagingCore::watched_close(EntryId id, FileBytes* held) {
-  Origin from = Origin::kRam;
-  const bool counted = watched.take_unread(id, held, &from);
+  const bool counted = give_up_unread(id, held);
   window.released(id);
   return counted;
 }
@@ -407,16 +404,12 @@ uint64_t StagingCore::other_readers() const {
   return planner.other_readers();
 }
 
-std::vector<uint64_t> StagingCore::off_ranks() const {
-  std::vector<uint64_t> off;
-  for (uint64_t r = 0; r < tracker.ranks(); ++r)
-    if (!planner.live(r) && planner.lost(r) == Planner::Lost::kOtherOrder) off.push_back(r);
-  return off;
-}
-
 uint64_t StagingCore::ranks_off() const {
   MutexLock lock(mutex);
-  return off_ranks().size();
+  uint64_t off = 0;
+  for (uint64_t r = 0; r < tracker.ranks(); ++r)
+    off += !planner.live(r) && planner.lost(r) == Planner::Lost::kOtherOrder ? 1 : 0;
+  return off;
 }
 
 std::vector<StagingCore::RankAt> StagingCore::ranks_at() const {

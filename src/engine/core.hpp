@@ -133,8 +133,7 @@ struct StagingCore {
   std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(mutex);
   bool followed() const EXCLUDES(mutex);  // a live rank is confirmed
   uint64_t other_readers() const EXCLUDES(mutex);
-  // The served ranks off the plan for reading another order (not idle), by index.
-  std::vector<uint64_t> off_ranks() const REQUIRES(mutex);
+  // The served ranks off the plan for reading another order (not idle).
   uint64_t ranks_off() const EXCLUDES(mutex);
   // Where each served rank reads (the diagnosis's epoch of a rank off the plan is the facade's to add).
   struct RankAt {
@@ -249,6 +248,11 @@ struct StagingCore {
   // idle=: when a reader (or a peer) last asked for anything (steady clock, ns), and whether RAM was given
   // back since (staging waits for the next read).
   std::atomic<int64_t> last_use_ns{0};
+  // A reader or a peer asked for something now.
+  void touch(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
+    last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+                      std::memory_order_relaxed);
+  }
   bool idle GUARDED_BY(mutex) = false;
   // The process could not allocate memory where requests are served (ClairvoyantEngine::low_on_memory):
   // the stager gives RAM back at its next turn (Stager::give_back_memory). Set under the mutex, which
