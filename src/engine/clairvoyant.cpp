@@ -152,7 +152,8 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, served_ranks(config_), planner_config(manifest_, config_), streams_,
-             policy_config(config_, mean_size_), window_config(config_, mean_size_), ram_, nvme_.get(), counters_,
+             policy_config(config_, mean_size_), window_config(config_, mean_size_),
+             StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_,
              config_.handed_over) {
   {
     MutexLock lock(state_.mutex);
@@ -166,13 +167,13 @@ void ClairvoyantEngine::begin() {
   if (config_.watched) watching_opens();
   // The epochs after the readers' one planned now (the stager would, later): a file the readers passed
   // already is kept for its next use there.
-  if (config_.adopt) state_.plan_wanted(kNever);
+  if (config_.adopt) state_.plan_up_to(kNever);
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
-  stager_ = std::make_unique<Stager>(StagerParts{
-      manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_, counters_, streams_, config_.page_cache,
-      config_.depth, config_.bytes_in_flight, config_.idle, config_.memory_retry, config_.handed});
+  stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
+                                                 counters_, streams_, config_.page_cache, config_.depth, config_.idle,
+                                                 config_.memory_retry});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {
@@ -212,7 +213,7 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   return data;
 }
 
-void ClairvoyantEngine::plan_for(size_t opens) { state_.plan_wanted(state_.reach(opens)); }
+void ClairvoyantEngine::plan_for(size_t opens) { state_.plan_up_to(state_.reach(opens)); }
 
 void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
   const ReaderTracker::Seen all = state_.catch_up(opens);
@@ -393,7 +394,7 @@ void ClairvoyantEngine::release(uint64_t handle) {
 }
 
 ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
-  const auto t0 = Clock::now();
+  const auto t0 = state_.now();
   touch(t0);
   bool first = offset == 0;  // the kernel reads a file from its start
   Origin from = Origin::kRam;
@@ -435,7 +436,7 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   StagingCore::Placed p;
   {
     MutexLock lock(state_.mutex);
-    p = state_.watched_open(id, pid, Clock::now());
+    p = state_.watched_open(id, pid, state_.now());
   }
   placed(p);
 }
@@ -466,7 +467,7 @@ bool ClairvoyantEngine::give_up_unread_open(EntryId id) {
 
 void ClairvoyantEngine::take_unread_open(EntryId id) {
   MutexLock lock(state_.mutex);
-  state_.take_unread(id, Clock::now());
+  state_.take_unread(id, state_.now());
 }
 
 void ClairvoyantEngine::low_on_memory() {

@@ -231,7 +231,8 @@ class ClairvoyantEngine final : public Engine {
   // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
   void wait_for_staging(MutexLock& lock, EntryId id) REQUIRES(state_.mutex);
   // A reader or a peer asked for something now (idle=).
-  void touch(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) { state_.touch(now); }
+  void touch() { state_.touch(); }
+  void touch(std::chrono::steady_clock::time_point now) { state_.touch(now); }
   // What placing an open did, acted on once the lock is let go: counted, logged, the stager woken, told.
   void placed(StagingCore::Placed& p) EXCLUDES(state_.mutex);
   // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).

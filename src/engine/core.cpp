@@ -1,5 +1,8 @@
 #include "engine/core.hpp"
 
+#include <exception>
+#include <string>
+
 #include "util/log.hpp"
 
 namespace clairfs {
@@ -60,26 +63,48 @@ void StagingCore::progressed() {
   window.settle(policy.evict_window());
 }
 
-bool StagingCore::plan_wanted(uint64_t up_to) {
+bool StagingCore::plan_next(uint64_t up_to) {
+  std::optional<uint64_t> want;
+  uint64_t ranks = 0;
+  {
+    MutexLock lock(mutex);
+    if (stop || planner.planned_end() >= up_to) return false;
+    want = planner.wanted_epoch();
+    ranks = tracker.ranks();
+  }
+  if (!want) return false;
+  std::optional<EpochStreams> e;
+  try {
+    e = Planner::build(streams_, *want, ranks, manifest_.size());
+  } catch (const std::exception& ex) {
+    log_warning("cannot plan epoch " + std::to_string(*want) + ": " + ex.what() +
+                "; staging stops at the end of the epochs planned, reads go on");
+  }
+  MutexLock lock(mutex);
+  if (planner.wanted_epoch() != want) return false;  // planned meanwhile (by the other thread that plans)
+  const bool head = planner.head_only();
+  const uint64_t old_end = planner.planned_end();
+  if (e)
+    planner.add_epoch(std::move(*e));
+  else
+    planner.close_plan();
+  policy.plan_grew(old_end);
+  if (head && log_enabled(LogLevel::kDebug))
+    log_debug("epoch " + std::to_string(*want) + " planned whole (" + std::to_string(planner.planned_end()) +
+              " uses), after its first " + std::to_string(old_end) + " alone");
+  return true;
+}
+
+void StagingCore::plan_up_to(uint64_t up_to) {
   for (;;) {
-    std::optional<uint64_t> want;
-    uint64_t ranks = 0, end = 0;
+    uint64_t end = 0;
     {
       MutexLock lock(mutex);
       end = planner.planned_end();
-      want = end < up_to ? planner.wanted_epoch() : std::nullopt;
-      ranks = tracker.ranks();
     }
-    if (!want) return true;
-    std::optional<EpochStreams> e;
-    try {
-      e = Planner::build(streams_, *want, ranks, manifest_.size());
-    } catch (const std::exception&) {
-      return false;  // (out of memory, most likely: the stager says so when it tries)
-    }
+    if (!plan_next(up_to)) return;
     MutexLock lock(mutex);
-    if (planner.wanted_epoch() == want) grow_plan(std::move(e));
-    if (planner.planned_end() == end) return true;  // epochs with no uses: never nearer
+    if (planner.planned_end() == end) return;  // epochs with no uses: never nearer
   }
 }
 
@@ -98,11 +123,11 @@ ReaderTracker::Seen StagingCore::catch_up(const std::vector<std::pair<EntryId, p
   // longer than the tolerance, the opens of another epoch, lying near some place of this one by chance,
   // do not carry a rank on without end).
   const uint64_t up_to = reach(opens.size());
-  bool planning = true;  // (until an epoch cannot be built, or the opens' reach: placed in what is planned)
+  bool planning = true;  // (until the opens' reach: placed in what is planned)
   for (size_t i = 0; i < opens.size();) {
-    if (planning) planning = plan_wanted(up_to);
+    if (planning) plan_up_to(up_to);
     MutexLock lock(mutex);
-    if (planner.planned_end() >= up_to) planning = false;
+    if (planner.planned_end() >= up_to || stop) planning = false;
     for (; i < opens.size() && !(planning && planner.wanted_epoch()); ++i) {
       const auto& [id, pid] = opens[i];
       const ReaderTracker::Seen seen = tracker.on_use(id, pid);
@@ -132,115 +157,6 @@ std::optional<std::vector<StagingCore::Placed>> StagingCore::place_waiting() {
   std::vector<Placed> done;
   for (const auto& [id, pid] : waiting) use(done.emplace_back(), id, pid);
   return done;
-}
-
-// ---- RAM -----------------------------------------------------------------------------------------------
-
-bool StagingCore::make_ram_room(uint64_t size, uint64_t key, bool kept) {
-  return policy.make_ram_room(
-      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); },
-      [&](EntryId id) { return on_nvme(id); });
-}
-
-bool StagingCore::make_readahead_room(uint64_t size) {
-  return policy.make_readahead_room([&] { return ram_.reserve(size); },
-                                    [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); });
-}
-
-void StagingCore::keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool kept, Origin from) {
-  ram_.insert(id, std::move(bytes));
-  policy.ram().set(id, key, kept);
-  from_peer[id] = from == Origin::kPeer ? 1 : 0;
-}
-
-bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
-  // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
-  // would be read from SOURCE again once they do.
-  if (policy.ram().contains(id) || !ram_.reserve(bytes->size())) return false;
-  keep_in_ram(id, std::move(bytes), policy.keep_key(id), false, Origin::kRam);
-  return true;
-}
-
-uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) {
-  const uint64_t size = bytes->size();
-  // Kept in RAM for the other nodes only while NVMe does not keep it for them.
-  const bool keep_for_peers = !readahead && kept_in_ram(id);
-  const uint64_t key = policy.staged_key(id, readahead, keep_for_peers);
-  // An open waiting for these bytes (the stager's read was in flight: wait_for_flight) takes them, held as
-  // read (the first to go) rather than read from SOURCE again.
-  const bool awaited = key == kNever && !idle && (window.is_open(id) || watched.unread(id));
-  if ((key == kNever || idle) && !awaited) {
-    ram_.unreserve(size);
-    return kNever;
-  }
-  keep_in_ram(id, bytes, key, keep_for_peers, from);
-  counters_.staged_files++;
-  counters_.staged_bytes += size;
-  if (from == Origin::kNvme) counters_.staged_from_nvme++;
-  if (readahead) counters_.readahead_files++;
-  if (awaited) {  // no later use to keep it for; an open not read yet holds it (RAM may let it go first)
-    watched.hold(id, bytes, from == Origin::kPeer ? Origin::kPeer : Origin::kRam);
-    return kNever;
-  }
-  // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
-  // one keeps it for them).
-  return readahead || from == Origin::kNvme ? kNever : policy.after_key(id, key, keep_for_peers);
-}
-
-bool StagingCore::make_nvme_room(uint64_t size, uint64_t key) {
-  if (!nvme_->admitting() || size > nvme_->capacity()) return false;
-  return StagingPolicy::make_room(
-      policy.nvme(), key, /*owned=*/false, [&] { return nvme_->reserve(size); },
-      [&](EntryId victim) {
-        nvme_->erase(victim);
-        counters_.nvme_evictions++;
-      });
-}
-
-void StagingCore::written(EntryId id, uint64_t key) {
-  const bool owned = policy.owned(id);
-  policy.nvme().set(id, policy.written_key(id, key), owned);
-  if (owned)
-    if (auto k = policy.ram().key(id)) policy.ram().set(id, *k == kKeptForPeers ? kNever : *k, false);
-}
-
-void StagingCore::evict_ram(EntryId id) {
-  if (log_enabled(LogLevel::kDebug)) log_debug("RAM: /" + manifest_.path(id) + " let go for a file needed sooner");
-  ram_.erase(id);
-  counters_.ram_evictions++;
-  window.evicted(id);
-}
-
-unsigned StagingCore::shed_ram(uint64_t budget) {
-  unsigned let_go = 0;
-  while (ram_.used() > budget) {
-    const auto victim = policy.ram().farthest();
-    if (!victim) break;
-    policy.ram().erase(*victim);
-    evict_ram(*victim);
-    let_go++;
-  }
-  return let_go;
-}
-
-std::pair<uint64_t, uint64_t> StagingCore::release_ram() {
-  uint64_t files = 0, bytes = 0;
-  window.drop_pushes();  // (first: a push let go as RAM goes would stay the kernel's)
-  for (EntryId id : ram_.ids()) {
-    bytes += manifest_.entry(id).size;
-    ++files;
-    policy.ram().erase(id);
-    ram_.erase(id);
-    window.evicted(id);
-  }
-  return {files, bytes};
-}
-
-void StagingCore::forget_ram() {
-  for (EntryId id : ram_.ids()) {
-    ram_.erase(id);
-    policy.ram().erase(id);
-  }
 }
 
 // ---- the uses a watch tells ----------------------------------------------------------------------------

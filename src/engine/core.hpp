@@ -12,15 +12,20 @@
 // SourceHandles, DemandReader's adopted list, IoLoop's mailbox). No I/O under `mutex`.
 #pragma once
 
+#include <absl/container/flat_hash_set.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <queue>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine/counters.hpp"
@@ -33,18 +38,28 @@
 #include "engine/watched_uses.hpp"
 #include "tiers/nvme.hpp"
 #include "tiers/ram.hpp"
+#include "util/clock.hpp"
 #include "util/thread_annotations.hpp"
 
 namespace clairfs {
 
+// What the core decides of staging beyond the policy's and the window's own configuration.
+struct StagingConfig {
+  uint64_t bytes_in_flight = 64 << 20;  // staging reads' bytes in flight at most (one file at least)
+  // Files this node keeps for the others that another node reads first (it had no room for them):
+  // staged from SOURCE before anything else (Keepers::handed).
+  std::vector<EntryId> handed;
+};
+
 struct StagingCore {
   // `ranks`: the training rank of each served rank (the planner's streams, in order).
-  // `nvme`: the node's NVMe tier, or none; `counters`: the engine's.
+  // `nvme`: the node's NVMe tier, or none; `counters`: the engine's; `time`: where it reads the time.
   StagingCore(const Manifest& manifest, std::vector<uint64_t> ranks, PlannerConfig planner_config,
-              const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config, RamTier& ram,
-              NvmeTier* nvme, EngineCounters& counters, bool handed_over)
+              const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config,
+              StagingConfig staging, RamTier& ram, NvmeTier* nvme, EngineCounters& counters, bool handed_over,
+              const TimeSource& time = TimeSource::steady())
       : planner(planner_config, streams),
-        tracker(manifest, planner, policy_config.ranks),
+        tracker(manifest, planner, policy_config.ranks, time),
         policy(manifest, planner, std::move(policy_config)),
         window(manifest, planner, ram, window_config),
         from_peer(manifest.size(), 0),
@@ -55,7 +70,13 @@ struct StagingCore {
         ranks_(std::move(ranks)),
         streams_(streams),
         tolerance_(planner_config.tolerance),
-        handing_over_(handed_over) {}
+        max_bytes_in_flight_(staging.bytes_in_flight),
+        handed_(std::move(staging.handed)),
+        handing_over_(handed_over),
+        time_(time) {}
+
+  // The time, as the core reads it (the stager's calls pass it back to the verbs that take one).
+  std::chrono::steady_clock::time_point now() const { return time_.now(); }
 
   // ---- the readers' opens, placed in the plan: the staging and the page window follow them.
 
@@ -78,9 +99,15 @@ struct StagingCore {
   // placed now (those told while they are, at the next call); nullopt once none wait — the hand-over
   // ended, opens are placed as they come.
   std::optional<std::vector<Placed>> place_waiting() EXCLUDES(mutex);
-  // Plans the epochs the readers' places call for, each built off the lock, until the plan reaches key
-  // `up_to`: opens caught up on may lie past the epoch the plan starts at. False if one could not be built.
-  bool plan_wanted(uint64_t up_to) EXCLUDES(mutex);
+  // Adds the plan's next epoch if it wants one and the plan ends before key `up_to`: built off the lock
+  // (an epoch of 14.2 M files takes seconds); one that cannot be built (out of memory, most likely)
+  // closes the plan where it ends, said in the log (what is planned is still staged, reads beyond go on
+  // demand). Whether the plan grew or closed. Residents keyed by an estimate beyond the old end are keyed
+  // anew.
+  bool plan_next(uint64_t up_to = kNever) EXCLUDES(mutex);
+  // plan_next until the plan reaches key `up_to` or wants no more: opens caught up on may lie past the
+  // epoch the plan starts at.
+  void plan_up_to(uint64_t up_to) EXCLUDES(mutex);
   // The key `opens` opens could reach at most: the furthest rank's next, a step each and the tolerance.
   uint64_t reach(size_t opens) EXCLUDES(mutex);
 
@@ -147,17 +174,6 @@ struct StagingCore {
   bool late_start_suspected() const EXCLUDES(mutex);
   std::optional<uint64_t> reading_epoch() const EXCLUDES(mutex);  // the epoch at the readers' cursor
 
-  // The plan's next epoch added (built off the lock), or the plan closed where it ends (nullopt: an
-  // epoch could not be built); residents keyed by an estimate beyond the old end keyed anew.
-  void grow_plan(std::optional<EpochStreams> e) REQUIRES(mutex) {
-    const uint64_t old_end = planner.planned_end();
-    if (e)
-      planner.add_epoch(std::move(*e));
-    else
-      planner.close_plan();
-    policy.plan_grew(old_end);
-  }
-
   // ---- RAM: which files it holds — the tier's bytes and the policy's index of them, kept in step here
   // (the tier's budget and reservations are the stager's).
 
@@ -199,13 +215,99 @@ struct StagingCore {
   // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
   bool kept_in_ram(EntryId id) const REQUIRES(mutex) { return policy.owned(id) && !on_nvme(id); }
 
+  // ---- the staging walk: what the stager reads next (it reads off the lock, then tells staged())
+
+  // What the walk asks of the parts outside the core: whether a reader loads a file whole now (its copy
+  // comes to RAM: DemandReader::loading_whole), or reads it from the stores right now (a miss).
+  struct Outside {
+    std::function<bool(EntryId)> loading;
+    std::function<bool(EntryId)> reading;
+  };
+  // A file to stage, its room in RAM reserved and its staging read counted in flight.
+  struct Pick {
+    enum class For {
+      kReadAhead,  // a reader off the plan reads its samples in order (key kReadAheadKey)
+      kDeferred,   // refused by its keeper earlier, needed soon now
+      kHanded,     // kept for the others, read by another node first: from SOURCE (Keepers::handed)
+      kPlan,       // the plan's next
+    };
+    EntryId id;
+    uint64_t key;  // the use it is staged for
+    For why;
+    bool soon = false;       // needed within the loaders' reach (StagingPolicy::needed_soon)
+    bool on_nvme = false;    // this node's NVMe holds a copy
+    bool may_defer = false;  // refused by its keeper, it may wait for it (defer) rather than go to SOURCE
+  };
+  struct Walk {
+    std::vector<Pick> picks;
+    // The walk waits on this file's attributes (read them, then walk again), and the next ones it will
+    // meet whose attributes are still to be read (for the fill to read first).
+    std::optional<EntryId> know_first;
+    std::vector<EntryId> to_know;
+  };
+  // Up to `room` files to stage, in order: read-ahead, files deferred for their keeper now needed soon,
+  // files handed to this node, then the plan's by next use while RAM has room for them (and the bytes in
+  // flight stay within StagingConfig::bytes_in_flight). `know`: whether the walk may wait on a file's
+  // attributes now (else it stops there).
+  Walk pick(unsigned room, const Outside& outside, bool know) REQUIRES(mutex);
+  // A pick its keeper refused (not needed soon): asked again once it is, not read from SOURCE now.
+  void defer(const Pick& pick) REQUIRES(mutex);
+
+  // ---- the kernel's page cache: the stager pushes, drops and asks off the lock
+
+  // Pages to drop now (not of a file being staged: only the stager starts flights, so such a file stays
+  // unstaged until the drops are done); dropped() once they are.
+  std::vector<EntryId> take_drops() REQUIRES(mutex) {
+    return window.take_drops([&](EntryId id) REQUIRES(mutex) { return in_flight(id); });
+  }
+  void dropped(const std::vector<EntryId>& ids) REQUIRES(mutex) { window.dropped(ids); }
+  bool drops_waiting() const REQUIRES(mutex) { return window.drops_waiting(); }
+  // The next file whose pages to push (none now, or no page window); push_done once pushed (rc < 0: not).
+  std::optional<PageWindow::Push> next_push(std::chrono::steady_clock::time_point now,
+                                            const std::function<bool(EntryId)>& knows) REQUIRES(mutex) {
+    if (!window.active()) return std::nullopt;
+    return window.next_push(now, knows);
+  }
+  void push_done(const PageWindow::Push& push, int rc, std::chrono::steady_clock::time_point now) REQUIRES(mutex) {
+    window.push_done(push, rc, now);
+  }
+  // The kernel was told of new inodes (a listing): pushes it refused are tried again.
+  void introduced(std::chrono::steady_clock::time_point now) REQUIRES(mutex) { window.introduced(now); }
+  // The files to ask the kernel about now, whether it still holds their pages, at most `most` besides
+  // read-ahead's: first those of the uses coming near that it said it held (they may be gone by now),
+  // then those ahead of the staging walk (it finds their answers there when it comes).
+  std::vector<EntryId> questions(size_t most) REQUIRES(mutex);
+  // The kernel's answer; a question not answered in time is taken as "not held" (not_answered).
+  void answered(EntryId id, bool held) REQUIRES(mutex);
+  void not_answered(EntryId id) REQUIRES(mutex);
+
+  // ---- idle=
+
+  // Nothing asked for in `after` (zero: never idle): RAM and the pushed pages given back, once — the
+  // files and bytes let go; staging waits for the next read (place() ends the idle state).
+  std::optional<std::pair<uint64_t, uint64_t>> release_if_idle(std::chrono::steady_clock::time_point now,
+                                                               std::chrono::nanoseconds after) REQUIRES(mutex);
+
+  // ---- files read whole on demand (DemandReader::take_adopted), kept as staged ones: SOURCE sees them once
+
+  // Kept in RAM for its next use if there is room. False if it is nothing to keep (RAM has it, it is
+  // being staged, no use of the plan is left): then NVMe has nothing to take either.
+  bool keep_read(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
+  // Such a file waiting for its NVMe write: the use to write it for, its room on NVMe made — or none: no
+  // use left, or NVMe full of kept copies (then a kept file whose only copy this is goes to RAM, which
+  // makes room by its copies of NVMe's files, if it can; else it is dropped).
+  std::optional<uint64_t> write_room(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
+  bool in_ram(EntryId id) const REQUIRES(mutex) { return policy.ram().contains(id); }
+
   // ---- who waits for what: the staging reads in flight (an open of such a file waits for it rather
   // than read it twice), the stager's sleep until the readers have moved, its calls into the kernel.
 
   bool in_flight(EntryId id) const REQUIRES(mutex) { return in_flight_.count(id) != 0; }
-  void flight_started(EntryId id) REQUIRES(mutex) { in_flight_.insert(id); }
-  // True if `id` was in flight. The opens waiting for it go on once told (flights_ended).
-  bool flight_ended(EntryId id) REQUIRES(mutex) { return in_flight_.erase(id) != 0; }
+  // `id`'s staging read ended (its bytes kept or not). The opens waiting for it go on once told
+  // (flights_ended).
+  void flight_ended(EntryId id) REQUIRES(mutex) {
+    if (in_flight_.erase(id) != 0) bytes_in_flight_ -= manifest_.entry(id).size;
+  }
   void flights_ended() { staged_.notify_all(); }
   // An open's wait (the caller's lock let go meanwhile) until `id`'s staging read ended, the engine
   // stops, or `deadline` passes. False when it gave up early because the stager's call into the kernel
@@ -213,11 +315,11 @@ struct StagingCore {
   // waits here, that request has no thread to serve it (a wait cycle) — the caller reads it itself.
   bool wait_for_flight(MutexLock& lock, EntryId id, std::chrono::steady_clock::time_point deadline) REQUIRES(mutex);
 
-  // The stager sleeps, the lock let go, until the readers' cursor reaches `wake_at` (a wake-up per open
-  // would cost every open a context switch), it is woken, or `wait` passes.
-  void stager_sleep(MutexLock& lock, uint64_t wake_at, std::chrono::steady_clock::duration wait) REQUIRES(mutex) {
+  // The stager sleeps, the lock let go, until the readers have moved an eighth of the eviction window
+  // (a wake-up per open would cost every open a context switch), it is woken, or `wait` passes.
+  void stager_sleep(MutexLock& lock, std::chrono::steady_clock::duration wait) REQUIRES(mutex) {
     stager_waiting_ = true;
-    wake_at_cursor_ = wake_at;
+    wake_at_cursor_ = planner.cursor() + std::max<uint64_t>(1, policy.evict_window() / 8);
     lock.wait_for(progress_, wait);
     stager_waiting_ = false;
   }
@@ -248,8 +350,9 @@ struct StagingCore {
   // idle=: when a reader (or a peer) last asked for anything (steady clock, ns), and whether RAM was given
   // back since (staging waits for the next read).
   std::atomic<int64_t> last_use_ns{0};
-  // A reader or a peer asked for something now.
-  void touch(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
+  // A reader or a peer asked for something (now, or at `now`).
+  void touch() { touch(time_.now()); }
+  void touch(std::chrono::steady_clock::time_point now) {
     last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                       std::memory_order_relaxed);
   }
@@ -270,6 +373,25 @@ struct StagingCore {
   void hold_copy(EntryId id) REQUIRES(mutex);
   // place()'s work on a use (not a first read again, nor waiting for a hand-over).
   void use(Placed& p, EntryId id, pid_t pid) REQUIRES(mutex);
+  // pick()'s parts, in its order.
+  void pick_readahead(unsigned room, const Outside& outside, std::vector<Pick>& picks) REQUIRES(mutex);
+  void pick_deferred(unsigned room, const Outside& outside, std::vector<Pick>& picks) REQUIRES(mutex);
+  void pick_handed(unsigned room, const Outside& outside, std::vector<Pick>& picks) REQUIRES(mutex);
+  void pick_planned(unsigned room, const Outside& outside, bool know, Walk& walk) REQUIRES(mutex);
+  // The walk met a file whose attributes are still to be read: it and the next ones, into `walk`.
+  void wait_for_attributes(uint64_t key, EntryId id, Walk& walk) REQUIRES(mutex);
+  // On its way to RAM: a staging read of it, or a reader's load of the whole file (whose copy is kept at
+  // the stager's next turn, keep_read). Staged too, SOURCE would read it twice (TSan's test_readers:
+  // 1.001x, 1.003x).
+  bool on_its_way(EntryId id, const Outside& outside) const REQUIRES(mutex) {
+    return in_flight(id) || outside.loading(id);
+  }
+  // Whether a staging read of `size` bytes may start (StagingConfig::bytes_in_flight), and its start.
+  bool room_in_flight(uint64_t size) const REQUIRES(mutex) {
+    return bytes_in_flight_ == 0 || bytes_in_flight_ + size <= max_bytes_in_flight_;
+  }
+  void take_off(Pick pick, std::vector<Pick>& picks) REQUIRES(mutex);
+  void pop_deferred() REQUIRES(mutex);
 
   const Manifest& manifest_;
   RamTier& ram_;
@@ -278,6 +400,32 @@ struct StagingCore {
   const std::vector<uint64_t> ranks_;
   const StreamSource& streams_;
   const uint64_t tolerance_;
+  const uint64_t max_bytes_in_flight_;
+  // The walk's own places: the next key whose file the kernel may be asked about; the next key whose
+  // file the kernel said it held, to ask again as it comes near; uses below `left_up_to_` left to the
+  // kernel's pages are counted; the step staging last waited at (log_level=debug says it once); the key
+  // up to which files' attributes were asked for.
+  uint64_t ask_key_ GUARDED_BY(mutex) = 0;
+  uint64_t again_key_ GUARDED_BY(mutex) = 0;
+  uint64_t left_up_to_ GUARDED_BY(mutex) = 0;
+  uint64_t said_wait_at_ GUARDED_BY(mutex) = UINT64_MAX;
+  uint64_t known_ahead_to_ GUARDED_BY(mutex) = 0;
+  uint64_t bytes_in_flight_ GUARDED_BY(mutex) = 0;  // of the files in in_flight_
+  std::vector<EntryId> to_ask_ GUARDED_BY(mutex);   // read-ahead's questions, asked at the next turn
+  absl::flat_hash_set<EntryId> readahead_asks_
+      GUARDED_BY(mutex);  // read ahead once the kernel says it does not hold them
+  // Files their keeper refused while the readers did not need them soon. Most likely the keeper had not
+  // read them yet: it is the node whose rank reads a file first, and this node staged far ahead (a RAM
+  // budget larger than its share). Read from SOURCE then, such a file would be read there twice; it is
+  // asked again once needed soon, by then read by its keeper, and goes to SOURCE only if refused again:
+  // the stager asks at most twice a file. By key, the soonest first.
+  // Once deferred, a file's later uses are not asked for either: it comes for the first, and RAM keeps it
+  // for the next.
+  std::priority_queue<std::pair<uint64_t, EntryId>, std::vector<std::pair<uint64_t, EntryId>>, std::greater<>> deferred_
+      GUARDED_BY(mutex);
+  absl::flat_hash_set<EntryId> deferred_ids_ GUARDED_BY(mutex);       // the files in deferred_
+  const std::vector<EntryId> handed_;                                 // StagingConfig::handed
+  size_t next_handed_ GUARDED_BY(mutex) = 0;                          // the first of them not staged yet
   bool handing_over_ GUARDED_BY(mutex);                               // (place_waiting)
   std::vector<std::pair<EntryId, pid_t>> waiting_ GUARDED_BY(mutex);  // opens told meanwhile
   std::condition_variable progress_;  // the readers moved, read-ahead was queued, or stop (the stager waits)
@@ -285,6 +433,7 @@ struct StagingCore {
   std::unordered_set<EntryId> in_flight_ GUARDED_BY(mutex);  // being staged
   bool stager_waiting_ GUARDED_BY(mutex) = false;  // the stager sleeps until the cursor reaches wake_at_cursor_
   uint64_t wake_at_cursor_ GUARDED_BY(mutex) = 0;
+  const TimeSource& time_;
   // When the stager's current push or drop into the kernel is overdue (steady clock, ns since its
   // epoch); 0 while it is in none (in_kernel_until).
   std::atomic<int64_t> kernel_call_overdue_ns_{0};

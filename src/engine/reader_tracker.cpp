@@ -36,8 +36,13 @@ pid_t parent_from_proc(pid_t pid) {
   return static_cast<pid_t>(ppid);
 }
 
-ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks)
-    : manifest_(manifest), planner_(planner), rates_(ranks), was_live_(ranks, 1), verdicts_(ranks) {}  // all live
+ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks, const TimeSource& time)
+    : manifest_(manifest),
+      planner_(planner),
+      time_(time),
+      rates_(ranks),
+      was_live_(ranks, 1),
+      verdicts_(ranks) {}  // all live
 
 const char* ReaderTracker::verdict_name(Verdict v) {
   switch (v) {
@@ -213,7 +218,7 @@ pid_t ReaderTracker::parent_of(pid_t pid) {
 
 void ReaderTracker::note_rate(uint64_t rank, uint64_t opens) {
   RankRate& rate = rates_[rank];
-  const auto now = Clock::now();
+  const auto now = time_.now();
   if (rate.opens == 0) rate.since = now;
   rate.opens += opens;
   if (rate.opens - rate.opens_since < kRateWindow) return;

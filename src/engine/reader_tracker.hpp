@@ -19,6 +19,7 @@
 #include "clairfs/manifest.hpp"
 #include "engine/diagnosis.hpp"
 #include "engine/planner.hpp"
+#include "util/clock.hpp"
 
 namespace clairfs {
 
@@ -28,7 +29,9 @@ pid_t parent_from_proc(pid_t pid);
 class ReaderTracker {
  public:
   // REQUIRES: manifest and planner outlive the tracker.
-  ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks);
+  // `time`: where the readers' rates are timed.
+  ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks,
+                const TimeSource& time = TimeSource::steady());
 
   // Whether a rank's reads follow the plan, as the status and the log say it.
   enum class Verdict { kChecking, kFollowing, kOff, kIdle };
@@ -116,6 +119,7 @@ class ReaderTracker {
 
   const Manifest& manifest_;
   Planner& planner_;
+  const TimeSource& time_;
   struct RankRate {
     uint64_t opens = 0;        // files read (opened, or presumed read from pushed pages)
     uint64_t opens_since = 0;  // opens when `since` was taken

@@ -6,6 +6,21 @@
 
 namespace clairfs {
 
+// Where the engine's staging core reads the time (as LevelDB's Env): the steady clock, or a test's own
+// (tests/fakes/manual_clock.hpp), so that what time decides — idle=, the readers' rates — is tested
+// without waiting.
+class TimeSource {
+ public:
+  using time_point = std::chrono::steady_clock::time_point;
+  virtual ~TimeSource() = default;
+  virtual time_point now() const { return std::chrono::steady_clock::now(); }
+  // The steady clock.
+  static const TimeSource& steady() {
+    static const TimeSource clock;
+    return clock;
+  }
+};
+
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

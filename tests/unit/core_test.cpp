@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "fakes/manual_clock.hpp"
 #include "fakes/memory_source.hpp"
 
 namespace clairfs {
@@ -16,9 +17,10 @@ constexpr uint64_t kFiles = 600;
 // The k-th file of an epoch: MemoryTree's files (entries 2..) in order, in reverse order every other epoch.
 EntryId item(uint64_t epoch, uint64_t k) { return static_cast<EntryId>(2 + (epoch % 2 ? kFiles - 1 - k : k)); }
 
-// One rank reading two epochs of item(); tolerance 16.
+// One rank reading two epochs of item(); tolerance 16; time on a clock the test moves.
 struct Core {
-  explicit Core(bool handed_over = false, uint64_t ram_bytes = kFiles * RamTier::charge(100))
+  explicit Core(bool handed_over = false, uint64_t ram_bytes = kFiles * RamTier::charge(100),
+                StagingConfig staging = {})
       : tree(std::vector<uint64_t>(kFiles, 100)),
         streams([](uint64_t epoch) {
           std::vector<EntryId> seq;
@@ -28,9 +30,9 @@ struct Core {
         ram(ram_bytes),
         core(tree.manifest, {0}, planner(tree.manifest), streams,
              PolicyConfig{ram_bytes, 1, 2, 2, {}, 0, mean_sample_size(tree.manifest)},
-             WindowConfig{0, false, nullptr, 1, 16, mean_sample_size(tree.manifest)}, ram, nullptr, counters,
-             handed_over) {
-    core.plan_wanted(kNever);
+             WindowConfig{0, false, nullptr, 1, 16, mean_sample_size(tree.manifest)}, std::move(staging), ram, nullptr,
+             counters, handed_over, clock) {
+    core.plan_up_to(kNever);
   }
   static PlannerConfig planner(const Manifest& m) {
     PlannerConfig c;
@@ -63,6 +65,7 @@ struct Core {
   const StreamSource streams;
   RamTier ram;
   EngineCounters counters;
+  fakes::ManualClock clock;
   StagingCore core;
 };
 
@@ -105,6 +108,71 @@ TEST(Core, RamAndItsIndexChangeTogether) {
   EXPECT_EQ(c.ram.files(), 0u);
   for (EntryId id = 2; id < 12; ++id) EXPECT_FALSE(c.core.policy.ram().contains(id)) << id;
   EXPECT_EQ(c.counters.ram_evictions.load(), 5u);  // shed; what idle= gives back is not evicted
+}
+
+// What the walk asks of the outside: nothing is loaded or read by a reader.
+const StagingCore::Outside kNobodyElse{[](EntryId) { return false; }, [](EntryId) { return false; }};
+
+// The walk picks the plan's next files by next use, each counted in flight, while the bytes in flight
+// stay within the bound: the next waits until one has ended.
+TEST(Core, TheWalkPicksThePlansNextFilesWithinTheBytesInFlight) {
+  Core c(false, kFiles * RamTier::charge(100), StagingConfig{250, {}});
+  MutexLock lock(c.core.mutex);
+  StagingCore::Walk w = c.core.pick(64, kNobodyElse, true);
+  ASSERT_EQ(w.picks.size(), 2u);  // 100 + 100 bytes: a third would pass 250
+  for (uint64_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(w.picks[k].id, item(0, k));
+    EXPECT_EQ(w.picks[k].key, k);
+    EXPECT_EQ(w.picks[k].why, StagingCore::Pick::For::kPlan);
+    EXPECT_TRUE(c.core.in_flight(item(0, k)));
+  }
+  EXPECT_TRUE(c.core.pick(64, kNobodyElse, true).picks.empty());
+  c.core.flight_ended(item(0, 0));
+  EXPECT_FALSE(c.core.in_flight(item(0, 0)));
+  w = c.core.pick(64, kNobodyElse, true);
+  ASSERT_EQ(w.picks.size(), 1u);
+  EXPECT_EQ(w.picks[0].id, item(0, 2));
+  EXPECT_EQ(c.core.pick(1, kNobodyElse, true).picks.size(), 0u);  // (and within the ring's room)
+}
+
+// idle= on the core's clock: RAM given back once nothing was asked for that long, once; the next open
+// ends it. No sleeping: the test moves the clock.
+TEST(Core, IdleGivesRamBackOnceOnTheCoresClockAndTheNextOpenEndsIt) {
+  using std::chrono::seconds;
+  Core c;
+  MutexLock lock(c.core.mutex);
+  for (EntryId id = 2; id < 5; ++id) {
+    ASSERT_TRUE(c.core.make_ram_room(100, id - 2, false));
+    c.core.keep_in_ram(id, std::make_shared<const std::vector<char>>(100, 'x'), id - 2, false, Origin::kSource);
+  }
+  c.core.touch();
+  c.clock.advance(seconds(1));
+  EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));
+  c.clock.advance(seconds(1));
+  EXPECT_EQ(c.core.release_if_idle(c.core.now(), seconds(2)), (std::pair<uint64_t, uint64_t>{3, 300}));
+  EXPECT_TRUE(c.core.idle);
+  EXPECT_EQ(c.ram.files(), 0u);
+  EXPECT_EQ(c.counters.idle_releases.load(), 1u);
+  c.clock.advance(seconds(10));
+  EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));  // once
+  EXPECT_TRUE(c.core.place(item(0, 0), 100, true).woke);
+  EXPECT_FALSE(c.core.idle);
+  c.clock.advance(seconds(1));
+  EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));  // the open asked for something
+  c.clock.advance(seconds(10));
+  EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(0)));  // idle= off
+}
+
+// A rank's rate (the stats' files a second, by which its lead is judged) is timed on the core's clock.
+TEST(Core, ARanksRateIsTimedOnTheCoresClock) {
+  Core c;
+  for (uint64_t k = 0; k < 300; ++k) {
+    c.clock.advance(std::chrono::milliseconds(10));
+    c.open(0, k, k + 1);
+  }
+  EngineStats s;
+  c.core.snapshot(s, false);
+  EXPECT_NEAR(s.ranks.at(0).files_per_second, 100.0, 1.0);
 }
 
 }  // namespace
