@@ -129,7 +129,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
       served_ranks(config_));
   if (s.order == Order::kTorch) {
     MutexLock lock(state_.mutex);
-    state_.tracker.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
+    state_.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
   }
   begin();
 }
@@ -157,7 +157,7 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
              config_.handed_over) {
   {
     MutexLock lock(state_.mutex);
-    state_.tracker.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
+    state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
   }
 }
 
@@ -387,7 +387,7 @@ void ClairvoyantEngine::release(uint64_t handle) {
   auto* file = reinterpret_cast<OpenFile*>(handle);
   {
     MutexLock lock(state_.mutex);
-    state_.window.released(file->id());
+    state_.handle_closed(file->id());
   }
   file->close(demand_);
   delete file;
@@ -456,7 +456,7 @@ bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
 
 bool ClairvoyantEngine::unread_open(EntryId id) const {
   MutexLock lock(state_.mutex);
-  return state_.watched.unread(id);
+  return state_.unread(id);
 }
 
 bool ClairvoyantEngine::give_up_unread_open(EntryId id) {

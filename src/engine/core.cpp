@@ -12,8 +12,8 @@ namespace clairfs {
 StagingCore::Placed StagingCore::place(EntryId id, pid_t pid, bool handle) {
   Placed p;
   touch();
-  if (idle) {  // idle= gave RAM back: this read starts staging again, from where the readers are
-    idle = false;
+  if (idle_) {  // idle= gave RAM back: this read starts staging again, from where the readers are
+    idle_ = false;
     policy.restart();
     window.restart();
     p.woke = true;
@@ -274,7 +274,7 @@ void StagingCore::snapshot(EngineStats& s, bool inferred) const {
   s.progress.other_readers = planner.other_readers();
   s.progress.reads_as_world_size = tracker.reads_as_world();
   s.progress.other_opens = planner.other_opens();
-  s.idle.now = idle;
+  s.idle.now = idle_;
   s.idle.releases = counters_.idle_releases.load();
   s.memory.plan = planner.memory_bytes();
   s.memory.policy = policy.memory_bytes();

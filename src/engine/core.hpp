@@ -338,17 +338,29 @@ struct StagingCore {
         at ? std::chrono::duration_cast<std::chrono::nanoseconds>(at->time_since_epoch()).count() : 0;
   }
 
-  mutable Mutex mutex;
+  // ---- the readers, as the facade learns of them
 
-  Planner planner GUARDED_BY(mutex);
-  ReaderTracker tracker GUARDED_BY(mutex);
-  StagingPolicy policy GUARDED_BY(mutex);
-  PageWindow window GUARDED_BY(mutex);
-  std::vector<uint8_t> from_peer GUARDED_BY(mutex);  // per entry: its RAM copy came from a peer
-  WatchedUses watched GUARDED_BY(mutex);             // the uses a watch on the mount told, matched with their reads
-  bool stop GUARDED_BY(mutex) = false;
-  // idle=: when a reader (or a peer) last asked for anything (steady clock, ns), and whether RAM was given
-  // back since (staging waits for the next read).
+  // The job's world size, the training ranks served, and the workers a rank's opens come from (a torch
+  // order: the opens tell which world they were made in).
+  void set_world(uint64_t world_size, std::vector<uint64_t> ranks, uint64_t per_worker) REQUIRES(mutex) {
+    tracker.set_world(world_size, std::move(ranks), per_worker);
+  }
+  // How a process's parent is found (a DataLoader worker's: the rank's training process).
+  void set_parent_lookup(std::function<pid_t(pid_t)> lookup) REQUIRES(mutex) {
+    tracker.set_parent_lookup(std::move(lookup));
+  }
+  // A handle of `id` closed: its pages may go once the last is.
+  void handle_closed(EntryId id) REQUIRES(mutex) { window.released(id); }
+  // A use of `id` the watch told that no read reached yet.
+  bool unread(EntryId id) const REQUIRES(mutex) { return watched.unread(id); }
+  // idle= gave RAM back and no read came since: staging waits for one.
+  bool is_idle() const REQUIRES(mutex) { return idle_; }
+
+  // The one lock: callers hold it across the verbs marked REQUIRES(mutex) that go together (the stager's
+  // turn), the others take it themselves.
+  mutable Mutex mutex;
+  bool stop GUARDED_BY(mutex) = false;  // the engine stops: the stager and the waits end
+  // idle=: when a reader (or a peer) last asked for anything (steady clock, ns).
   std::atomic<int64_t> last_use_ns{0};
   // A reader or a peer asked for something (now, or at `now`).
   void touch() { touch(time_.now()); }
@@ -356,13 +368,20 @@ struct StagingCore {
     last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                       std::memory_order_relaxed);
   }
-  bool idle GUARDED_BY(mutex) = false;
   // The process could not allocate memory where requests are served (ClairvoyantEngine::low_on_memory):
   // the stager gives RAM back at its next turn (Stager::give_back_memory). Set under the mutex, which
   // the stager's wait holds; read without it at each turn.
   std::atomic<bool> short_of_memory{false};
 
  private:
+  Planner planner GUARDED_BY(mutex);
+  ReaderTracker tracker GUARDED_BY(mutex);
+  StagingPolicy policy GUARDED_BY(mutex);
+  PageWindow window GUARDED_BY(mutex);
+  std::vector<uint8_t> from_peer GUARDED_BY(mutex);  // per entry: its RAM copy came from a peer
+  WatchedUses watched GUARDED_BY(mutex);             // the uses a watch on the mount told, matched with their reads
+  bool idle_ GUARDED_BY(mutex) = false;              // (is_idle)
+
   // Uses of the plan passed by the readers: residents and pages re-keyed or dropped.
   void progressed() REQUIRES(mutex);
   // A file the policy let go (its index entry gone): its bytes and pushed pages with it, counted.

@@ -223,10 +223,10 @@ void StagingCore::not_answered(EntryId id) {
 
 std::optional<std::pair<uint64_t, uint64_t>> StagingCore::release_if_idle(std::chrono::steady_clock::time_point now,
                                                                           std::chrono::nanoseconds after) {
-  if (after.count() == 0 || idle) return std::nullopt;
+  if (after.count() == 0 || idle_) return std::nullopt;
   if (now.time_since_epoch() - std::chrono::nanoseconds(last_use_ns.load(std::memory_order_relaxed)) < after)
     return std::nullopt;
-  idle = true;
+  idle_ = true;
   counters_.idle_releases++;
   return release_ram();
 }
@@ -290,8 +290,8 @@ uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bo
   const uint64_t key = policy.staged_key(id, readahead, keep_for_peers);
   // An open waiting for these bytes (the stager's read was in flight: wait_for_flight) takes them, held as
   // read (the first to go) rather than read from SOURCE again.
-  const bool awaited = key == kNever && !idle && (window.is_open(id) || watched.unread(id));
-  if ((key == kNever || idle) && !awaited) {
+  const bool awaited = key == kNever && !idle_ && (window.is_open(id) || watched.unread(id));
+  if ((key == kNever || idle_) && !awaited) {
     ram_.unreserve(size);
     return kNever;
   }

@@ -135,7 +135,7 @@ bool Stager::turn() {
     if (finishing_.load() && io_.idle()) return false;
     if (finishing_.load()) room = 0;
     give_back_if_idle();
-    if (state_.idle) room = 0;  // nothing staged until the next read
+    if (state_.is_idle()) room = 0;  // nothing staged until the next read
     writes = pick_writes(room);
     room -= static_cast<unsigned>(writes.size());
     StagingCore::Walk walk = state_.pick(room, outside_, Clock::now() >= know_again_at_);

@@ -101,12 +101,12 @@ TEST(Core, RamAndItsIndexChangeTogether) {
   EXPECT_EQ(c.core.shed_ram(5 * RamTier::charge(100)), 5u);  // needed last first
   EXPECT_EQ(c.ram.files(), 5u);
   for (EntryId id = 2; id < 12; ++id) {
-    EXPECT_EQ(c.core.policy.ram().contains(id), id < 7) << id;
+    EXPECT_EQ(c.core.in_ram(id), id < 7) << id;
     EXPECT_EQ(c.ram.get(id) != nullptr, id < 7) << id;
   }
   EXPECT_EQ(c.core.release_ram(), (std::pair<uint64_t, uint64_t>{5, 500}));  // idle=
   EXPECT_EQ(c.ram.files(), 0u);
-  for (EntryId id = 2; id < 12; ++id) EXPECT_FALSE(c.core.policy.ram().contains(id)) << id;
+  for (EntryId id = 2; id < 12; ++id) EXPECT_FALSE(c.core.in_ram(id)) << id;
   EXPECT_EQ(c.counters.ram_evictions.load(), 5u);  // shed; what idle= gives back is not evicted
 }
 
@@ -150,13 +150,13 @@ TEST(Core, IdleGivesRamBackOnceOnTheCoresClockAndTheNextOpenEndsIt) {
   EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));
   c.clock.advance(seconds(1));
   EXPECT_EQ(c.core.release_if_idle(c.core.now(), seconds(2)), (std::pair<uint64_t, uint64_t>{3, 300}));
-  EXPECT_TRUE(c.core.idle);
+  EXPECT_TRUE(c.core.is_idle());
   EXPECT_EQ(c.ram.files(), 0u);
   EXPECT_EQ(c.counters.idle_releases.load(), 1u);
   c.clock.advance(seconds(10));
   EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));  // once
   EXPECT_TRUE(c.core.place(item(0, 0), 100, true).woke);
-  EXPECT_FALSE(c.core.idle);
+  EXPECT_FALSE(c.core.is_idle());
   c.clock.advance(seconds(1));
   EXPECT_FALSE(c.core.release_if_idle(c.core.now(), seconds(2)));  // the open asked for something
   c.clock.advance(seconds(10));
