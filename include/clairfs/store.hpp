@@ -53,6 +53,10 @@ class Store {
   // Offers a copy read from elsewhere for keeping; `done` runs on io's thread with 0 (kept) or -errno.
   // REQUIRES: called on io's thread, room reserved by the caller (see NvmeTier::reserve).
   virtual void start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done);
+  // Whether it takes copies now (start_offer): NVMe while it admits. Others never.
+  virtual bool keeps_copies() const { return false; }
+  // Its fetches under way (a peer's requests, which the stager weighs against SOURCE's reads).
+  virtual unsigned in_flight() const { return 0; }
 };
 
 // SOURCE as a store, which can also be read piece by piece for files too large to hold whole.

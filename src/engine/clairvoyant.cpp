@@ -50,13 +50,13 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       ram_(config_.ram),
       nvme_(make_nvme(manifest_, config_)),
       peers_(make_peers(manifest_, config_)),
-      chain_({nvme_.get(), peers_.get(), &source}),
-      demand_(manifest_, chain_, source, nvme_.get(), counters_),
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, served_ranks(config_), planner_config(manifest_, config_), streams_,
              policy_config(config_, mean_size_), window_config(config_, mean_size_),
              StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_,
-             config_.handed_over) {
+             config_.handed_over),
+      chain_({nvme_.get(), peers_.get()}, source, &state_),
+      demand_(manifest_, chain_, counters_) {
   {
     MutexLock lock(state_.mutex);
     state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
@@ -73,7 +73,7 @@ void ClairvoyantEngine::begin() {
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopt(config_.adopt());
-  stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, nvme_.get(), peers_.get(), demand_,
+  stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth, config_.idle,
                                                  config_.memory_retry});
 }

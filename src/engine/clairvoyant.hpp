@@ -245,10 +245,10 @@ class ClairvoyantEngine final : public Engine {
   RamTier ram_;
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<PeerStore> peers_;
-  StoreChain chain_;
-  DemandReader demand_;
   const uint64_t mean_size_;        // a sample's mean size: one walk over the samples, for the parts below
   mutable StagingCore state_;
+  StoreChain chain_;  // its copies up to NVMe admitted by state_
+  DemandReader demand_;
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
   std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try

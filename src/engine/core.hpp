@@ -36,6 +36,7 @@
 #include "engine/policy.hpp"
 #include "engine/reader_tracker.hpp"
 #include "engine/watched_uses.hpp"
+#include "tiers/chain.hpp"
 #include "tiers/nvme.hpp"
 #include "tiers/ram.hpp"
 #include "util/clock.hpp"
@@ -51,7 +52,7 @@ struct StagingConfig {
   std::vector<EntryId> handed;
 };
 
-struct StagingCore {
+struct StagingCore final : Admission {
   // `ranks`: the training rank of each served rank (the planner's streams, in order).
   // `nvme`: the node's NVMe tier, or none; `counters`: the engine's; `time`: where it reads the time.
   StagingCore(const Manifest& manifest, std::vector<uint64_t> ranks, PlannerConfig planner_config,
@@ -201,14 +202,16 @@ struct StagingCore {
   // bytes are that open's, held as read). Returns its use after this one, for which NVMe should hold it
   // too (kNever: not; a copy read from NVMe, a read-ahead, a file RAM alone keeps).
   uint64_t staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) REQUIRES(mutex);
-  // Room on NVMe for `size` bytes needed at `key`: by eviction of copies not kept for the other nodes only.
-  // A kept copy there is the node's only one (its RAM copy stops being kept once it is written), and the
-  // file being written is kept in RAM meanwhile: trading one for the other would lose a file the others
-  // count on.
-  bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(mutex);
+  // ---- NVMe: the store chain's copies up (Admission, tiers/chain.hpp), by next use
+
+  // Room on NVMe for a staged file's copy needed at `key` (make_nvme_room).
+  bool admit(EntryId id, uint64_t size, uint64_t key) override EXCLUDES(mutex);
+  // Files read on demand waiting for their write: those RAM did not take first (the copy waiting is their
+  // only one), each written for its next use (write_room).
+  std::vector<Copy> admit_waiting(std::vector<Copy>& waiting, size_t most) override EXCLUDES(mutex);
   // `id` written to NVMe for its use at `key`: indexed there; kept there for the other nodes, its RAM
   // copy is no longer kept for them.
-  void written(EntryId id, uint64_t key) REQUIRES(mutex);
+  void kept(EntryId id, uint64_t key) override EXCLUDES(mutex);
   // Whether this node's NVMe tier holds a copy of `id` (false without one).
   bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
   // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
@@ -293,10 +296,6 @@ struct StagingCore {
   // Kept in RAM for its next use if there is room. False if it is nothing to keep (RAM has it, it is
   // being staged, no use of the plan is left): then NVMe has nothing to take either.
   bool keep_read(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
-  // Such a file waiting for its NVMe write: the use to write it for, its room on NVMe made — or none: no
-  // use left, or NVMe full of kept copies (then a kept file whose only copy this is goes to RAM, which
-  // makes room by its copies of NVMe's files, if it can; else it is dropped).
-  std::optional<uint64_t> write_room(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
   bool in_ram(EntryId id) const REQUIRES(mutex) { return policy.ram().contains(id); }
 
   // ---- who waits for what: the staging reads in flight (an open of such a file waits for it rather
@@ -388,6 +387,15 @@ struct StagingCore {
   void evict_ram(EntryId id) REQUIRES(mutex);
   // The files from a rank's next on that RAM or the kernel holds, one after another (up to a bound).
   uint64_t lead_files(uint64_t rank) const REQUIRES(mutex);
+  // Room on NVMe for `size` bytes needed at `key`: by eviction of copies not kept for the other nodes only.
+  // A kept copy there is the node's only one (its RAM copy stops being kept once it is written), and the
+  // file being written is kept in RAM meanwhile: trading one for the other would lose a file the others
+  // count on.
+  bool make_nvme_room(uint64_t size, uint64_t key) REQUIRES(mutex);
+  // A file read on demand waiting for its NVMe write: the use to write it for, its room on NVMe made — or
+  // none: no use left, or NVMe full of kept copies (then a kept file whose only copy this is goes to RAM,
+  // which makes room by its copies of NVMe's files, if it can; else it is dropped).
+  std::optional<uint64_t> write_room(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
   // Holds `id`'s RAM copy for the told use's first read.
   void hold_copy(EntryId id) REQUIRES(mutex);
   // place()'s work on a use (not a first read again, nor waiting for a hand-over).

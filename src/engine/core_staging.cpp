@@ -319,7 +319,25 @@ bool StagingCore::make_nvme_room(uint64_t size, uint64_t key) {
       });
 }
 
-void StagingCore::written(EntryId id, uint64_t key) {
+bool StagingCore::admit(EntryId, uint64_t size, uint64_t key) {
+  MutexLock lock(mutex);
+  return make_nvme_room(size, key);
+}
+
+std::vector<Admission::Copy> StagingCore::admit_waiting(std::vector<Copy>& waiting, size_t most) {
+  MutexLock lock(mutex);
+  std::stable_partition(waiting.begin(), waiting.end(), [&](const Copy& c) REQUIRES(mutex) { return !in_ram(c.id); });
+  std::vector<Copy> admitted;
+  size_t n = 0;
+  for (; n < waiting.size() && admitted.size() < most; ++n)
+    if (const auto key = write_room(waiting[n].id, waiting[n].bytes))
+      admitted.push_back(Copy{waiting[n].id, std::move(waiting[n].bytes), *key});
+  waiting.erase(waiting.begin(), waiting.begin() + static_cast<std::ptrdiff_t>(n));
+  return admitted;
+}
+
+void StagingCore::kept(EntryId id, uint64_t key) {
+  MutexLock lock(mutex);
   const bool owned = policy.owned(id);
   policy.nvme().set(id, policy.written_key(id, key), owned);
   if (owned)

@@ -31,10 +31,10 @@ constexpr auto kReadingNow = std::chrono::seconds(1);
 
 }  // namespace
 
-DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
-                           EngineCounters& counters)
-    : manifest_(manifest), chain_(chain), source_(source), nvme_(nvme), counters_(counters),
-      allowance_(kDemandBytes), recent_(kRecentFiles, kRecentBytes), source_handles_(source, kSourceHandles) {}
+DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, EngineCounters& counters)
+    : manifest_(manifest), chain_(chain), source_(chain.source()), nvme_(chain.store(Origin::kNvme)),
+      counters_(counters), allowance_(kDemandBytes), recent_(kRecentFiles, kRecentBytes),
+      source_handles_(source_, kSourceHandles) {}
 
 DemandReader::Claim::Claim(DemandReader& demand, EntryId id) : demand_(demand), id_(id) {
   MutexLock lock(demand_.mutex_);

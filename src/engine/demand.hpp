@@ -34,9 +34,9 @@ class DemandReader {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // REQUIRES: manifest, chain, source, counters outlive the reader. `nvme` may be null.
-  DemandReader(const Manifest& manifest, StoreChain& chain, SourceStore& source, Store* nvme,
-               EngineCounters& counters);
+  // REQUIRES: manifest, chain, counters outlive the reader. SOURCE (read piecewise where a file has no
+  // room) and the NVMe copies (for peers) are the chain's.
+  DemandReader(const Manifest& manifest, StoreChain& chain, EngineCounters& counters);
 
   // A reader's miss, from the moment the engine finds `id` neither in RAM nor being staged (under its
   // lock) until the read is served: loading_whole(id) holds meanwhile, so no staging read of it starts
@@ -88,8 +88,8 @@ class DemandReader {
 
   const Manifest& manifest_;
   StoreChain& chain_;
-  SourceStore& source_;
-  Store* nvme_;
+  SourceStore& source_;  // the chain's
+  Store* const nvme_;    // the chain's NVMe store, if any
   EngineCounters& counters_;
   DemandAllowance allowance_;
   RecentLoads recent_;

@@ -19,8 +19,6 @@ using Clock = std::chrono::steady_clock;
 
 // Pushes per turn: between turns the stager runs completions and picks new reads.
 constexpr int kPushesPerTurn = 64;
-// Demand-read files waiting for their NVMe write at most.
-constexpr size_t kMaxToWrite = 4096;
 // How often the allocator's free pages go back to the system (util/memory.hpp).
 constexpr auto kReturnFreePages = std::chrono::seconds(1);
 // How long an idle stager sleeps before looking again (woken sooner by readers' progress), and while
@@ -49,8 +47,7 @@ Stager::Stager(StagerParts p)
       state_(p.state),
       ram_(p.ram),
       chain_(p.chain),
-      nvme_(p.nvme),
-      peers_(p.peers),
+      peers_(p.chain.store(Origin::kPeer)),
       demand_(p.demand),
       counters_(p.counters),
       streams_(p.streams),
@@ -125,25 +122,29 @@ bool Stager::turn() {
   push_ahead();
   ask_kernel();
   std::vector<Pick> picks;
-  std::vector<Write> writes;
   auto adopted = demand_.take_adopted();
+  bool idle = false;
   {
     MutexLock lock(state_.mutex);
     if (state_.stop) return false;
-    unsigned room = io_.ring_room();
     keep_adopted(std::move(adopted));
-    if (finishing_.load() && io_.idle()) return false;
-    if (finishing_.load()) room = 0;
     give_back_if_idle();
-    if (state_.is_idle()) room = 0;  // nothing staged until the next read
-    writes = pick_writes(room);
-    room -= static_cast<unsigned>(writes.size());
+    idle = state_.is_idle();  // nothing staged until the next read
+  }
+  const bool finishing = finishing_.load();
+  if (finishing && io_.idle()) return false;
+  unsigned room = finishing || idle ? 0 : io_.ring_room();
+  // The files read on demand go to NVMe as the ring has room (it may be full of reads for a while).
+  const unsigned writes = chain_.copy_waiting(io_, room);
+  room -= writes;
+  {
+    MutexLock lock(state_.mutex);
+    if (state_.stop) return false;
     StagingCore::Walk walk = state_.pick(room, outside_, Clock::now() >= know_again_at_);
     know_first_ = walk.know_first;
     to_know_ = std::move(walk.to_know);
     picks = choose_stores(walk.picks);
-    if (picks.empty() && writes.empty() && io_.idle() && (to_write_.empty() || !nvme_->admitting()) && !know_first_) {
-      to_write_.clear();
+    if (picks.empty() && writes == 0 && io_.idle() && !chain_.copies_waiting() && !know_first_) {
       // Woken by opens only once the readers have moved some way (or read-ahead is queued).
       Clock::duration wait = state_.drops_waiting() ? kDropWait : kIdleWait;
       if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
@@ -151,12 +152,11 @@ bool Stager::turn() {
       return true;
     }
   }
-  for (Write& w : writes) write(w.id, std::move(w.bytes), w.key);
   for (const Pick& pick : picks) stage(pick);
   know_now();
-  const bool idle = picks.empty() && writes.empty();
-  if (io_.external_in_flight() > 0) io_.run(idle ? kPeerPoll : std::chrono::milliseconds(0));
-  else if (idle) io_.run_waiting();
+  const bool nothing = picks.empty() && writes == 0;
+  if (io_.external_in_flight() > 0) io_.run(nothing ? kPeerPoll : std::chrono::milliseconds(0));
+  else if (nothing) io_.run_waiting();
   else io_.run(std::chrono::milliseconds(0));
   return true;
 }
@@ -239,28 +239,9 @@ int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
 }
 
 void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
-  // Files read whole on demand: kept like staged ones, so SOURCE sees them once.
+  // Files read whole on demand: kept like staged ones, so SOURCE sees them once, and queued for NVMe.
   for (auto& [id, bytes] : adopted)
-    if (state_.keep_read(id, bytes) && nvme_ && to_write_.size() < kMaxToWrite && !writing_.count(id) &&
-        !nvme_->find(id))
-      to_write_.emplace_back(id, std::move(bytes));
-}
-
-std::vector<Stager::Write> Stager::pick_writes(unsigned room) {
-  // The adopted files' NVMe writes, as the ring has room (it may be full of reads for a while): first
-  // those RAM did not take, whose only copy is the one waiting here.
-  if (!to_write_.empty())
-    std::stable_partition(to_write_.begin(), to_write_.end(),
-                          [&](const auto& w) REQUIRES(state_.mutex) { return !state_.in_ram(w.first); });
-  std::vector<Write> writes;
-  size_t w = 0;
-  for (; w < to_write_.size() && writes.size() < room; ++w) {
-    auto& [id, bytes] = to_write_[w];
-    if (writing_.count(id) || nvme_->find(id)) continue;
-    if (const auto key = state_.write_room(id, bytes)) writes.push_back(Write{id, std::move(bytes), *key});
-  }
-  to_write_.erase(to_write_.begin(), to_write_.begin() + static_cast<std::ptrdiff_t>(w));
-  return writes;
+    if (state_.keep_read(id, bytes)) chain_.queue_up(id, std::move(bytes));
 }
 
 std::vector<Stager::Pick> Stager::choose_stores(const std::vector<StagingCore::Pick>& picks) {
@@ -268,7 +249,7 @@ std::vector<Stager::Pick> Stager::choose_stores(const std::vector<StagingCore::P
   std::vector<Pick> chosen;
   chosen.reserve(picks.size());
   for (const StagingCore::Pick& p : picks) {
-    const bool peer = peers_ && peers_->may_hold(p.id);
+    const bool peer = peers_ && peers_->may_hold(p.id);  // (the keeper may hold it: ask it)
     Origin first = Origin::kSource;
     if (p.why == For::kReadAhead) {
       first = p.on_nvme ? Origin::kNvme : Origin::kSource;
@@ -400,29 +381,14 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
   } else if (r.from == Origin::kSource) {
     counters_.staged_source_bytes += size;
   }
-  uint64_t after = kNever;
-  const bool to_nvme = keep(pick, r, &after);
+  const uint64_t after = keep(pick, r);
   finish(pick);
-  if (to_nvme) write(pick.id(), r.buf, after);
+  if (after != kNever) chain_.copy_up(io_, pick.id(), r.buf, after);  // NVMe holds it for that use
 }
 
-bool Stager::keep(const Pick& pick, const StoreChain::Result& r, uint64_t* after) {
+uint64_t Stager::keep(const Pick& pick, const StoreChain::Result& r) {
   MutexLock lock(state_.mutex);
-  *after = state_.staged(pick.id(), r.buf, r.from, pick.what.why == StagingCore::Pick::For::kReadAhead);
-  return nvme_ && *after != kNever && !writing_.count(pick.id()) && !nvme_->find(pick.id()) &&
-         state_.make_nvme_room(r.buf->size(), *after);
-}
-
-void Stager::write(EntryId id, FileBytes bytes, uint64_t key) {
-  writing_.insert(id);
-  nvme_->start_offer(io_, id, std::move(bytes), [this, id, key](int rc) { written(id, key, rc); });
-}
-
-void Stager::written(EntryId id, uint64_t key, int rc) {
-  writing_.erase(id);
-  if (rc < 0) return;  // counted (and a full disk logged) by the tier
-  MutexLock lock(state_.mutex);
-  state_.written(id, key);
+  return state_.staged(pick.id(), r.buf, r.from, pick.what.why == StagingCore::Pick::For::kReadAhead);
 }
 
 void Stager::finish(const Pick& pick, bool defer) {

@@ -16,7 +16,6 @@
 #include <functional>
 #include <memory>
 #include <thread>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -26,7 +25,6 @@
 #include "io/io_loop.hpp"
 #include "peer/peer_store.hpp"
 #include "tiers/chain.hpp"
-#include "tiers/nvme.hpp"
 #include "tiers/page_cache.hpp"
 #include "tiers/ram.hpp"
 
@@ -37,8 +35,6 @@ struct StagerParts {
   StagingCore& state;
   RamTier& ram;
   StoreChain& chain;
-  NvmeTier* nvme;        // nullptr: no NVMe tier
-  PeerStore* peers;      // nullptr: alone
   DemandReader& demand;
   EngineCounters& counters;
   const StreamSource& streams;
@@ -72,12 +68,6 @@ class Stager {
     bool peer_only = false;  // the keeper alone: a refusal defers the file (StagingCore::defer), not SOURCE
     EntryId id() const { return what.id; }
   };
-  // An adopted file's NVMe write.
-  struct Write {
-    EntryId id;
-    FileBytes bytes;
-    uint64_t key;
-  };
 
   void run();
   // One turn; false once the engine stops.
@@ -99,9 +89,8 @@ class Stager {
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
   // (StagingCore::in_kernel_until).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
-  // Under the mutex: adopted files kept, their writes picked.
+  // Files read whole on demand kept in RAM (under the mutex) and queued for NVMe (StoreChain::queue_up).
   void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
-  std::vector<Write> pick_writes(unsigned room) REQUIRES(state_.mutex);
   // The store each pick is asked of first: NVMe's copy, a peer when the model says it is worth it, else
   // SOURCE.
   std::vector<Pick> choose_stores(const std::vector<StagingCore::Pick>& picks);
@@ -122,10 +111,8 @@ class Stager {
   // The I/O of a pick, and its end.
   void stage(const Pick& pick);
   void staged(const Pick& pick, const StoreChain::Result& result);
-  // Keeps a staged file in RAM; true if it should go to NVMe for the use at *after.
-  bool keep(const Pick& pick, const StoreChain::Result& result, uint64_t* after) EXCLUDES(state_.mutex);
-  void write(EntryId id, FileBytes bytes, uint64_t key);
-  void written(EntryId id, uint64_t key, int rc) EXCLUDES(state_.mutex);
+  // Keeps a staged file in RAM; the use after this one, for which NVMe should hold it (kNever: none).
+  uint64_t keep(const Pick& pick, const StoreChain::Result& result) EXCLUDES(state_.mutex);
   // No longer in flight: opens waiting for it go on. `defer`: its keeper refused it (StagingCore::defer).
   void finish(const Pick& pick, bool defer = false) EXCLUDES(state_.mutex);
 
@@ -133,8 +120,7 @@ class Stager {
   StagingCore& state_;
   RamTier& ram_;
   StoreChain& chain_;
-  NvmeTier* nvme_;
-  PeerStore* peers_;
+  Store* const peers_;  // the chain's peer store, if any
   DemandReader& demand_;
   EngineCounters& counters_;
   const StreamSource& streams_;
@@ -151,8 +137,6 @@ class Stager {
   // does for room, and the stager reads them again from then on.
   std::chrono::steady_clock::time_point know_again_at_{};
   absl::flat_hash_map<EntryId, std::chrono::steady_clock::time_point> asking_;  // questions unanswered, since
-  std::unordered_set<EntryId> writing_;  // NVMe writes in flight: one at a time per file
-  std::vector<std::pair<EntryId, FileBytes>> to_write_;  // demand-read files waiting for a slot to go to NVMe
   // Runs `step` (false: stop); a std::bad_alloc in it is said once and waited out, not fatal.
   bool survive_out_of_memory(const std::function<bool()>& step);
   void out_of_memory();  // an allocation failed: said in the log the first time

@@ -35,7 +35,7 @@ class PeerStore final : public Store {
   PeerTransport& transport() const { return transport_; }
   const std::vector<uint16_t>& owners() const { return owner_; }
   // Stager only: its fetches not answered yet.
-  unsigned in_flight() const { return in_flight_; }
+  unsigned in_flight() const override { return in_flight_; }
 
  private:
   PeerTransport& transport_;

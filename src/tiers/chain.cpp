@@ -1,19 +1,29 @@
 #include "tiers/chain.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <new>
+#include <utility>
 
 namespace clairfs {
 
-StoreChain::StoreChain(std::vector<Store*> stores) {
-  for (Store* s : stores)
+StoreChain::StoreChain(std::vector<Store*> above, SourceStore& source, Admission* admission)
+    : source_(source), admission_(admission) {
+  for (Store* s : above)
     if (s) stores_.push_back(s);
+  stores_.push_back(&source);
+  keeper_ = store(Origin::kNvme);
 }
 
 Store* StoreChain::store(Origin origin) const {
   for (Store* s : stores_)
     if (s->origin() == origin) return s;
   return nullptr;
+}
+
+int StoreChain::fetch(EntryId id, const Buffer& buf) {
+  Origin from = Origin::kSource;
+  return fetch(id, buf, &from);
 }
 
 int StoreChain::fetch(EntryId id, const Buffer& buf, Origin* from) {
@@ -26,13 +36,17 @@ int StoreChain::fetch(EntryId id, const Buffer& buf, Origin* from) {
   return rc;
 }
 
-void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done, bool only_first) {
+void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
+  try_from(io, id, 0, std::move(buf), [done = std::move(done)](const Result& r) { done(r.rc); }, false);
+}
+
+void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Reached done, bool only_first) {
   size_t index = 0;
   while (index + 1 < stores_.size() && stores_[index]->origin() != first) ++index;
   try_from(io, id, index, std::move(buf), std::move(done), only_first && stores_[index]->may_hold(id));
 }
 
-void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done, bool only_this) {
+void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Reached done, bool only_this) {
   while (index + 1 < stores_.size() && !stores_[index]->may_hold(id)) ++index;
   Store* s = stores_[index];
   const auto since = Clock::now();
@@ -46,6 +60,48 @@ void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done
       return done(Result{-ENOMEM, s->origin(), since, buf});
     }
     try_from(io, id, index + 1, std::move(fresh), done, false);
+  });
+}
+
+// ---- copy-up -------------------------------------------------------------------------------------------
+
+bool StoreChain::copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key) {
+  if (!keeper_ || !admission_ || writing_.count(id) || keeper_->may_hold(id)) return false;
+  if (!admission_->admit(id, bytes->size(), key)) return false;
+  write(io, id, std::move(bytes), key);
+  return true;
+}
+
+void StoreChain::queue_up(EntryId id, FileBytes bytes) {
+  if (!keeper_ || !admission_ || waiting_.size() >= kMaxWaiting || writing_.count(id) || keeper_->may_hold(id))
+    return;
+  waiting_.push_back(Admission::Copy{id, std::move(bytes)});
+}
+
+unsigned StoreChain::copy_waiting(IoLoop& io, unsigned room) {
+  if (room == 0 || waiting_.empty()) return 0;
+  // (Written or being written since they were queued: nothing to do.)
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [&](const Admission::Copy& c) { return writing_.count(c.id) || keeper_->may_hold(c.id); }),
+                 waiting_.end());
+  unsigned started = 0;
+  for (Admission::Copy& c : admission_->admit_waiting(waiting_, room)) {
+    write(io, c.id, std::move(c.bytes), c.key);
+    ++started;
+  }
+  return started;
+}
+
+bool StoreChain::copies_waiting() {
+  if (!waiting_.empty() && !(keeper_ && keeper_->keeps_copies())) waiting_.clear();
+  return !waiting_.empty();
+}
+
+void StoreChain::write(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key) {
+  writing_.insert(id);
+  keeper_->start_offer(io, id, std::move(bytes), [this, id, key](int rc) {
+    writing_.erase(id);
+    if (rc == 0) admission_->kept(id, key);  // (a failure is counted, a full disk logged, by the store)
   });
 }
 

@@ -1,27 +1,63 @@
 // StoreChain: the stores a file not in RAM is read from, tried in order — the node's NVMe copy, the node
-// that keeps it for all, SOURCE — each asked only if it may hold the file, the next on any failure.
+// that keeps it for all, SOURCE — each asked only if it may hold the file, the next on any failure. It is
+// a store itself (a composite): the request threads' misses (fetch) and the stager (start_fetch) read
+// through it alone, so the order and the handling of a bad copy (the store removes and counts it; the
+// chain goes on) exist once.
 //
-// Both the request threads' misses (fetch) and the stager (start_fetch) read through it, so the order and
-// the handling of a bad copy (the store removes and counts it; the chain goes on) exist once.
+// It also copies up: a file read from below the store that keeps copies (NVMe) is offered to that store
+// when the node's admission rule (Admission: room by next use, made by evicting what is needed later)
+// makes room for it, one write a file at a time. Files read on demand wait for their write in a queue, as
+// the stager's ring has room.
 //
-// Thread-safe as its stores are; start_fetch on the IoLoop's thread only.
+// Thread-safe as its stores are for fetch; start_fetch and the copy-up on the IoLoop's thread only.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <optional>
+#include <unordered_set>
 #include <vector>
 
 #include "clairfs/store.hpp"
 
 namespace clairfs {
 
-class StoreChain {
+// Which copies the store that keeps them takes: the node's rule (StagingCore, by next use).
+class Admission {
+ public:
+  // A copy to write up, for its use at `key`.
+  struct Copy {
+    EntryId id;
+    FileBytes bytes;
+    uint64_t key = 0;
+  };
+  virtual ~Admission() = default;
+  // Room for a staged file's copy (`size` bytes) kept for its use at `key`, reserved on the keeping store
+  // (copies needed later evicted): whether there is.
+  virtual bool admit(EntryId id, uint64_t size, uint64_t key) = 0;
+  // Of the copies read on demand that wait (in the order read), up to `most` to write now, their room
+  // reserved and their use found; those looked at and not admitted are let go (or kept elsewhere: the
+  // rule's to say). What it looked at is taken out of `waiting`.
+  virtual std::vector<Copy> admit_waiting(std::vector<Copy>& waiting, size_t most) = 0;
+  // `id`'s copy is held by the keeping store now, for its use at `key`.
+  virtual void kept(EntryId id, uint64_t key) = 0;
+};
+
+class StoreChain final : public Store {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `stores` in the order tried (null ones left out). REQUIRES: they outlive the chain; the last holds
-  // everything (SOURCE).
-  explicit StoreChain(std::vector<Store*> stores);
+  // `above`: the stores tried before SOURCE, in order (null ones left out); `admission`: the rule for
+  // copies up (nullptr: none are made). REQUIRES: they outlive the chain.
+  StoreChain(std::vector<Store*> above, SourceStore& source, Admission* admission = nullptr);
+
+  // Store, as one: SOURCE's origin (it holds everything), the first store that has the file answers.
+  Origin origin() const override { return Origin::kSource; }
+  bool may_hold(EntryId) const override { return true; }
+  int fetch(EntryId id, const Buffer& buf) override;
+  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override;
 
   // Reads `id` whole into *buf from the first store that has it. Returns 0 or the last store's -errno;
   // *from is the store that answered (or was asked last).
@@ -33,19 +69,41 @@ class StoreChain {
     Clock::time_point since;   // when that store was asked
     Buffer buf;                // the bytes (a fresh buffer after a store that may still hold the first)
   };
-  using Done = std::function<void(const Result&)>;
+  using Reached = std::function<void(const Result&)>;
   // The same on `io` without blocking, starting at the store of origin `first` (skipped stores before it
   // are not asked); `done` runs on io's thread. With `only_first`, a failure of that store is the result
   // (the next is not asked), if it may hold the file.
-  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Done done, bool only_first = false);
+  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Reached done, bool only_first = false);
 
-  // The store of that origin, or nullptr.
+  // The store of that origin, or nullptr; SOURCE.
   Store* store(Origin origin) const;
+  SourceStore& source() const { return source_; }
+  // Whether the store that keeps copies (if any) holds one of `id`.
+  bool copy_held(EntryId id) const { return keeper_ && keeper_->may_hold(id); }
+
+  // ---- copy-up, on the IoLoop's thread
+
+  // A staged file (read from below the keeping store), offered up for its use at `key` if the rule makes
+  // room and no copy is held or being written. Whether its write started.
+  bool copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
+  // A file read on demand, to go up as the ring has room (kMaxWaiting wait at most; more are let go).
+  void queue_up(EntryId id, FileBytes bytes);
+  // Starts the writes of up to `room` of the files waiting: how many.
+  unsigned copy_waiting(IoLoop& io, unsigned room);
+  // Whether files wait to go up (if the keeping store takes no copies any more, they are let go).
+  bool copies_waiting();
+  static constexpr size_t kMaxWaiting = 4096;
 
  private:
-  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Done done, bool only_this);
+  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Reached done, bool only_this);
+  void write(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
 
-  std::vector<Store*> stores_;
+  std::vector<Store*> stores_;  // those above, then SOURCE
+  SourceStore& source_;
+  Store* keeper_ = nullptr;  // the store that keeps copies (NVMe's), if any
+  Admission* const admission_;
+  std::unordered_set<EntryId> writing_;  // writes under way: one at a time a file
+  std::vector<Admission::Copy> waiting_;  // files read on demand waiting for their write
 };
 
 }  // namespace clairfs

@@ -73,6 +73,7 @@ class NvmeTier final : public Store {
   void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override;
   // Writes the copy to its file; its room must have been reserved (reserve()). 0 once it is held.
   void start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done) override;
+  bool keeps_copies() const override { return admitting(); }
 
   struct Held {
     uint64_t size;

@@ -1,6 +1,9 @@
 // The store chain over fakes: a store in front of SOURCE that fails, stalls or corrupts on command
-// (tests/fakes/faulty_store.hpp), asked whole and asynchronously on a real io_uring loop.
+// (tests/fakes/faulty_store.hpp), asked whole and asynchronously on a real io_uring loop; and its copies
+// up to a store that keeps them, as an admission rule allows.
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "fakes/faulty_store.hpp"
 #include "fakes/memory_source.hpp"
@@ -14,7 +17,7 @@ using fakes::FaultyStore;
 using namespace std::chrono_literals;
 
 struct ChainTest : ::testing::Test {
-  ChainTest() : tree({5000, 7000, 100}), source(tree), kept(tree), nvme(kept, Origin::kNvme), chain({&nvme, &source}) {}
+  ChainTest() : tree({5000, 7000, 100}), source(tree), kept(tree), nvme(kept, Origin::kNvme), chain({&nvme}, source) {}
 
   // Fetches `id` whole; returns the bytes ("" on an error, left in *rc) and where they came from.
   std::string fetch(EntryId id, Origin* from, int* rc) {
@@ -106,6 +109,119 @@ TEST_F(ChainTest, TheChainPassesOnWhatAStoreReturnsSoEachStoreChecksItsOwnBytes)
   EXPECT_EQ(from, Origin::kNvme);
   EXPECT_NE(got, tree.bytes(tree.file(0)));
   EXPECT_EQ(got.substr(1), tree.bytes(tree.file(0)).substr(1));
+}
+
+TEST_F(ChainTest, AsOneStoreTheChainAnswersFromTheFirstThatHasTheFile) {
+  Store& store = chain;
+  EXPECT_TRUE(store.may_hold(tree.file(0)));
+  auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(0)).size);
+  EXPECT_EQ(store.fetch(tree.file(0), buf), 0);
+  EXPECT_EQ(std::string(buf->begin(), buf->end()), tree.bytes(tree.file(0)));
+  nvme.set(FaultyStore::Fault::kFail, -EIO);
+  IoLoop io(8);
+  int rc = 1;
+  auto buf1 = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(1)).size);
+  store.start_fetch(io, tree.file(1), buf1, [&](int r) { rc = r; });
+  for (int i = 0; i < 1000 && rc == 1; ++i) io.run(10ms);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(std::string(buf1->begin(), buf1->end()), tree.bytes(tree.file(1)));
+  EXPECT_EQ(source.reads_of(tree.file(1)), 1u);
+}
+
+// A store that keeps the copies offered to it (NVMe's part), in memory.
+class Keeper final : public Store {
+ public:
+  Origin origin() const override { return Origin::kNvme; }
+  bool may_hold(EntryId id) const override { return held.count(id) != 0; }
+  int fetch(EntryId, const Buffer&) override { return -ENOENT; }
+  void start_fetch(IoLoop&, EntryId, Buffer, Done done) override { done(-ENOENT); }
+  void start_offer(IoLoop&, EntryId id, FileBytes bytes, Done done) override {
+    if (fail) return done(-ENOSPC);
+    held[id] = std::move(bytes);
+    done(0);
+  }
+  bool keeps_copies() const override { return admitting; }
+
+  std::map<EntryId, FileBytes> held;
+  bool fail = false, admitting = true;
+};
+
+// An admission rule that says yes while it has room for `room` more copies, and writes down what it did.
+struct Rule final : Admission {
+  bool admit(EntryId id, uint64_t, uint64_t key) override {
+    asked.emplace_back(id, key);
+    return room > 0 && room-- > 0;
+  }
+  std::vector<Copy> admit_waiting(std::vector<Copy>& waiting, size_t most) override {
+    std::vector<Copy> admitted;
+    size_t n = 0;
+    for (; n < waiting.size() && admitted.size() < most; ++n)
+      if (room > 0 && room-- > 0) admitted.push_back(Copy{waiting[n].id, waiting[n].bytes, 100 + n});
+    waiting.erase(waiting.begin(), waiting.begin() + static_cast<std::ptrdiff_t>(n));
+    return admitted;
+  }
+  void kept(EntryId id, uint64_t key) override { kept_as.emplace_back(id, key); }
+
+  uint64_t room = 0;
+  std::vector<std::pair<EntryId, uint64_t>> asked, kept_as;
+};
+
+struct CopyUpTest : ::testing::Test {
+  CopyUpTest() : tree({100, 200, 300, 400}), source(tree), chain({&keeper}, source, &rule), io(8) {}
+  FileBytes bytes(size_t i) {
+    const std::string b = tree.bytes(tree.file(i));
+    return std::make_shared<const std::vector<char>>(b.begin(), b.end());
+  }
+  fakes::MemoryTree tree;
+  fakes::MemorySource source;
+  Keeper keeper;
+  Rule rule;
+  StoreChain chain;
+  IoLoop io;
+};
+
+TEST_F(CopyUpTest, AStagedFileGoesUpWhenTheRuleMakesRoomAndTheRuleIsToldOnceItIsKept) {
+  rule.room = 1;
+  EXPECT_TRUE(chain.copy_up(io, tree.file(0), bytes(0), 7));
+  EXPECT_TRUE(keeper.may_hold(tree.file(0)));
+  EXPECT_TRUE(chain.copy_held(tree.file(0)));
+  EXPECT_EQ(rule.kept_as, (std::vector<std::pair<EntryId, uint64_t>>{{tree.file(0), 7}}));
+  EXPECT_FALSE(chain.copy_up(io, tree.file(0), bytes(0), 9));  // held: not asked again
+  EXPECT_FALSE(chain.copy_up(io, tree.file(1), bytes(1), 8));  // no room
+  EXPECT_FALSE(keeper.may_hold(tree.file(1)));
+  EXPECT_EQ(rule.asked.size(), 2u);
+  keeper.fail = true;  // a write that fails is not kept (the store counts it)
+  rule.room = 1;
+  EXPECT_TRUE(chain.copy_up(io, tree.file(2), bytes(2), 3));
+  EXPECT_EQ(rule.kept_as.size(), 1u);
+}
+
+TEST_F(CopyUpTest, FilesReadOnDemandWaitForRoomInTheRingThenGoUpAsTheRuleSays) {
+  rule.room = 10;
+  for (size_t i = 0; i < 3; ++i) chain.queue_up(tree.file(i), bytes(i));
+  EXPECT_TRUE(chain.copies_waiting());
+  EXPECT_EQ(chain.copy_waiting(io, 0), 0u);  // the ring is full
+  EXPECT_EQ(chain.copy_waiting(io, 2), 2u);
+  EXPECT_TRUE(chain.copies_waiting());
+  EXPECT_EQ(chain.copy_waiting(io, 5), 1u);
+  EXPECT_FALSE(chain.copies_waiting());
+  EXPECT_EQ(rule.kept_as.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(keeper.may_hold(tree.file(i))) << i;
+  chain.queue_up(tree.file(0), bytes(0));  // held already: not queued
+  EXPECT_FALSE(chain.copies_waiting());
+  chain.queue_up(tree.file(3), bytes(3));
+  keeper.admitting = false;  // the store takes no more copies (its directory went read-only): let go
+  EXPECT_FALSE(chain.copies_waiting());
+  EXPECT_EQ(chain.copy_waiting(io, 5), 0u);
+}
+
+TEST_F(CopyUpTest, WithoutAStoreThatKeepsCopiesNothingGoesUp) {
+  StoreChain alone({}, source, &rule);
+  rule.room = 10;
+  EXPECT_FALSE(alone.copy_up(io, tree.file(0), bytes(0), 1));
+  alone.queue_up(tree.file(1), bytes(1));
+  EXPECT_FALSE(alone.copies_waiting());
+  EXPECT_TRUE(rule.asked.empty());
 }
 
 }  // namespace
