@@ -326,7 +326,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
     // or groups. One getxattr a directory, once, at mount (a data set has a directory in hundreds of files).
     cc.extended_acl = [&d](EntryId id) {
       std::string acl;
-      return xattr_beneath(d.reader->root_fd(), d.manifest->components(id), "system.posix_acl_access", &acl) > 28;
+      return xattr_beneath(d.source->root_fd(), d.manifest->components(id), "system.posix_acl_access", &acl) > 28;
     };
   }
   ControlTree control(*d.manifest, *d.oracle, std::move(cc));
@@ -346,7 +346,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
                                        o.default_permissions,
                                        staging && o.pagecache > 0 && d.manifest->size() <= kListWithInodes,
                                        [&pc = d.page_cache](EntryId id) { pc.introduce(id); }};
-  Frontend frontend(*d.manifest, *d.serving, control, d.reader->root_fd(), frontend_config);
+  Frontend frontend(*d.manifest, *d.serving, control, d.source->root_fd(), frontend_config);
   // Declared before the session, which goes first: the watch's mark may wait for the session to answer.
   std::optional<OpenWatch> watch;
   std::optional<MountedSession> session;

@@ -159,9 +159,9 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
                                           later ? Manifest::Attributes::kLater : Manifest::Attributes::kNow)
                          : Manifest::load(o.manifest, o.extensions, o.source_abs);
         for (const auto& w : d.manifest->warnings()) log_warning(w);
-        d.reader.emplace(*d.manifest, o.source_abs);
+        d.source.emplace(*d.manifest, o.source_abs);
         if (!o.manifest.empty())
-          if (std::string why = d.reader->spot_check(kManifestSpotChecks); !why.empty())
+          if (std::string why = d.source->spot_check(kManifestSpotChecks); !why.empty())
             failure =
                 "manifest '" + o.manifest + "' does not match SOURCE: " + why + "; write it again with 'clairfs index'";
       } catch (const std::exception& e) {
@@ -180,7 +180,7 @@ std::string load_index(const Options& o, MpiWorld* world, Daemon& d) {
       world->receive_pieces(0, [&](uint64_t size, const MpiWorld::Read& read) {
         d.manifest = Manifest::read_from(read, size, o.extensions, o.source_abs);
       });
-      d.reader.emplace(*d.manifest, o.source_abs);
+      d.source.emplace(*d.manifest, o.source_abs);
     }
     // The data set's folder (every node, on the same tree: samples are made where the index is).
     if (failure.empty() && (!o.root.empty() || !o.samples.empty())) {
@@ -268,7 +268,7 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
                     o.order == Order::kTorch,
                     true};
     try {
-      d.learning.emplace(*d.manifest, *d.reader, d.oracle->schedule(), std::move(q), engine_config(o, d.page_cache),
+      d.learning.emplace(*d.manifest, *d.source, d.oracle->schedule(), std::move(q), engine_config(o, d.page_cache),
                          o.seed_auto ? nullptr : &*d.oracle, o.seed_auto ? learn_from(o) : std::vector<uid_t>{},
                          replanning);
     } catch (const NvmeError&) {
@@ -289,7 +289,7 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
         c.owner = std::move(keepers.owner);
         c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
       }
-      d.staged.emplace(*d.manifest, *d.oracle, *d.reader, std::move(c));
+      d.staged.emplace(*d.manifest, *d.oracle, *d.source, std::move(c));
     } catch (const NvmeError&) {
       throw;
     } catch (const std::runtime_error& e) {
@@ -300,7 +300,7 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
     d.peers->start(d.staged ? d.staged->peer_lookup() : PeerTransport::Lookup([](EntryId) { return PeerBytes(); }));
   d.serving = d.staged     ? static_cast<Engine*>(&*d.staged)
               : d.learning ? static_cast<Engine*>(&*d.learning)
-                           : &*d.reader;
+                           : &d.direct.emplace(*d.source);
   if (!o.trace.empty()) d.serving = &d.trace.emplace(*d.serving, *d.manifest, o.trace);
   if (d.manifest->lookup(0, ControlTree::kName) != kNoEntry)
     log_warning(std::string("SOURCE has its own '") + ControlTree::kName + "'; the mount shows clairfs's in its place");

@@ -12,12 +12,13 @@
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
 #include "engine/clairvoyant.hpp"
+#include "engine/direct.hpp"
 #include "engine/learning.hpp"
-#include "engine/source_reader.hpp"
 #include "engine/trace.hpp"
 #include "fuse/page_cache.hpp"
 #include "peer/mpi.hpp"
 #include "peer/peer_loop.hpp"
+#include "tiers/source.hpp"
 
 namespace clairfs {
 
@@ -44,13 +45,14 @@ class BackgroundFill {
 // peer layer has completed every fetch while the engine still exists.
 struct Daemon {
   std::optional<Manifest> manifest;
-  std::optional<SourceReader> reader;
+  std::optional<SourceTier> source;
   std::optional<BackgroundFill> fill;  // after a scan that left files' attributes for later
   std::optional<Oracle> oracle;
   FusePageCache page_cache;        // before the engine that pushes into it
   std::optional<WirePeers> peers;  // before the engine: the engine calls it
   std::optional<ClairvoyantEngine> staged;
   std::optional<LearningEngine> learning;  // seed=auto: builds the engine once it knows the seed
+  std::optional<DirectEngine> direct;      // staging nothing: SOURCE read directly
   std::optional<TraceEngine> trace;
   Engine* serving = nullptr;  // what the front-end calls: the engine, or SOURCE directly; maybe traced
 

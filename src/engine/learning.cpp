@@ -124,9 +124,9 @@ void OpenedFiles::opened(EntryId id) {
     files_.fetch_add(1, std::memory_order_relaxed);
 }
 
-LearningEngine::LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule,
-                               LearnQuestion question, EngineConfig config, const Oracle* told,
-                               std::vector<uid_t> learn_from, Replanning replanning)
+LearningEngine::LearningEngine(const Manifest& manifest, SourceTier& reader, Schedule schedule, LearnQuestion question,
+                               EngineConfig config, const Oracle* told, std::vector<uid_t> learn_from,
+                               Replanning replanning)
     : manifest_(manifest),
       reader_(reader),
       schedule_(std::move(schedule)),

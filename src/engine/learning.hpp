@@ -47,7 +47,7 @@
 #include "clairfs/oracle.hpp"
 #include "engine/clairvoyant.hpp"
 #include "engine/diagnosis.hpp"
-#include "engine/source_reader.hpp"
+#include "tiers/source.hpp"
 #include "util/thread_annotations.hpp"
 
 namespace clairfs {
@@ -117,7 +117,7 @@ class LearningEngine final : public Engine {
   // then, with every file's attributes known, the engine is built at once (its errors thrown from here).
   // `learn_from`: the users whose opens are learned from (empty: anyone's). `replans`: plans again for
   // another world size (a torch order on a node alone: with peers, every node would have to).
-  LearningEngine(const Manifest& manifest, SourceReader& reader, Schedule schedule, LearnQuestion question,
+  LearningEngine(const Manifest& manifest, SourceTier& reader, Schedule schedule, LearnQuestion question,
                  EngineConfig config, const Oracle* told = nullptr, std::vector<uid_t> learn_from = {},
                  Replanning replanning = {});
   ~LearningEngine() override;
@@ -247,7 +247,7 @@ class LearningEngine final : public Engine {
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
 
   const Manifest& manifest_;
-  SourceReader& reader_;
+  SourceTier& reader_;
   const Schedule schedule_;
   const LearnQuestion question_;
   const EngineConfig config_;

@@ -62,7 +62,7 @@ class SourceHandles {
   // REQUIRES: source outlives this.
   SourceHandles(SourceStore& source, size_t max_open) : source_(source), max_open_(max_open) {}
 
-  // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceReader::read;
+  // Reads through a kept handle of `id`, opening one if there is none. Returns like SourceTier::read;
   // *opened says whether SOURCE was opened for it.
   ssize_t read(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, bool* opened) EXCLUDES(mutex_);
   // Whether a handle of `id` is kept (its reader reads it piece by piece).
@@ -71,7 +71,7 @@ class SourceHandles {
   bool read_since(EntryId id, std::chrono::steady_clock::time_point since) EXCLUDES(mutex_);
 
  private:
-  struct Open;  // releases its SourceReader handle when the last reader lets go
+  struct Open;  // releases its SourceTier handle when the last reader lets go
   SourceStore& source_;
   const size_t max_open_;
   Mutex mutex_;

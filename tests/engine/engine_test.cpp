@@ -25,10 +25,10 @@
 #include "engine/learning.hpp"
 #include "engine/page_window.hpp"
 #include "engine/planner.hpp"
-#include "engine/source_reader.hpp"
 #include "fakes/loopback.hpp"
 #include "fakes/memory_source.hpp"
 #include "tiers/ram.hpp"
+#include "tiers/source.hpp"
 
 namespace clairfs {
 namespace {
@@ -1069,13 +1069,13 @@ struct TreeOnDisk {
       std::ofstream(std::string(dir) + "/" + tree.manifest.path(tree.file(i)), std::ios::binary)
           << tree.bytes(tree.file(i));
     manifest = Manifest::scan(dir, default_extensions(), 0, files);
-    reader = std::make_unique<SourceReader>(manifest, dir);
+    reader = std::make_unique<SourceTier>(manifest, dir);
   }
   ~TreeOnDisk() { std::filesystem::remove_all(dir); }
   const MemoryTree& tree;
   char dir[32] = "/tmp/clairfs-engine-tree.XXXXXX";
   Manifest manifest;
-  std::unique_ptr<SourceReader> reader;
+  std::unique_ptr<SourceTier> reader;
 };
 
 // What the learning tests ask: two consecutive opens of one reader lie 64 items apart at most, and the

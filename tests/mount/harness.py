@@ -185,8 +185,13 @@ def tmpfs(path, size="512m"):
         subprocess.run(["umount", "-l", path], stderr=subprocess.DEVNULL)
 
 
+# The second user of this test file's process (its own name: files run two at a time, and one file's
+# userdel at its end must not take the user from under the other's checks).
+OTHER_USER = "clairfs-other-%d" % os.getpid()
+
+
 @contextlib.contextmanager
-def other_user(name="clairfs-other"):
+def other_user(name=OTHER_USER):
     """A second user for permission checks, made for the test and removed after: yields a function that
     runs a command as that user (no groups of ours), returning the CompletedProcess."""
     subprocess.run(["userdel", name], stderr=subprocess.DEVNULL)

@@ -167,7 +167,7 @@ def test_permissions_beyond_mode_bits(tmp):
     with open(os.path.join(secret, "hidden-name.jpg"), "wb") as f:
         f.write(b"x" * 100)
     with h.other_user() as run_as:
-        r = subprocess.run(["setfacl", "-m", "u:clairfs-other:---", os.path.join(data, denied)], capture_output=True, text=True)
+        r = subprocess.run(["setfacl", "-m", "u:%s:---" % h.OTHER_USER, os.path.join(data, denied)], capture_output=True, text=True)
         h.check(r.returncode == 0, "an ACL entry set on SOURCE's %s %s" % (denied, r.stderr.strip()))
         direct = run_as(["cat", os.path.join(data, denied)])
         with h.mounted(data, mnt, "seed=1,ram=16M,allow_other,default_permissions"):
@@ -177,7 +177,7 @@ def test_permissions_beyond_mode_bits(tmp):
             got = run_as(["head", "-c", "0", os.path.join(mnt, allowed)])
             h.check(got.returncode == 0, "a file without such an entry reads for the user %s" % got.stderr.strip())
             got = run_as(["getfacl", "-c", os.path.join(mnt, denied)])
-            h.check("user:clairfs-other:---" in got.stdout, "getfacl through the mount shows the entry: %s" % got.stdout.split())
+            h.check("user:%s:---" % h.OTHER_USER in got.stdout, "getfacl through the mount shows the entry: %s" % got.stdout.split())
             order = mnt + "/.clairfs/order/epoch-0/rank-0"
             got = run_as(["cat", order])
             h.check(got.returncode != 0 and "hidden-name" not in got.stdout,

@@ -200,7 +200,7 @@ def acls_to_the_end(tmp, run_as):
         with open("%s/c/%d.jpg" % (data, i), "wb") as f:
             f.write(b"secret %d " % i * 100)
     for i in (0, 1):
-        subprocess.run(["setfacl", "-m", "u:clairfs-other:---", "%s/c/%d.jpg" % (data, i)], check=True)
+        subprocess.run(["setfacl", "-m", "u:%s:---" % h.OTHER_USER, "%s/c/%d.jpg" % (data, i)], check=True)
     mnt = tmp + "/m4"
     os.mkdir(mnt)
     # (start_batch=0: the job is said to start at the epoch's beginning, so all four are staged before a read)
@@ -220,7 +220,7 @@ def acls_to_the_end(tmp, run_as):
                 "old copy not served to that user (%s)" % replaced.stderr.strip())
         allowed = run_as(["cat", mnt + "/c/2.jpg"])
         h.check(allowed.returncode == 0 and allowed.stdout.startswith("secret 2"), "an allowed file reads for the user")
-    subprocess.run(["setfacl", "-m", "u:clairfs-other:---", data + "/c"], check=True)
+    subprocess.run(["setfacl", "-m", "u:%s:---" % h.OTHER_USER, data + "/c"], check=True)
     with h.mounted(data, mnt, "seed=1,allow_other,default_permissions"):
         got = run_as(["cat", mnt + "/.clairfs/order/epoch-0/rank-0"])
         h.check(got.returncode != 0 and "c/" not in got.stdout,
@@ -279,11 +279,11 @@ def escaped_names(tmp):
 
 
 class Planted:
-    """A SOURCE of 6 files in a folder of root's, and a second user (clairfs-other) made for the file."""
+    """A SOURCE of 6 files in a folder of root's, and a second user (h.OTHER_USER) made for the file."""
 
     def __init__(self, tmp, run_as):
         self.tmp, self.run_as, self.src = tmp, run_as, tmp + "/src"
-        self.uid = pwd.getpwnam("clairfs-other").pw_uid
+        self.uid = pwd.getpwnam(h.OTHER_USER).pw_uid
         tree(self.src)
 
 

@@ -381,7 +381,7 @@ def test_a_users_mount_watches_too(t):
             os.mkdir(user)
             os.chmod(tmp, 0o755)
             os.chmod(data, 0o755)
-            subprocess.run(["chown", "clairfs-other:clairfs-other", user], check=True)
+            subprocess.run(["chown", "%s:%s" % (h.OTHER_USER, h.OTHER_USER), user], check=True)
             run_as(["mkdir", user + "/mnt"])
             # allow_other without user_allow_other in /etc/fuse.conf: one line that names the file, not
             # fusermount3's words followed by a guess about /dev/fuse.

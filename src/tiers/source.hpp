@@ -1,19 +1,21 @@
-// SourceReader: the Engine that reads SOURCE directly, one descriptor per open file.
+// SourceTier: SOURCE as a store (clairfs/store.hpp), beside the other stores, and read directly: one
+// descriptor per open file.
 //
 // Files are opened beneath the SOURCE descriptor taken at mount (no symlink followed, nothing outside
 // SOURCE reachable), then checked against the manifest: a file whose type, size or mtime changed since
 // the scan is refused with EIO and counted, so a reader never gets bytes that disagree with the sizes
 // the kernel was told. Reads are plain preads on that descriptor.
 //
-// It is also the engine's SOURCE store (clairfs/store.hpp): whole files read and checked before and
-// after (a file that changes while it is read may mix old and new bytes: refused), on the request
-// threads or on the stager's IoLoop, where the open goes through io_uring beneath the same descriptor.
+// As a store, whole files are read and checked before and after (a file that changes while it is read
+// may mix old and new bytes: refused), on the request threads or on the stager's IoLoop, where the open
+// goes through io_uring beneath the same descriptor. A mount that stages nothing serves it through
+// DirectEngine (engine/direct.hpp).
 #pragma once
 
 #include <atomic>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
-#include "clairfs/engine.hpp"
 #include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
 #include "util/fs.hpp"
@@ -27,16 +29,16 @@ struct SourceCounters {
   std::atomic<uint64_t> errors{0};   // other open/read failures
 };
 
-class SourceReader final : public Engine, public SourceStore {
+class SourceTier final : public SourceStore {
  public:
   // REQUIRES: `manifest` outlives the reader. Throws std::runtime_error if SOURCE cannot be opened.
-  SourceReader(const Manifest& manifest, const std::string& source);
+  SourceTier(const Manifest& manifest, const std::string& source);
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
   // Opens, reads and closes: a plain mount has no reason to run without opens, but it can.
-  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset);
 
   // SourceStore.
   int fetch(EntryId id, const Buffer& buf) override;
@@ -53,7 +55,7 @@ class SourceReader final : public Engine, public SourceStore {
   int root_fd() const { return root_.get(); }
   const SourceCounters& counters() const { return counters_; }
   // The counters as JSON, for .clairfs/stats when no engine stages (ram= not given).
-  nlohmann::json stats() const override;
+  nlohmann::json stats() const;
 
   // Checks up to `samples` files spread over the manifest against SOURCE (exists, same type and size).
   // Returns "" or a one-line description of the first mismatch.

@@ -1,11 +1,11 @@
-#include "engine/source_reader.hpp"
+#include "tiers/source.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -24,12 +24,12 @@ struct OpenSourceFile {
 
 }  // namespace
 
-SourceReader::SourceReader(const Manifest& manifest, const std::string& source)
+SourceTier::SourceReader(const Manifest& manifest, const std::string& source)
     : manifest_(manifest), root_(::open(source.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
   if (!root_) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
 }
 
-int SourceReader::open_verified(EntryId id) {
+int SourceTier::open_verified(EntryId id) {
   // Attributes not known yet (a scan that left them for later): the kernel asks for them before any
   // open, so this one is seldom the first; known now, or the file is gone.
   if (!manifest_.ensure(id)) {
@@ -59,7 +59,7 @@ int SourceReader::open_verified(EntryId id) {
   return owned.release();
 }
 
-int SourceReader::verify(EntryId id, int fd) {
+int SourceTier::verify(EntryId id, int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     counters_.errors++;
@@ -73,7 +73,7 @@ int SourceReader::verify(EntryId id, int fd) {
   return 0;
 }
 
-int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
+int SourceTier::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
   const int fd = open_verified(id);
   if (fd < 0) return fd;
   counters_.opens++;
@@ -81,12 +81,12 @@ int SourceReader::open(EntryId id, pid_t /*pid*/, uint64_t* handle) {
   return 0;
 }
 
-ssize_t SourceReader::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+ssize_t SourceTier::read(uint64_t handle, char* buf, size_t size, off_t offset) {
   auto* file = reinterpret_cast<OpenSourceFile*>(handle);
   return read_at(file->id, file->fd.get(), buf, size, offset);
 }
 
-ssize_t SourceReader::read_unopened(EntryId id, pid_t /*pid*/, char* buf, size_t size, off_t offset) {
+ssize_t SourceTier::read_unopened(EntryId id, pid_t /*pid*/, char* buf, size_t size, off_t offset) {
   const int fd = open_verified(id);
   if (fd < 0) return fd;
   UniqueFd file(fd);
@@ -94,7 +94,7 @@ ssize_t SourceReader::read_unopened(EntryId id, pid_t /*pid*/, char* buf, size_t
   return read_at(id, fd, buf, size, offset);
 }
 
-ssize_t SourceReader::read_at(EntryId id, int fd, char* buf, size_t size, off_t offset) {
+ssize_t SourceTier::read_at(EntryId id, int fd, char* buf, size_t size, off_t offset) {
   const uint64_t file_size = manifest_.entry(id).size;
   if (static_cast<uint64_t>(offset) >= file_size) return 0;
   size = static_cast<size_t>(std::min<uint64_t>(size, file_size - static_cast<uint64_t>(offset)));
@@ -120,9 +120,9 @@ ssize_t SourceReader::read_at(EntryId id, int fd, char* buf, size_t size, off_t 
   return static_cast<ssize_t>(done);
 }
 
-void SourceReader::release(uint64_t handle) { delete reinterpret_cast<OpenSourceFile*>(handle); }
+void SourceTier::release(uint64_t handle) { delete reinterpret_cast<OpenSourceFile*>(handle); }
 
-int SourceReader::fetch(EntryId id, const Buffer& buf) {
+int SourceTier::fetch(EntryId id, const Buffer& buf) {
   const int fd = open_verified(id);
   if (fd < 0) return fd;
   UniqueFd file(fd);
@@ -135,7 +135,7 @@ int SourceReader::fetch(EntryId id, const Buffer& buf) {
   return verify(id, fd) < 0 ? -EIO : 0;  // changed while we read: maybe a mix, never served
 }
 
-void SourceReader::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
+void SourceTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
   std::string path = manifest_.path(id);
   if (path.size() + 1 >= PATH_MAX) {  // too long for one openat2: walked down synchronously
     const int fd = open_verified(id);
@@ -153,7 +153,7 @@ void SourceReader::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
   });
 }
 
-void SourceReader::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> fd, Buffer buf, Done done) {
+void SourceTier::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> fd, Buffer buf, Done done) {
   if (buf->empty()) return done(0);
   const int raw = fd->get();
   io.read(raw, buf->data(), buf->size(), [this, id, fd, buf, done](int64_t result) {
@@ -167,7 +167,7 @@ void SourceReader::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> 
   });
 }
 
-nlohmann::json SourceReader::stats() const {
+nlohmann::json SourceTier::stats() const {
   nlohmann::json j;
   j["tiers"]["source"] = {{"files", counters_.opens.load()}, {"bytes", counters_.bytes.load()}};
   j["source_changed"] = counters_.changed.load();
@@ -176,7 +176,7 @@ nlohmann::json SourceReader::stats() const {
   return j;
 }
 
-std::string SourceReader::spot_check(size_t samples) const {
+std::string SourceTier::spot_check(size_t samples) const {
   const size_t n = manifest_.size();
   const size_t step = std::max<size_t>(1, n / std::max<size_t>(1, samples));
   for (size_t i = 0; i < n; i += step) {
