@@ -248,6 +248,11 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
     log_info("node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) + ", serving " +
              std::to_string(o.ranks.size()) + " training rank(s)");
   warn_of_nvme_beyond_the_disk(o);
+  // A daemon that died (SIGKILL, a node's OOM killer) leaves its cache folder behind: this mount removes
+  // it, and says so — now, before the mount is up (the engine, which makes its own folder, may start
+  // later: below).
+  if (!o.nvme.empty())
+    for (const std::string& line : remove_stale_caches(o.nvme)) log_warning(line);
   // The engine starts once the files' attributes are read (a scan that left them for later); the
   // options it would refuse are checked now, so that the mount does.
   const bool later = d.manifest->attributes_pending() != 0 && o.ram > 0;

@@ -32,9 +32,6 @@ NvmeSpace nvme_space(const struct statvfs* fs, uint64_t capacity) {
 }
 
 NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity) : manifest_(manifest) {
-  // A daemon that died (SIGKILL, a node's OOM killer) leaves its folder behind: the next mount on the
-  // node removes it, and says so.
-  for (const std::string& line : remove_stale_caches(dir)) log_warning(line);
   std::string tmpl = dir + "/" + cache_folder_prefix() + std::to_string(::getpid()) + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');

@@ -24,7 +24,7 @@ struct OpenSourceFile {
 
 }  // namespace
 
-SourceTier::SourceReader(const Manifest& manifest, const std::string& source)
+SourceTier::SourceTier(const Manifest& manifest, const std::string& source)
     : manifest_(manifest), root_(::open(source.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
   if (!root_) throw std::runtime_error("cannot open SOURCE '" + source + "': " + std::strerror(errno));
 }
