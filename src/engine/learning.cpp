@@ -827,12 +827,15 @@ std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const Lear
   for (const Manifest* view : candidate_views(list, pointed, false))
     if (std::optional<Learned> found = on(*view)) return found;
   if (std::optional<Learned> found = on(list)) return found;
-  if (ids.size() >= kGlobAfter)
+  // Last, once an epoch of the job ended, the list less the files it never opened: a rule of its own
+  // left them out. A glob that lists the same files in the same order is the likelier account, so the
+  // globs go first then, however few the opens (a fast job's epoch may end before the learner's try
+  // has kGlobAfter of them: torch 2's glob job in CI was named by the files it never opened).
+  const Manifest* kept = opened_view(list);
+  if (ids.size() >= kGlobAfter || kept)
     for (const Manifest* view : candidate_views(list, pointed, true))
       if (std::optional<Learned> found = on(*view)) return found;
-  // Last, once an epoch of the job ended, the list less the files it never opened: a rule of its own
-  // left them out (a glob that lists the same files in the same order is the likelier account).
-  if (const Manifest* kept = opened_view(list)) return on(*kept);
+  if (kept) return on(*kept);
   return std::nullopt;
 }
 
