@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Staged files read as a job reads them (issue 34): N files of ~110 KB (--mean-kb) in C class folders on tmpfs (the
-folders as large as ImageNet's by default: 1,300 files), a mount with the default options and a seed,
-the tree listed by names first as ImageFolder does (os.walk), reading started once every file is staged
+folders as large as ImageNet's by default: 1,300 files), a mount with the default options, a seed and
+start_batch=0 (the job starts at its epoch's beginning: --start-untold leaves it out), the tree listed by names first as ImageFolder does (os.walk), reading started once every file is staged
 and all the mount will push is pushed, then one reader opening, reading and closing every file of rank
 0's epoch 0 and epoch 1 in their orders (bench/read_files). The same orders are read from the tmpfs copy
 right after: files/s of each epoch, clairfs ÷ tmpfs, with --baseline OTHER_BUILD's clairfs beside this
@@ -14,7 +14,7 @@ a RAM's worth ahead) against the tier's own copies of the same files read straig
 seeded random order, cold too.
 
     bench/staged_epochs.py BUILD [--files 5200] [--classes 4] [--mean-kb 110] [--reps 3] [--threads 1] [--baseline OTHER]
-                                 [--nvme DIR [--ram SIZE]]
+                                 [--nvme DIR [--ram SIZE]] [--start-untold]
 """
 import argparse
 import json
@@ -28,6 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchlib import cached_dataset, unmount  # noqa: E402
+
+START_UNTOLD = False  # --start-untold
 
 
 def read_files(build, root, order, threads):
@@ -47,7 +49,10 @@ def drop_caches():
 def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
     """Files/s of epochs 0 and 1 through a fresh mount, and its page-cache counters before reading. With
     `nvme`: epoch 0 read by one reader (filling the tier), epoch 1 cold, then the tier's copies cold."""
-    options = "seed=3,batch_size=32,epochs=2"
+    # start_batch=0: the job says it starts at its epoch's beginning, so that everything is staged before
+    # the first read (a mount not told so stages one batch per worker until the job's first opens show
+    # where it starts: a job resumed mid-epoch skips the batches it did; --start-untold measures that).
+    options = "seed=3,batch_size=32,epochs=2" + ("" if START_UNTOLD else ",start_batch=0")
     if nvme:
         options += ",ram=%s,nvme=%s" % (ram, nvme)
     subprocess.run([clairfs, data, mnt, "-o", options], check=True)
@@ -113,7 +118,11 @@ def main():
     ap.add_argument("--baseline", help="another build whose clairfs runs beside this one's")
     ap.add_argument("--nvme", help="stage on an NVMe tier in this directory, and read cold")
     ap.add_argument("--ram", default="1M", help="with --nvme: the mount's RAM budget")
+    ap.add_argument("--start-untold", action="store_true",
+                    help="mount without start_batch=0: one batch staged until the job's first opens")
     a = ap.parse_args()
+    global START_UNTOLD
+    START_UNTOLD = a.start_untold
     build = os.path.abspath(a.build)
     data = "%s/%d-%d-%g" % (a.data, a.files, a.classes, a.mean_kb)
     cached_dataset(data, "--files", a.files, "--classes", a.classes, "--mean-kb", a.mean_kb)
