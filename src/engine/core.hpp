@@ -202,6 +202,7 @@ struct StagingCore final : Admission {
   // bytes are that open's, held as read). Returns its use after this one, for which NVMe should hold it
   // too (kNever: not; a copy read from NVMe, a read-ahead, a file RAM alone keeps).
   uint64_t staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) REQUIRES(mutex);
+
   // ---- NVMe: the store chain's copies up (Admission, tiers/chain.hpp), by next use
 
   // Room on NVMe for a staged file's copy needed at `key` (make_nvme_room).
