@@ -1,11 +1,13 @@
-// The stager: the engine's one background thread. Each turn it plans the next epoch when the planner
-// wants one, drops and pushes pages for the page-cache window, keeps files the request threads read on
-// demand, picks the next files to stage from the policy (while RAM and its ring have room), starts their
-// reads through the store chain on its IoLoop, and runs what finished: a staged file goes into RAM under
-// its next-use key, and into NVMe too when next-use admission keeps it there.
+// The stager: the engine's I/O in the background. Each turn it drops and pushes pages for the page-cache
+// window and asks the kernel which it holds, keeps files the request threads read on demand, takes the
+// files the staging core picks (StagingCore::pick, while RAM and its ring have room), chooses the store
+// each is asked of first, starts their reads through the store chain on its IoLoop, and runs what
+// finished: a staged file goes into RAM under its next-use key (StagingCore::staged), and up to NVMe
+// through the chain when the core's admission keeps it there. Its planning thread adds the epochs the
+// plan wants (StagingCore::plan_next).
 //
-// Runs on its own thread only (it owns the IoLoop and its ring); shares the engine's state under
-// StagingCore::mutex, never holding it across I/O.
+// Runs on its own threads only (it owns the IoLoop and its ring); what it decides is the core's, under
+// StagingCore::mutex, never held across I/O.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
