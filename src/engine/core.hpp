@@ -397,6 +397,9 @@ struct StagingCore final : Admission {
   // none: no use left, or NVMe full of kept copies (then a kept file whose only copy this is goes to RAM,
   // which makes room by its copies of NVMe's files, if it can; else it is dropped).
   std::optional<uint64_t> write_room(EntryId id, const FileBytes& bytes) REQUIRES(mutex);
+  // A whole file read on demand (not staged), into RAM for its use at `key` if room is made: its bytes
+  // move from the demand allowance to the RAM tier's budget. Whether it was kept.
+  bool keep_read_copy(EntryId id, const FileBytes& bytes, uint64_t key, bool kept) REQUIRES(mutex);
   // Holds `id`'s RAM copy for the told use's first read.
   void hold_copy(EntryId id) REQUIRES(mutex);
   // place()'s work on a use (not a first read again, nor waiting for a hand-over).

@@ -237,11 +237,14 @@ bool StagingCore::keep_read(EntryId id, const FileBytes& bytes) {
   if (policy.ram().contains(id) || in_flight(id)) return false;
   const uint64_t key = policy.keep_key(id);
   if (key == kNever) return false;
-  const bool kept = kept_in_ram(id);
-  if (make_ram_room(bytes->size(), key, kept)) {
-    DemandAllowance::hand_over(bytes);
-    keep_in_ram(id, bytes, key, kept, Origin::kRam);
-  }
+  keep_read_copy(id, bytes, key, kept_in_ram(id));
+  return true;
+}
+
+bool StagingCore::keep_read_copy(EntryId id, const FileBytes& bytes, uint64_t key, bool kept) {
+  if (!make_ram_room(bytes->size(), key, kept)) return false;
+  DemandAllowance::hand_over(bytes);
+  keep_in_ram(id, bytes, key, kept, Origin::kRam);
   return true;
 }
 
@@ -249,10 +252,7 @@ std::optional<uint64_t> StagingCore::write_room(EntryId id, const FileBytes& byt
   const uint64_t key = policy.keep_key(id);
   if (key == kNever) return std::nullopt;
   if (make_nvme_room(bytes->size(), key)) return key;
-  if (kept_in_ram(id) && !policy.ram().contains(id) && make_ram_room(bytes->size(), key, true)) {
-    DemandAllowance::hand_over(bytes);
-    keep_in_ram(id, bytes, key, true, Origin::kRam);
-  }
+  if (kept_in_ram(id) && !policy.ram().contains(id)) keep_read_copy(id, bytes, key, true);
   return std::nullopt;
 }
 
