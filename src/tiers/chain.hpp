@@ -78,8 +78,6 @@ class StoreChain final : public Store {
   // The store of that origin, or nullptr; SOURCE.
   Store* store(Origin origin) const;
   SourceStore& source() const { return source_; }
-  // Whether the store that keeps copies (if any) holds one of `id`.
-  bool copy_held(EntryId id) const { return keeper_ && keeper_->may_hold(id); }
 
   // ---- copy-up, on the IoLoop's thread
 
