@@ -831,11 +831,11 @@ std::optional<Learned> LearningEngine::learn_on(const Manifest& list, const Lear
   // left them out. A glob that lists the same files in the same order is the likelier account, so the
   // globs go first then, however few the opens (a fast job's epoch may end before the learner's try
   // has kGlobAfter of them: torch 2's glob job in CI was named by the files it never opened).
-  const Manifest* kept = opened_view(list);
-  if (ids.size() >= kGlobAfter || kept)
+  const bool ended = epoch_ended_short(list);
+  if (ids.size() >= kGlobAfter || ended)
     for (const Manifest* view : candidate_views(list, pointed, true))
       if (std::optional<Learned> found = on(*view)) return found;
-  if (kept) return on(*kept);
+  if (const Manifest* kept = ended ? opened_view(list) : nullptr) return on(*kept);
   return std::nullopt;
 }
 
@@ -909,10 +909,14 @@ std::vector<const Manifest*> LearningEngine::candidate_views(const Manifest& lis
   return views;
 }
 
-const Manifest* LearningEngine::opened_view(const Manifest& list) {
+bool LearningEngine::epoch_ended_short(const Manifest& list) const {
   // An epoch ended: more files opened again than a DistributedSampler pads an epoch with (a few).
+  return opened_.again() >= kMinDiagnosisOpens && opened_.files() < list.samples().size();
+}
+
+const Manifest* LearningEngine::opened_view(const Manifest& list) {
+  if (!epoch_ended_short(list)) return nullptr;
   const uint64_t files = opened_.files();
-  if (opened_.again() < kMinDiagnosisOpens || files >= list.samples().size()) return nullptr;
   if (opened_view_ && opened_view_base_ == &list && opened_view_files_ == files &&
       std::find_if(views_.begin(), views_.end(), [&](const auto& v) { return v.get() == opened_view_; }) !=
           views_.end())

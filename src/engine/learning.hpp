@@ -242,6 +242,8 @@ class LearningEngine final : public Engine {
   // opened being in `list` and some of `list` never opened; nullptr otherwise. Made again when the job
   // opened more files since.
   const Manifest* opened_view(const Manifest& list);
+  // Whether an epoch of the job ended with some of `list` never opened (opened_view's first test: cheap).
+  bool epoch_ended_short(const Manifest& list) const;
   // Tries the likely seeds each time enough opens are kept; the seed found (and the opens it fits in
   // `kept`), or nullopt when stopped or given up.
   std::optional<Learned> learn(std::vector<std::pair<EntryId, pid_t>>& kept) EXCLUDES(mutex_);
