@@ -1,4 +1,4 @@
-// Benchmark-only: one node's staging driven the way the stager drives it, through the engine's own
+// Benchmark-only: one node's staging driven the way the staging core drives it, through the engine's own
 // Planner and StagingPolicy (engine/planner.hpp, engine/policy.hpp), with staging that takes no time:
 // before each access, files are staged in the policy's order while it finds room; each access is placed
 // in the planner; a file read on demand is kept as the stager keeps it. The node holds one copy of a file,
@@ -93,7 +93,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   bool started = false;
   for (;;) {
     while (auto e = p.wanted_epoch()) p.add_epoch(Planner::build(src, *e, cfg.ranks, m.size()));
-    if (!started) {  // the files handed to this node, staged before anything else (as the stager does)
+    if (!started) {  // the files handed to this node, staged before anything else (as the staging core does)
       started = true;
       for (EntryId id : cfg.handed) {
         const uint64_t key = policy.keep_key(id), size = m.entry(id).size;
