@@ -5,10 +5,10 @@
 //   LRU     what the kernel page cache approximates;
 //   MIN     Belady's policy: evict what is used again farthest in the future (never admitting what would
 //           be evicted first) — optimal for a known future with unit sizes, the bound to compare with;
-//   clairfs the engine's own StagingPolicy and Planner, driven as the stager drives them: staging in key
-//           order ahead of the readers (here instantly), evicting the resident needed farthest only for a
-//           file needed sooner and only within the eviction window. Its "hit ratio" is
-//           1 - fetches / accesses, counting every fetch from SOURCE: staged, wasted or demand.
+//   clairfs the daemon's own staging core, its verbs called as the stager calls them (core_driver.hpp):
+//           staging in key order ahead of the readers (here instantly), evicting the resident needed
+//           farthest only for a file needed sooner and only within the eviction window. Its "hit ratio"
+//           is 1 - fetches / accesses, counting every fetch from SOURCE: staged, wasted or demand.
 //
 //   cache_sim --root DIR [--seed 0] [--world-size 8] [--ranks-per-node 4] [--epochs 3]
 //             [--fractions 0.1,0.25,0.5,1.0] [--loader-window 16]  -> one JSON line per (policy, fraction)
@@ -25,7 +25,7 @@
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
-#include "policy_driver.hpp"
+#include "core_driver.hpp"
 
 namespace {
 
@@ -100,7 +100,7 @@ Result belady(const std::vector<uint32_t>& trace, const std::vector<uint64_t>& s
   return r;
 }
 
-// The engine's own staging policy, driven as the stager drives it (policy_driver.hpp). Its "hit ratio"
+// The daemon's own staging core, driven as the stager drives it (core_driver.hpp). Its "hit ratio"
 // is 1 - fetches / accesses.
 Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle, uint64_t ranks, uint64_t epochs,
                       uint64_t capacity, uint64_t loader_window) {
@@ -112,12 +112,12 @@ Result clairfs_policy(const clairfs::Manifest& m, const clairfs::Oracle& oracle,
       for (uint64_t k = 0; k < order.loaded(r); ++k) seq[r].push_back(m.samples()[order.at(r, k)]);
     return seq;
   };
-  policy_driver::Config c;
+  core_driver::Config c;
   c.ranks = ranks;
   c.epochs = epochs;
   c.capacity = capacity;
   c.loader_window = loader_window;
-  const policy_driver::Totals t = policy_driver::drive(m, src, c, [](const policy_driver::Fetch&) {});
+  const core_driver::Totals t = core_driver::drive(m, src, c, [](const core_driver::Fetch&) {});
   Result r;
   r.accesses = t.accesses;
   r.bytes = t.bytes;

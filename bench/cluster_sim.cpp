@@ -1,7 +1,8 @@
 // Benchmark: the peers' one cache at cluster scale, simulated with the engine's own code — the oracle
-// (each rank's order), plan_owners (who keeps each file for all), and for every node its Planner and
-// StagingPolicy driven as its stager drives them (policy_driver.hpp: staging takes no time, one tier of
-// RAM and NVMe budgets: `cache` R or R+N, each × the node's share of the data set, NVMe in 4 KiB blocks).
+// (each rank's order), plan_owners (who keeps each file for all), and for every node the daemon's staging
+// core, its verbs called as its stager calls them (core_driver.hpp: staging and NVMe writes take no time;
+// RAM and NVMe budgets `cache` R or R+N, each × the node's share of the data set, NVMe in 4 KiB blocks;
+// RAM first, copies up to NVMe by next use, as the daemon makes them).
 //
 // Nodes are driven one after another, each through every epoch, with time as the readers' step (all
 // ranks move in step); what a node fetches (a file not held when it is staged or read) is then
@@ -34,8 +35,8 @@
 #include "clairfs/manifest.hpp"
 #include "clairfs/options.hpp"
 #include "clairfs/oracle.hpp"
+#include "core_driver.hpp"
 #include "engine/owners.hpp"
-#include "policy_driver.hpp"
 
 namespace {
 
@@ -205,7 +206,7 @@ int main(int argc, char** argv) {
       uint64_t handed_bytes = 0;
       for (EntryId id : keepers.handed) handed[owner[id]].push_back(id), handed_bytes += m.entry(id).size;
       Holds holds(m.size());
-      std::vector<std::vector<policy_driver::Fetch>> fetched(nodes);
+      std::vector<std::vector<core_driver::Fetch>> fetched(nodes);
       double plan_s = 0, drive_s = 0;
       uint64_t plan_bytes = 0;
       for (uint64_t n = 0; n < nodes; ++n) {
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
           plan_bytes += es.first.capacity() * sizeof(uint32_t) + es.sparse.capacity() * sizeof(es.sparse[0]) +
                         es.read.capacity() * sizeof(uint64_t);
         }
-        policy_driver::Config c;
+        core_driver::Config c;
         c.ranks = ranks_per_node;
         c.epochs = epochs;
         c.capacity = ram;
@@ -236,13 +237,13 @@ int main(int argc, char** argv) {
         c.handed = handed[n];
         c.node = static_cast<int>(n);
         const auto d0 = std::chrono::steady_clock::now();
-        policy_driver::drive(
+        core_driver::drive(
             m, src, c,
-            [&](const policy_driver::Fetch& f) {
+            [&](const core_driver::Fetch& f) {
               fetched[n].push_back(f);
               if (owner[f.id] == n) holds.fetched(f.id, f.at);
             },
-            [&](EntryId id, uint64_t, uint64_t at) {
+            [&](EntryId id, uint64_t at) {
               if (owner[id] == n) holds.evicted(id, at);
             });
         drive_s += seconds_since(d0);
@@ -250,7 +251,7 @@ int main(int argc, char** argv) {
       holds.done();
       std::vector<uint64_t> source(epochs, 0), peer(epochs, 0), served(nodes, 0), from_peers(nodes, 0);
       for (uint64_t n = 0; n < nodes; ++n) {
-        for (const policy_driver::Fetch& f : fetched[n]) {
+        for (const core_driver::Fetch& f : fetched[n]) {
           const uint64_t size = m.entry(f.id).size;
           if (owner[f.id] != n && holds.held(f.id, f.at, f.use)) {
             peer[f.epoch] += size;

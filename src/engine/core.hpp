@@ -8,6 +8,10 @@
 // the stager's sleep, its calls into the kernel — is private, behind the verbs below (in one place, not
 // spread over the facade and the stager).
 //
+// The files' bytes pass through the core to the RAM tier (StagedRam) and the open waiting for them; their
+// sizes are the manifest's. A simulation of the daemon (bench/core_driver.hpp) calls the same verbs with
+// no bytes, over tiers that count them alone.
+//
 // Lock order: StagingCore::mutex, then the tiers' own (RamTier, NvmeTier), then the leaves (RecentLoads,
 // SourceHandles, DemandReader's adopted list, IoLoop's mailbox). No I/O under `mutex`.
 #pragma once
@@ -54,10 +58,11 @@ struct StagingConfig {
 
 struct StagingCore final : Admission {
   // `ranks`: the training rank of each served rank (the planner's streams, in order).
-  // `nvme`: the node's NVMe tier, or none; `counters`: the engine's; `time`: where it reads the time.
+  // `ram`: the RAM it fills (the RamTier; a simulation's counts alone); `nvme`: the node's NVMe tier, or
+  // none; `counters`: the engine's; `time`: where it reads the time.
   StagingCore(const Manifest& manifest, std::vector<uint64_t> ranks, PlannerConfig planner_config,
               const StreamSource& streams, PolicyConfig policy_config, WindowConfig window_config,
-              StagingConfig staging, RamTier& ram, NvmeTier* nvme, EngineCounters& counters, bool handed_over,
+              StagingConfig staging, StagedRam& ram, StagedNvme* nvme, EngineCounters& counters, bool handed_over,
               const TimeSource& time = TimeSource::steady())
       : planner(planner_config, streams),
         tracker(manifest, planner, policy_config.ranks, time),
@@ -214,7 +219,7 @@ struct StagingCore final : Admission {
   // copy is no longer kept for them.
   void kept(EntryId id, uint64_t key) override EXCLUDES(mutex);
   // Whether this node's NVMe tier holds a copy of `id` (false without one).
-  bool on_nvme(EntryId id) const { return nvme_ && nvme_->find(id); }
+  bool on_nvme(EntryId id) const { return nvme_ && nvme_->may_hold(id); }
   // Whether RAM holds the copy this node keeps of `id` for the other nodes: it keeps the file for them and
   // its NVMe has no copy (one kept copy a file, in whichever tier holds it).
   bool kept_in_ram(EntryId id) const REQUIRES(mutex) { return policy.owned(id) && !on_nvme(id); }
@@ -425,8 +430,8 @@ struct StagingCore final : Admission {
   void pop_deferred() REQUIRES(mutex);
 
   const Manifest& manifest_;
-  RamTier& ram_;
-  NvmeTier* const nvme_;
+  StagedRam& ram_;
+  StagedNvme* const nvme_;
   EngineCounters& counters_;
   const std::vector<uint64_t> ranks_;
   const StreamSource& streams_;

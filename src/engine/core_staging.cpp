@@ -242,7 +242,7 @@ bool StagingCore::keep_read(EntryId id, const FileBytes& bytes) {
 }
 
 bool StagingCore::keep_read_copy(EntryId id, const FileBytes& bytes, uint64_t key, bool kept) {
-  if (!make_ram_room(bytes->size(), key, kept)) return false;
+  if (!make_ram_room(manifest_.entry(id).size, key, kept)) return false;
   DemandAllowance::hand_over(bytes);
   keep_in_ram(id, bytes, key, kept, Origin::kRam);
   return true;
@@ -251,7 +251,7 @@ bool StagingCore::keep_read_copy(EntryId id, const FileBytes& bytes, uint64_t ke
 std::optional<uint64_t> StagingCore::write_room(EntryId id, const FileBytes& bytes) {
   const uint64_t key = policy.keep_key(id);
   if (key == kNever) return std::nullopt;
-  if (make_nvme_room(bytes->size(), key)) return key;
+  if (make_nvme_room(manifest_.entry(id).size, key)) return key;
   if (kept_in_ram(id) && !policy.ram().contains(id)) keep_read_copy(id, bytes, key, true);
   return std::nullopt;
 }
@@ -278,13 +278,13 @@ void StagingCore::keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool ke
 bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
   // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
   // would be read from SOURCE again once they do.
-  if (policy.ram().contains(id) || !ram_.reserve(bytes->size())) return false;
+  if (policy.ram().contains(id) || !ram_.reserve(manifest_.entry(id).size)) return false;
   keep_in_ram(id, std::move(bytes), policy.keep_key(id), false, Origin::kRam);
   return true;
 }
 
 uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) {
-  const uint64_t size = bytes->size();
+  const uint64_t size = manifest_.entry(id).size;
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
   const bool keep_for_peers = !readahead && kept_in_ram(id);
   const uint64_t key = policy.staged_key(id, readahead, keep_for_peers);

@@ -25,7 +25,7 @@ constexpr size_t kMaxLateDrops = 1 << 16;
 
 }  // namespace
 
-PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config)
+PageWindow::PageWindow(const Manifest& manifest, Planner& planner, const StagedRam& ram, WindowConfig config)
     : manifest_(manifest), planner_(planner), ram_(ram), config_(config) {
   assign_huge(in_kernel_, manifest_.size(), uint8_t{kNone});
   const uint64_t mean = std::max<uint64_t>(1, config_.mean_size);

@@ -45,7 +45,7 @@ class PageWindow {
   using Clock = std::chrono::steady_clock;
 
   // REQUIRES: manifest, planner and ram outlive the window.
-  PageWindow(const Manifest& manifest, Planner& planner, const RamTier& ram, WindowConfig config);
+  PageWindow(const Manifest& manifest, Planner& planner, const StagedRam& ram, WindowConfig config);
 
   // --- request threads (and the stager's evictions), under the engine's mutex ---
   // A handle of `id` was opened: its pages stay until the last is released.
@@ -155,7 +155,7 @@ class PageWindow {
 
   const Manifest& manifest_;
   Planner& planner_;
-  const RamTier& ram_;
+  const StagedRam& ram_;
   WindowConfig config_;        // no_open goes once opens are seen (opens_seen)
   uint64_t drop_delay_ = 0;    // no-open mode: keys behind the cursor before passed pages go
   uint64_t beacon_every_ = 1;  // steps of a rank between beacons

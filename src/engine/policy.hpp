@@ -120,7 +120,7 @@ class StagingPolicy {
   // the node (`elsewhere`: NVMe has them; among the kRamCopyScan needed last) go before kept files,
   // however soon they are needed: they are read back from there, where a kept copy pushed out would be
   // read from SOURCE again. What goes is dropped from the index and handed to `evict`. The daemon's
-  // staging core and bench/policy_driver both make room so.
+  // staging core makes room so (and the simulators, which drive it: bench/core_driver.hpp).
   static constexpr size_t kRamCopyScan = 256;
   bool make_ram_room(uint64_t key, bool kept, const std::function<bool()>& reserve,
                      const std::function<void(EntryId)>& evict, const std::function<bool(EntryId)>& elsewhere = {});

@@ -50,7 +50,21 @@ struct NvmeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class NvmeTier final : public Store {
+// The NVMe tier as the staging core admits copies to it (StagingCore::admit, make_nvme_room): room
+// reserved for a copy, copies let go, whether one is held. NvmeTier keeps the copies; a simulation of
+// the daemon counts them alone (bench/core_driver.hpp).
+class StagedNvme {
+ public:
+  virtual ~StagedNvme() = default;
+  virtual bool admitting() const = 0;  // admission has not stopped
+  virtual uint64_t capacity() const = 0;
+  // Fails when admission has stopped or the bytes would pass the capacity.
+  virtual bool reserve(uint64_t bytes) = 0;
+  virtual uint64_t erase(EntryId id) = 0;  // the bytes freed
+  virtual bool may_hold(EntryId id) const = 0;
+};
+
+class NvmeTier final : public Store, public StagedNvme {
  public:
   // Creates the tier's directory inside `dir`. Throws NvmeError with one line if `dir` is not a writable
   // directory. REQUIRES: manifest outlives the tier (it names files in log lines).
@@ -81,9 +95,9 @@ class NvmeTier final : public Store {
   };
   std::optional<Held> find(EntryId id) const;
 
-  // Admission. reserve() fails when admission has stopped or the bytes would pass the capacity.
-  bool admitting() const;
-  bool reserve(uint64_t bytes);
+  // Admission (StagedNvme).
+  bool admitting() const override;
+  bool reserve(uint64_t bytes) override;
   void unreserve(uint64_t bytes);
   // Creates (or truncates) id's file for writing: an fd, or -errno.
   int create(EntryId id);
@@ -97,9 +111,9 @@ class NvmeTier final : public Store {
   // The disk a file of `size` bytes takes: whole blocks.
   uint64_t on_disk(uint64_t size) const { return (size + block_ - 1) / block_ * block_; }
   // Removes a held file (evicted, or found corrupt). Returns the bytes freed.
-  uint64_t erase(EntryId id);
+  uint64_t erase(EntryId id) override;
 
-  uint64_t capacity() const;
+  uint64_t capacity() const override;
   uint64_t used() const;  // held + reserved
   uint64_t files() const;
   uint64_t writes() const { return writes_; }

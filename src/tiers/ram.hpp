@@ -32,7 +32,28 @@
 
 namespace clairfs {
 
-class RamTier {
+// The RAM the staging core fills (StagingCore): room reserved before a read, a file held or let go, what
+// is held. RamTier holds the bytes; a simulation of the daemon counts them alone (bench/core_driver.hpp),
+// driving the same core. A file's bytes are its size in the manifest.
+class StagedRam {
+ public:
+  virtual ~StagedRam() = default;
+  // Reserves `bytes` for a read about to start; false if that would pass the budget.
+  virtual bool reserve(uint64_t bytes) = 0;
+  // Gives back a reservation whose read failed or was dropped.
+  virtual void unreserve(uint64_t bytes) = 0;
+  // Turns a reservation into a held file. REQUIRES: reserve(its size) succeeded.
+  virtual void insert(EntryId id, FileBytes data) = 0;
+  // The held file, or nullptr (always, in a simulation).
+  virtual FileBytes get(EntryId id) const = 0;
+  // Drops a held file; returns the bytes freed (0 if it was not held).
+  virtual uint64_t erase(EntryId id) = 0;
+  virtual uint64_t used() const = 0;  // held + reserved (+ what is still to be freed)
+  // The files held, by id.
+  virtual std::vector<EntryId> ids() const = 0;
+};
+
+class RamTier final : public StagedRam {
  public:
   // Files up to this size are kept as small files (above).
   static constexpr uint64_t kSmallFile = 4096;
@@ -49,17 +70,13 @@ class RamTier {
 
   explicit RamTier(uint64_t budget) : budget_(budget), configured_(budget) {}
 
-  // Reserves `bytes` for a read about to start; false if that would pass the budget.
-  bool reserve(uint64_t bytes) EXCLUDES(mutex_);
-  // Gives back a reservation whose read failed or was dropped.
-  void unreserve(uint64_t bytes) EXCLUDES(mutex_);
-  // Turns a reservation into a held file. REQUIRES: reserve(data->size()) succeeded.
-  void insert(EntryId id, FileBytes data) EXCLUDES(mutex_);
-  // The held file (a small one copied), or nullptr.
-  FileBytes get(EntryId id) const EXCLUDES(mutex_);
+  // StagedRam. The budget counts each file's charge(); a small file is handed out as a copy.
+  bool reserve(uint64_t bytes) override EXCLUDES(mutex_);
+  void unreserve(uint64_t bytes) override EXCLUDES(mutex_);
+  void insert(EntryId id, FileBytes data) override EXCLUDES(mutex_);
+  FileBytes get(EntryId id) const override EXCLUDES(mutex_);
+  uint64_t erase(EntryId id) override EXCLUDES(mutex_);
   bool contains(EntryId id) const EXCLUDES(mutex_);
-  // Drops a held file; returns the bytes freed (0 if it was not held).
-  uint64_t erase(EntryId id) EXCLUDES(mutex_);
 
   uint64_t budget() const EXCLUDES(mutex_);
   // The budget comes down to `less` bytes below what is held now (reserved and lingering bytes
@@ -70,10 +87,9 @@ class RamTier {
   // again). Returns the new budget.
   uint64_t raise_budget(uint64_t more) EXCLUDES(mutex_);
   uint64_t configured_budget() const { return configured_; }
-  uint64_t used() const EXCLUDES(mutex_);  // held + reserved + evicted but not yet freed
+  uint64_t used() const override EXCLUDES(mutex_);  // held + reserved + evicted but not yet freed
   uint64_t files() const EXCLUDES(mutex_);
-  // The files held, by id.
-  std::vector<EntryId> ids() const EXCLUDES(mutex_);
+  std::vector<EntryId> ids() const override EXCLUDES(mutex_);
   // What the held files count besides their bytes (the sum of charge(size) - size).
   uint64_t bookkeeping() const EXCLUDES(mutex_);
 

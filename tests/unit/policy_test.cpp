@@ -126,9 +126,9 @@ TEST(Policy, OwnedFilesGoOnlyForOwnedFiles) {
   EXPECT_TRUE(StagingPolicy::make_room(index, 5, true, reserve, evict));
 }
 
-// Room in RAM as the stager and the simulators (bench/policy_driver.hpp) both make it: near the readers
-// by next use, beyond the eviction window free room only; for a kept file, the RAM copies of files NVMe
-// holds go first, however soon they are needed, and then kept files needed later.
+// Room in RAM as the staging core (and the simulators driving it, bench/core_driver.hpp) makes it: near
+// the readers by next use, beyond the eviction window free room only; for a kept file, the RAM copies of
+// files NVMe holds go first, however soon they are needed, and then kept files needed later.
 TEST(Policy, RamRoomForAKeptFileTakesCopiesHeldElsewhereFirst) {
   fakes::MemoryTree tree(std::vector<uint64_t>(10, 100));
   Planner planner(planner_config(tree.manifest), in_order(10));
