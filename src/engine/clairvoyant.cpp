@@ -26,9 +26,8 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
                         oracle_streams(manifest, oracle, served_ranks(config), config.epoch_shift, config.epochs),
                         source, with_head(manifest, oracle, config)) {  // a copy: the streams read it
   const Schedule& s = oracle.schedule();
-  diagnoser_ = std::make_unique<Diagnoser>(
-      manifest_, MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance},
-      served_ranks(config_));
+  news_.diagnose(manifest_,
+                 MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance});
   if (s.order == Order::kTorch) {
     MutexLock lock(state_.mutex);
     state_.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
@@ -53,10 +52,10 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       mean_size_(mean_sample_size(manifest_)),
       state_(manifest_, served_ranks(config_), planner_config(manifest_, config_), streams_,
              policy_config(config_, mean_size_), window_config(config_, mean_size_),
-             StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_,
-             config_.handed_over),
+             StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_, config_.handed_over),
       chain_({nvme_.get(), peers_.get()}, source, &state_),
-      demand_(manifest_, chain_, counters_) {
+      demand_(manifest_, chain_, counters_),
+      news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
   {
     MutexLock lock(state_.mutex);
     state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
@@ -80,7 +79,7 @@ void ClairvoyantEngine::begin() {
 
 ClairvoyantEngine::~ClairvoyantEngine() {
   stager_.reset();
-  diagnoser_.reset();
+  news_.stop();
 }
 
 // ---- progress --------------------------------------------------------------------------------------
@@ -98,7 +97,7 @@ void ClairvoyantEngine::placed(StagingCore::Placed& p) {
   if (p.woke) log_info("a read after idle=: staging again");
   if (p.wake || p.woke) state_.wake_stager();
   if (!p.seen.changed.empty() || !p.evidence.empty() || p.seen.other || p.seen.other_world || p.seen.world_decided)
-    tell(p.seen, std::move(p.evidence));
+    news_.tell(p.seen, std::move(p.evidence));
 }
 
 FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) {
@@ -119,7 +118,7 @@ void ClairvoyantEngine::plan_for(size_t opens) { state_.plan_up_to(state_.reach(
 
 void ClairvoyantEngine::catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) {
   const ReaderTracker::Seen all = state_.catch_up(opens);
-  if (!all.changed.empty() || all.other || all.other_world || all.world_decided) tell(all, {});
+  if (!all.changed.empty() || all.other || all.other_world || all.world_decided) news_.tell(all, {});
 }
 
 void ClairvoyantEngine::take_over(const std::vector<std::pair<EntryId, pid_t>>& opens) {
@@ -129,127 +128,21 @@ void ClairvoyantEngine::take_over(const std::vector<std::pair<EntryId, pid_t>>& 
     for (StagingCore::Placed& p : *done) placed(p);
 }
 
-void ClairvoyantEngine::tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence) {
-  const std::vector<uint64_t> ranks = served_ranks(config_);
-  if (seen.other)
-    log_warning("process " + std::to_string(seen.other) +
-                " reads this mount in another order than the plan (another job?): its opens are counted apart "
-                "(status: other readers) and do not move the planned ranks");
-  if (seen.other_world) {
-    const uint64_t world = seen.world, mounted = seen.mounted_world;
-    const std::string words = "process " + std::to_string(seen.other_world) + " opens samples " +
-                              std::to_string(world) +
-                              " apart in the shuffle, as a rank of world_size=" + std::to_string(world) +
-                              " does (planned: world_size=" + std::to_string(mounted) + ")";
-    if (config_.replans)
-      log_info(words + "; the mount plans for its world size once no process reads as the plan's");
-    else
-      log_warning(words +
-                  ": the job runs with another world size? Progress by rank is the plan's, not the job's; "
-                  "remount with world_size=" +
-                  std::to_string(world));
-  }
-  if (seen.world_decided && config_.on_world) config_.on_world();
-  if (seen.other) other_order_said();
-  for (const auto& [index, verdict] : seen.changed) {
-    const uint64_t r = index;  // a name a lambda can capture
-    const std::string rank = "rank " + std::to_string(ranks[r]);
-    switch (verdict) {
-      case ReaderTracker::Verdict::kFollowing:
-        other_order_said_.store(false);  // followed again: a reader in another order later is news
-        if (auto e = std::find_if(evidence.begin(), evidence.end(), [&](const Evidence& x) { return x.rank == ranks[r]; });
-            e != evidence.end()) {  // back, but in a later epoch than the plan had it in: the diagnosis says why
-          log_warning(rank + " reads the planned order of a later epoch than " + std::to_string(e->epoch) +
-                      ", where the plan had it: staging follows it there");
-        } else {
-          if (diagnoser_) diagnoser_->forget(r);
-          log_info(rank + " reads in the planned order");
-        }
-        break;
-      case ReaderTracker::Verdict::kOff:
-        log_warning(rank + " does not read in the planned order: staging for it stops until it does" +
-                    (diagnoser_ ? " (what it reads as follows when found)" : ""));
-        other_order_said();  // seed=auto: the job may read as another seed now
-        break;
-      case ReaderTracker::Verdict::kIdle:
-        log_info(rank + " stopped reading: staging for it stops until it reads again");
-        break;
-      case ReaderTracker::Verdict::kChecking:
-        break;
-    }
-  }
-  if (!diagnoser_) return;
-  for (Evidence& e : evidence)
-    for (size_t r = 0; r < ranks.size(); ++r)
-      if (ranks[r] == e.rank) diagnoser_->ask(r, std::move(e));
-}
-
 // ---- re-planning -----------------------------------------------------------------------------------
-
-std::unordered_map<pid_t, ReaderTracker::ReadsAs> ClairvoyantEngine::readers_as() const { return state_.readers_as(); }
-
-std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_as(uint64_t world, uint64_t after,
-                                                                   uint64_t* last) const {
-  return state_.opens_as(world, after, last);
-}
-
-bool ClairvoyantEngine::followed() const { return state_.followed(); }
-uint64_t ClairvoyantEngine::other_readers() const { return state_.other_readers(); }
-uint64_t ClairvoyantEngine::ranks_off() const { return state_.ranks_off(); }
-
-std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_other(uint64_t after, uint64_t* last) const {
-  return state_.opens_other(after, last);
-}
-
-void ClairvoyantEngine::other_order_said() {
-  if (config_.on_other_order && !other_order_said_.exchange(true)) config_.on_other_order();
-}
 
 std::vector<ClairvoyantEngine::RankAt> ClairvoyantEngine::ranks_at() const {
   std::vector<RankAt> at = state_.ranks_at();
   for (size_t r = 0; r < at.size(); ++r)
-    if (at[r].is == RankAt::Is::kOff && diagnoser_) at[r].epoch = diagnoser_->epoch(r);
+    if (at[r].is == RankAt::Is::kOff) at[r].epoch = news_.epoch(r);
   return at;
 }
 
 std::vector<std::optional<uint64_t>> ClairvoyantEngine::late_epochs(
     const std::vector<std::pair<EntryId, pid_t>>& others, uint64_t at_epoch) const {
-  const std::vector<RankAt> at = ranks_at();
-  std::vector<std::optional<uint64_t>> found(at.size());
-  if (!diagnoser_) return found;
-  std::unordered_map<pid_t, std::vector<EntryId>> by_process;
-  for (const auto& [id, pid] : others) by_process[pid].push_back(id);
-  std::vector<std::vector<EntryId>*> tries;
-  for (auto& [pid, opens] : by_process)
-    if (opens.size() >= kMinDiagnosisOpens) tries.push_back(&opens);
-  std::sort(tries.begin(), tries.end(), [](const auto* a, const auto* b) { return a->size() > b->size(); });
-  if (tries.size() > kLateTries) tries.resize(kLateTries);
-  const std::vector<uint64_t> ranks = served_ranks(config_);
-  for (size_t r = 0; r < at.size(); ++r) {
-    if (at[r].is != RankAt::Is::kUnread) continue;
-    for (auto& opens : tries) {
-      if (!opens) continue;
-      found[r] = diagnoser_->epoch_now(Evidence{ranks[r], at_epoch, *opens, /*unread=*/true});
-      if (found[r]) {
-        opens = nullptr;  // one process, one rank
-        break;
-      }
-    }
-  }
-  return found;
+  return news_.late_epochs(ranks_at(), others, at_epoch);
 }
-
-std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::opens_unplaced(uint64_t after, uint64_t* last) const {
-  return state_.opens_unplaced(after, last);
-}
-
-bool ClairvoyantEngine::late_start_suspected() const { return state_.late_start_suspected(); }
 
 uint64_t ClairvoyantEngine::reading_epoch() const { return state_.reading_epoch().value_or(config_.start_epoch); }
-
-std::vector<std::pair<EntryId, pid_t>> ClairvoyantEngine::latest_opens(uint64_t after, uint64_t* last) const {
-  return state_.latest_opens(after, last);
-}
 
 std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
   if (stager_) stager_->finish();  // its reads in flight kept first: SOURCE sent them once

@@ -41,6 +41,7 @@
 #include "engine/demand.hpp"
 #include "engine/diagnosis.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/reader_news.hpp"
 #include "engine/stager.hpp"
 #include "peer/peer_store.hpp"
 #include "tiers/chain.hpp"
@@ -173,37 +174,20 @@ class ClairvoyantEngine final : public Engine {
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
   PeerTransport::Lookup peer_lookup();
 
-  // Whether a rank of the plan is followed now: live, its readers' opens confirm it.
-  bool followed() const EXCLUDES(state_.mutex);
-  // Processes judged to read in another order, now (Planner::other_readers).
-  uint64_t other_readers() const EXCLUDES(state_.mutex);
-  // The latest opens of the processes judged to read in another order (ReaderTracker::opens_other).
-  std::vector<std::pair<EntryId, pid_t>> opens_other(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
-  // Ranks off the plan for reading another order (not idle), and the latest opens of every process.
-  uint64_t ranks_off() const EXCLUDES(state_.mutex);
-  std::vector<std::pair<EntryId, pid_t>> latest_opens(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
-  // Where each served rank reads, for a plan that follows them all (LearningEngine::follow_epoch).
+  // The readers as the staging core judges them, for re-planning (LearningEngine): whether a rank is
+  // followed, the processes in another order or of another world size and their latest opens, the ranks
+  // off the plan, a late start suspected (core.hpp, "where the readers are").
+  const StagingCore& readers() const { return state_; }
+  // Where each served rank reads (an off rank's epoch the diagnosis's), for a plan that follows them all
+  // (LearningEngine::follow_epoch).
   using RankAt = StagingCore::RankAt;
   std::vector<RankAt> ranks_at() const EXCLUDES(state_.mutex);
-  // For each served rank that never read (kUnread), the epoch of the planned order it reads in, found
-  // from `others`, the opens of processes that follow no rank (opens_unplaced) — a rank that started
-  // epochs after the others on its node, `at_epoch` (theirs) — or nullopt. One process reads for one
-  // rank; the processes with the most opens are tried first (up to kLateTries). Slow (explain per try):
-  // off the request path.
+  // For each served rank that never read, the epoch of the planned order it reads in, from `others`, the
+  // opens of processes that follow no rank (StagingCore::opens_unplaced): ReaderNews::late_epochs.
   std::vector<std::optional<uint64_t>> late_epochs(const std::vector<std::pair<EntryId, pid_t>>& others,
                                                    uint64_t at_epoch) const EXCLUDES(state_.mutex);
-  std::vector<std::pair<EntryId, pid_t>> opens_unplaced(uint64_t after, uint64_t* last) const EXCLUDES(state_.mutex);
-  // A rank never read while opens came that no rank expected or that a process in another order made:
-  // it may have started late (late_epochs).
-  bool late_start_suspected() const EXCLUDES(state_.mutex);
   // The epoch the plan's cursor is in (its earliest live rank's).
   uint64_t reading_epoch() const EXCLUDES(state_.mutex);
-  static constexpr size_t kLateTries = 4;
-  // What each process was found to read as (ReaderTracker::readers_as).
-  std::unordered_map<pid_t, ReaderTracker::ReadsAs> readers_as() const EXCLUDES(state_.mutex);
-  // The latest opens of the processes that read as `world` (ReaderTracker::opens_as).
-  std::vector<std::pair<EntryId, pid_t>> opens_as(uint64_t world, uint64_t after, uint64_t* last) const
-      EXCLUDES(state_.mutex);
   // The plan is over: staging stops (its reads in flight kept) and the files held in RAM are handed
   // over to the next plan's engine (EngineConfig::adopt), and still served here until free_ram(), once
   // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe.
@@ -235,8 +219,6 @@ class ClairvoyantEngine final : public Engine {
   void touch(std::chrono::steady_clock::time_point now) { state_.touch(now); }
   // What placing an open did, acted on once the lock is let go: counted, logged, the stager woken, told.
   void placed(StagingCore::Placed& p) EXCLUDES(state_.mutex);
-  // Logs what the open changed in the ranks' verdicts and asks for diagnoses (after the lock).
-  void tell(const ReaderTracker::Seen& seen, std::vector<Evidence> evidence);
 
   const Manifest& manifest_;
   const EngineConfig config_;
@@ -251,9 +233,7 @@ class ClairvoyantEngine final : public Engine {
   DemandReader demand_;
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
-  std::unique_ptr<Diagnoser> diagnoser_;  // with an oracle only: it knows the orders to try
-  std::atomic<bool> other_order_said_{false};  // config_.on_other_order called
-  void other_order_said();
+  ReaderNews news_;                 // what placing opens changed, said and acted on after the lock
   uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above
 };

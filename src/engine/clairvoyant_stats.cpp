@@ -72,8 +72,7 @@ EngineStats ClairvoyantEngine::snapshot() const {
   // The ranks, the plan, the page window, the readers, idle=, the parts' memory, and the counters that
   // move with them.
   state_.snapshot(s, inferred);
-  if (diagnoser_)
-    for (size_t r = 0; r < s.ranks.size(); ++r) s.ranks[r].reads_as = diagnoser_->answer(r);
+  for (size_t r = 0; r < s.ranks.size(); ++r) s.ranks[r].reads_as = news_.answer(r);
   return s;
 }
 

@@ -474,7 +474,8 @@ bool LearningEngine::replan() {
     MutexLock lock(mutex_);
     plan = plan_;
   }
-  const std::optional<Replan> next = replan_for(old->readers_as(), process_alive, plan.world, replanning_.whole_node);
+  const std::optional<Replan> next =
+      replan_for(old->readers().readers_as(), process_alive, plan.world, replanning_.whole_node);
   if (!next) return true;              // no reader of another world size is left
   if (next->world == 0) return false;  // the plan's readers are still there
   const std::string words = "the job reads as world_size=" + std::to_string(next->world) + ", ranks " +
@@ -488,8 +489,9 @@ bool LearningEngine::replan() {
   Schedule s = was->schedule();
   s.world_size = next->world;
   const uint64_t world = next->world;
-  if (!switch_plan(n, s, next->ranks, next->epoch, words,
-                   [old, world](uint64_t after, uint64_t* last) { return old->opens_as(world, after, last); }))
+  if (!switch_plan(n, s, next->ranks, next->epoch, words, [old, world](uint64_t after, uint64_t* last) {
+        return old->readers().opens_as(world, after, last);
+      }))
     return true;
   MutexLock lock(mutex_);
   plan_ = *next;
@@ -507,7 +509,8 @@ bool LearningEngine::follow_epoch() {
   if (gave_up_) return true;
   uint64_t n = 0;
   ClairvoyantEngine* old = current(&n);
-  if (!old || (old->ranks_off() == 0 && old->other_readers() == 0 && !old->late_start_suspected()))
+  if (!old || (old->readers().ranks_off() == 0 && old->readers().other_readers() == 0 &&
+               !old->readers().late_start_suspected()))
     return true;  // followed again, or idle
   using Is = ClairvoyantEngine::RankAt::Is;
   std::vector<ClairvoyantEngine::RankAt> at = old->ranks_at();
@@ -520,7 +523,7 @@ bool LearningEngine::follow_epoch() {
   const bool unread = std::any_of(at.begin(), at.end(), [](const auto& a) { return a.is == Is::kUnread; });
   if (unread) {
     uint64_t seen = 0;
-    std::vector<std::pair<EntryId, pid_t>> others = old->opens_unplaced(0, &seen);
+    std::vector<std::pair<EntryId, pid_t>> others = old->readers().opens_unplaced(0, &seen);
     keep_the_jobs(others);
     bool try_now = false;
     {
@@ -604,7 +607,7 @@ bool LearningEngine::follow_epoch() {
   if (!switch_plan(
           n, was->schedule(), ranks, from, words,
           [old](uint64_t after, uint64_t* last) {
-            return after == 0 ? old->opens_unplaced(after, last) : old->latest_opens(after, last);
+            return after == 0 ? old->readers().opens_unplaced(after, last) : old->readers().latest_opens(after, last);
           },
           shift, start_items, idle))
     return true;
@@ -677,7 +680,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
 bool LearningEngine::off_the_plan() const {
   uint64_t n = 0;
   const ClairvoyantEngine* e = current(&n);
-  return e && (e->other_readers() > 0 || e->ranks_off() > 0);
+  return e && (e->readers().other_readers() > 0 || e->readers().ranks_off() > 0);
 }
 
 bool LearningEngine::relearn() {
@@ -687,8 +690,8 @@ bool LearningEngine::relearn() {
   if (!old) return true;
   // Processes judged to read in another order, or (the job's processes placed in its ranks before the
   // order turned) ranks off the plan: what they read now is the evidence.
-  const bool other = old->other_readers() > 0;
-  if (!other && old->ranks_off() == 0) return true;  // none reads in another order (any more)
+  const bool other = old->readers().other_readers() > 0;
+  if (!other && old->readers().ranks_off() == 0) return true;  // none reads in another order (any more)
   if (told_) {
     // A rank that never read may have started after the others, and one whose diagnosis found an epoch of
     // the told seed reads that epoch: follow_epoch's, both (their opens would teach a seed of neither).
@@ -698,7 +701,8 @@ bool LearningEngine::relearn() {
   }
   if (plan_followed(*old)) return false;  // the learned order has its readers: the other is another job's, or not yet
   uint64_t seen = 0;  // the tracker's opens so far: tries are spaced by them, the kept ones being capped
-  std::vector<std::pair<EntryId, pid_t>> others = other ? old->opens_other(0, &seen) : old->latest_opens(0, &seen);
+  std::vector<std::pair<EntryId, pid_t>> others =
+      other ? old->readers().opens_other(0, &seen) : old->readers().latest_opens(0, &seen);
   LearnQuestion q = question_;
   std::string learned_before;
   {
@@ -787,7 +791,7 @@ bool LearningEngine::relearn() {
               return found_on;
             }
             std::vector<std::pair<EntryId, pid_t>> opens =
-                other ? old->opens_other(after, last) : old->latest_opens(after, last);
+                other ? old->readers().opens_other(after, last) : old->readers().latest_opens(after, last);
             MutexLock lock(mutex_);
             keep_the_jobs(opens);
             return opens;
@@ -806,7 +810,7 @@ bool LearningEngine::relearn() {
 }
 
 bool LearningEngine::plan_followed(const ClairvoyantEngine& e) {
-  if (!e.followed()) return false;
+  if (!e.readers().followed()) return false;
   MutexLock lock(mutex_);
   relearn_tried_ = 0;
   return true;

@@ -873,7 +873,7 @@ TEST(Engine, AJobOfAnotherWorldSizeIsFoundByEachWorkersFirstBatch) {
   c.on_world = [&] { ++told; };
   ClairvoyantEngine e(tree.manifest, mounted, source, c);
   for (uint64_t r = 0; r < 3; ++r) read_as_workers(e, tree, job, r, 0, 32);
-  const auto as = e.readers_as();
+  const auto as = e.readers().readers_as();
   ASSERT_EQ(as.size(), 6u);  // each worker, after a batch
   for (const auto& [pid, reads] : as) {
     EXPECT_EQ(reads.world, 3u) << pid;
@@ -881,7 +881,7 @@ TEST(Engine, AJobOfAnotherWorldSizeIsFoundByEachWorkersFirstBatch) {
   }
   EXPECT_EQ(told, 6);
   uint64_t last = 0;
-  EXPECT_EQ(e.opens_as(3, 0, &last).size(), 6u * 16);
+  EXPECT_EQ(e.readers().opens_as(3, 0, &last).size(), 6u * 16);
   EXPECT_EQ(last, 6u * 16);
 }
 
@@ -895,7 +895,7 @@ TEST(Engine, WorkersOfBatchesOfOneReadAsTheirWorldSizeNotTheirStride) {
   c.on_world = [&] { ++told; };
   ClairvoyantEngine e(tree.manifest, mounted, source, c);
   for (uint64_t r = 0; r < 2; ++r) read_as_workers(e, tree, mounted, r, 0, 64);
-  const auto as = e.readers_as();
+  const auto as = e.readers().readers_as();
   ASSERT_EQ(as.size(), 8u);
   for (const auto& [pid, reads] : as) EXPECT_EQ(reads.world, 2u) << pid;
   EXPECT_EQ(told, 0);
@@ -912,7 +912,7 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   uint64_t seen = 0;
   EngineConfig c = two_ranks(4 << 20);
   c.ranks = {0, 1, 2};
-  c.opened_before = old->opens_as(3, 0, &seen);
+  c.opened_before = old->readers().opens_as(3, 0, &seen);
   c.adopt = [&] { return old->retire(); };
   ClairvoyantEngine next(tree.manifest, job, source, c);
   old->free_ram();
@@ -1027,9 +1027,9 @@ TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
   auto& [tree, source, mounted, job, told, c, e] = f;
   EXPECT_EQ(read_as_workers(e, tree, job, 0, 0, 96), 0u);
   EXPECT_EQ(told, 1);
-  EXPECT_FALSE(e.followed());
+  EXPECT_FALSE(e.readers().followed());
   uint64_t last = 0;
-  const auto others = e.opens_other(0, &last);
+  const auto others = e.readers().opens_other(0, &last);
   EXPECT_GE(others.size(), 64u);
   EXPECT_EQ(last, 96u);
   std::vector<EntryId> ids;
@@ -1042,7 +1042,7 @@ TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
   const std::vector<uint32_t> seq = own.epoch(0).rank_sequence(0);
   for (size_t k = 0; k < 64; ++k)
     read_file(e, tree.manifest.samples()[seq[k]], nullptr, 2000 + static_cast<pid_t>(k / 16));
-  EXPECT_TRUE(e.followed()) << e.stats().dump(2);
+  EXPECT_TRUE(e.readers().followed()) << e.stats().dump(2);
   EXPECT_EQ(told, 1);
 }
 
@@ -1057,7 +1057,7 @@ TEST(Engine, AnotherOrderInTheOpensCaughtUpIsToldToo) {
   for (size_t k = 0; k < 96; ++k) opens.emplace_back(tree.manifest.samples()[other[k]], 3000 + job.worker_of(k));
   e.catch_up(opens);
   EXPECT_EQ(told, 1);
-  EXPECT_EQ(e.other_readers(), 2u);  // the job's two workers
+  EXPECT_EQ(e.readers().other_readers(), 2u);  // the job's two workers
 }
 
 // The tree written to a folder and scanned, as a mount does: a LearningEngine reads SOURCE itself.
