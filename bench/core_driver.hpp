@@ -182,7 +182,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   StagingCore core(m, ec.ranks, planner_config(m, ec), src, pc, window_config(ec, mean),
                    StagingConfig{ec.bytes_in_flight, cfg.handed}, ram, nvme_ref, counters, false, clock);
   {
-    MutexLock lock(core.mutex);
+    StagingCore::Turn turn(core);
     core.set_parent_lookup([](pid_t) { return pid_t{0}; });  // each rank's opens from a process of its own
   }
   core.plan_up_to(kNever);
@@ -222,7 +222,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
     for (;;) {
       StagingCore::Walk walk;
       {
-        MutexLock lock(core.mutex);
+        StagingCore::Turn turn(core);
         walk = core.pick(1024, outside, true);
       }
       if (walk.picks.empty()) return;
@@ -235,7 +235,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
           brought(p.id, epoch_of(p.key), step_of(p.key));
         uint64_t after = kNever;
         {
-          MutexLock lock(core.mutex);
+          StagingCore::Turn turn(core);
           after = core.staged(p.id, nullptr, p.on_nvme ? Origin::kNvme : Origin::kSource,
                               p.why == StagingCore::Pick::For::kReadAhead);
           core.flight_ended(p.id);
@@ -257,7 +257,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
         t.bytes += m.entry(id).size;
         bool in_ram = false;
         {
-          MutexLock lock(core.mutex);
+          StagingCore::Turn turn(core);
           in_ram = core.in_ram(id);
           core.place(id, static_cast<pid_t>(1000 + r), true);
           core.handle_closed(id);
@@ -270,7 +270,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
         brought(id, e, now_step);  // not staged in time (no room): read on demand
         bool keep = false;
         {
-          MutexLock lock(core.mutex);
+          StagingCore::Turn turn(core);
           keep = core.keep_read(id, nullptr);  // as the stager keeps a file read whole on demand
         }
         if (keep && nvme_ref) {  // and its copy up, as the store chain queues it

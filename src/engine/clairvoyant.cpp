@@ -29,7 +29,7 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   news_.diagnose(manifest_,
                  MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance});
   if (s.order == Order::kTorch) {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
   }
   begin();
@@ -57,7 +57,7 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       demand_(manifest_, chain_, counters_),
       news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
   }
 }
@@ -84,11 +84,11 @@ ClairvoyantEngine::~ClairvoyantEngine() {
 
 // ---- progress --------------------------------------------------------------------------------------
 
-void ClairvoyantEngine::wait_for_staging(MutexLock& lock, EntryId id) {
+void ClairvoyantEngine::wait_for_staging(StagingCore::Turn& turn, EntryId id) {
   // A file being staged right now arrives sooner from that read than from a second one.
   // Given up (the stager's call into the kernel overdue): read on demand by the caller, so that request
   // threads free up for the kernel.
-  if (!state_.wait_for_flight(lock, id, Clock::now() + kWaitForStaging)) counters_.staging_waits_given_up++;
+  if (!state_.wait_for_flight(turn, id, Clock::now() + kWaitForStaging)) counters_.staging_waits_given_up++;
 }
 
 void ClairvoyantEngine::placed(StagingCore::Placed& p) {
@@ -104,8 +104,8 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   FileBytes data;
   StagingCore::Placed p;
   {
-    MutexLock lock(state_.mutex);
-    wait_for_staging(lock, id);
+    StagingCore::Turn turn(state_);
+    wait_for_staging(turn, id);
     data = state_.ram_copy(id, from);
     p = state_.place(id, pid, handle);
   }
@@ -154,12 +154,12 @@ std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
 }
 
 void ClairvoyantEngine::free_ram() {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.forget_ram();
 }
 
 void ClairvoyantEngine::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   for (auto& [id, bytes] : files) adopted_ += state_.adopt_copy(id, std::move(bytes)) ? 1 : 0;
 }
 
@@ -181,7 +181,7 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
 void ClairvoyantEngine::release(uint64_t handle) {
   auto* file = reinterpret_cast<OpenFile*>(handle);
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.handle_closed(file->id());
   }
   file->close(demand_);
@@ -196,11 +196,11 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
   FileBytes data;
   std::optional<DemandReader::Claim> miss;  // taken under the lock when RAM has no copy (see Claim)
   if (watched_.load(std::memory_order_acquire)) {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     const StagingCore::WatchedRead r = state_.watched_read(id, first, t0, &data, &from);
     first = r.first;
     if (r.wait) {
-      wait_for_staging(lock, id);
+      wait_for_staging(turn, id);
       data = state_.ram_copy(id, &from);
     }
     if (!data) miss.emplace(demand_, id);
@@ -210,7 +210,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     data = note_open(id, pid, false, &from, &again);
     first = !again;  // counted once
   } else {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     data = state_.ram_copy(id, &from);
     if (!data) miss.emplace(demand_, id);
   }
@@ -221,7 +221,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
 // ---- opens seen by a watch on the mount --------------------------------------------------------------
 
 void ClairvoyantEngine::watching_opens() {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.watching_opens();
   watched_.store(true, std::memory_order_release);
 }
@@ -230,7 +230,7 @@ void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   counters_.watched_opens++;
   StagingCore::Placed p;
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     p = state_.watched_open(id, pid, state_.now());
   }
   placed(p);
@@ -241,7 +241,7 @@ void ClairvoyantEngine::closed(EntryId id, pid_t pid) { close_told(id, pid); }
 bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   counters_.watched_closes++;
   FileBytes held;  // let go after the lock
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
   const bool counted = state_.watched_close(id, &held);
@@ -250,24 +250,24 @@ bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
 }
 
 bool ClairvoyantEngine::unread_open(EntryId id) const {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   return state_.unread(id);
 }
 
 bool ClairvoyantEngine::give_up_unread_open(EntryId id) {
   FileBytes held;  // let go after the lock
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   return state_.give_up_unread(id, &held);
 }
 
 void ClairvoyantEngine::take_unread_open(EntryId id) {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.take_unread(id, state_.now());
 }
 
 void ClairvoyantEngine::low_on_memory() {
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.short_of_memory = true;
   }
   state_.wake_stager();
@@ -275,7 +275,7 @@ void ClairvoyantEngine::low_on_memory() {
 
 void ClairvoyantEngine::opens_lost() {
   counters_.watch_losses++;
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.opens_lost();
 }
 

@@ -139,36 +139,36 @@ class ClairvoyantEngine final : public Engine {
   ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override;
-  void watching_opens() override EXCLUDES(state_.mutex);
-  void opened(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
-  void closed(EntryId id, pid_t pid) override EXCLUDES(state_.mutex);
+  void watching_opens() override EXCLUDES(state_.lock());
+  void opened(EntryId id, pid_t pid) override EXCLUDES(state_.lock());
+  void closed(EntryId id, pid_t pid) override EXCLUDES(state_.lock());
   // closed(), and whether it counted a use (an open told here that no read reached).
-  bool close_told(EntryId id, pid_t pid) EXCLUDES(state_.mutex);
+  bool close_told(EntryId id, pid_t pid) EXCLUDES(state_.lock());
   // Whether an open of `id` told here has had no read yet (its close counts it).
-  bool unread_open(EntryId id) const EXCLUDES(state_.mutex);
+  bool unread_open(EntryId id) const EXCLUDES(state_.lock());
   // A plan changed while a told open of `id` had no read yet: the engine of the old plan gives that use up
   // (true if it had one; it counts it no more), and the new plan's engine takes it as told to it, so that
   // its first read or its close counts it, once (it was counted by the new engine's read and again by the
   // old engine's close: 6,001 uses served of 6,000 in an ASan run of test_readers' late rank).
-  bool give_up_unread_open(EntryId id) EXCLUDES(state_.mutex);
-  void take_unread_open(EntryId id) EXCLUDES(state_.mutex);
-  void opens_lost() override EXCLUDES(state_.mutex);
-  void low_on_memory() override EXCLUDES(state_.mutex);
+  bool give_up_unread_open(EntryId id) EXCLUDES(state_.lock());
+  void take_unread_open(EntryId id) EXCLUDES(state_.lock());
+  void opens_lost() override EXCLUDES(state_.lock());
+  void low_on_memory() override EXCLUDES(state_.lock());
 
   // Opens made before the engine was there (seed=auto learns the seed from them): placed in the plan in
   // order, as if made now, so that it starts where the readers are.
-  void catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.mutex);
+  void catch_up(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.lock());
   // A re-plan's engine (EngineConfig::handed_over), published: the opens the old plan's engine took last,
   // then those told here meanwhile, placed in the order they were made — each counted once, none lost
   // (placed after later ones, those fell behind the rank: test_seed_auto under TSan ended its job's
   // last epoch at 1,823 of 3,000, the plan published 1,177 opens into it by a thread at nice 10).
-  void take_over(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.mutex);
+  void take_over(const std::vector<std::pair<EntryId, pid_t>>& opens) EXCLUDES(state_.lock());
   // Plans the epochs `opens` opens could reach, as catch_up does first: called before it where opens wait
   // while it runs (an epoch of a large data set takes seconds to build).
-  void plan_for(size_t opens) EXCLUDES(state_.mutex);
+  void plan_for(size_t opens) EXCLUDES(state_.lock());
 
   // What it has done, typed (engine tests), and as JSON (.clairfs/stats): to_json(snapshot()).
-  EngineStats snapshot() const EXCLUDES(state_.mutex);
+  EngineStats snapshot() const EXCLUDES(state_.lock());
   nlohmann::json stats() const override;
 
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
@@ -181,18 +181,18 @@ class ClairvoyantEngine final : public Engine {
   // Where each served rank reads (an off rank's epoch the diagnosis's), for a plan that follows them all
   // (LearningEngine::follow_epoch).
   using RankAt = StagingCore::RankAt;
-  std::vector<RankAt> ranks_at() const EXCLUDES(state_.mutex);
+  std::vector<RankAt> ranks_at() const EXCLUDES(state_.lock());
   // For each served rank that never read, the epoch of the planned order it reads in, from `others`, the
   // opens of processes that follow no rank (StagingCore::opens_unplaced): ReaderNews::late_epochs.
   std::vector<std::optional<uint64_t>> late_epochs(const std::vector<std::pair<EntryId, pid_t>>& others,
-                                                   uint64_t at_epoch) const EXCLUDES(state_.mutex);
+                                                   uint64_t at_epoch) const EXCLUDES(state_.lock());
   // The epoch the plan's cursor is in (its earliest live rank's).
-  uint64_t reading_epoch() const EXCLUDES(state_.mutex);
+  uint64_t reading_epoch() const EXCLUDES(state_.lock());
   // The plan is over: staging stops (its reads in flight kept) and the files held in RAM are handed
   // over to the next plan's engine (EngineConfig::adopt), and still served here until free_ram(), once
   // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe.
-  std::vector<std::pair<EntryId, FileBytes>> retire() EXCLUDES(state_.mutex);
-  void free_ram() EXCLUDES(state_.mutex);
+  std::vector<std::pair<EntryId, FileBytes>> retire() EXCLUDES(state_.lock());
+  void free_ram() EXCLUDES(state_.lock());
   // retire() was called (asked by the thread that called it).
   bool retired() const { return !stager_; }
   // Files kept from the last plan's engine (EngineConfig::adopt).
@@ -204,21 +204,21 @@ class ClairvoyantEngine final : public Engine {
   ClairvoyantEngine(Parts, const Manifest& manifest, StreamSource streams, SourceStore& source, EngineConfig config);
   // Once the tracker and the diagnosis know the order (the Oracle's constructor): the opens made before
   // placed, the files of the plan before adopted, the stager started.
-  void begin() EXCLUDES(state_.mutex);
+  void begin() EXCLUDES(state_.lock());
   // Keeps the files another engine held, as RAM allows: keyed by their next use in this plan, or as
   // never used (the first to go when room is needed) where its epochs do not use them yet (EngineConfig::adopt).
-  void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.mutex);
+  void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.lock());
   // An open of `id` (or, without a handle, a first read): places it, wakes the stager if the readers
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
-  FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.mutex);
+  FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.lock());
   // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
-  void wait_for_staging(MutexLock& lock, EntryId id) REQUIRES(state_.mutex);
+  void wait_for_staging(StagingCore::Turn& turn, EntryId id) REQUIRES(state_.lock());
   // A reader or a peer asked for something now (idle=).
   void touch() { state_.touch(); }
   void touch(std::chrono::steady_clock::time_point now) { state_.touch(now); }
   // What placing an open did, acted on once the lock is let go: counted, logged, the stager woken, told.
-  void placed(StagingCore::Placed& p) EXCLUDES(state_.mutex);
+  void placed(StagingCore::Placed& p) EXCLUDES(state_.lock());
 
   const Manifest& manifest_;
   const EngineConfig config_;

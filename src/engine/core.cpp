@@ -59,7 +59,7 @@ void StagingCore::use(Placed& p, EntryId id, pid_t pid) {
 
 void StagingCore::progressed() {
   policy.readers_moved(planner,
-                       [&](EntryId id, uint64_t key, uint64_t next) REQUIRES(mutex) { window.passed(key, id, next); });
+                       [&](EntryId id, uint64_t key, uint64_t next) REQUIRES(mutex_) { window.passed(key, id, next); });
   window.settle(policy.evict_window());
 }
 
@@ -67,8 +67,8 @@ bool StagingCore::plan_next(uint64_t up_to) {
   std::optional<uint64_t> want;
   uint64_t ranks = 0;
   {
-    MutexLock lock(mutex);
-    if (stop || planner.planned_end() >= up_to) return false;
+    MutexLock lock(mutex_);
+    if (stop_ || planner.planned_end() >= up_to) return false;
     want = planner.wanted_epoch();
     ranks = tracker.ranks();
   }
@@ -80,7 +80,7 @@ bool StagingCore::plan_next(uint64_t up_to) {
     log_warning("cannot plan epoch " + std::to_string(*want) + ": " + ex.what() +
                 "; staging stops at the end of the epochs planned, reads go on");
   }
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   if (planner.wanted_epoch() != want) return false;  // planned meanwhile (by the other thread that plans)
   const bool head = planner.head_only();
   const uint64_t old_end = planner.planned_end();
@@ -99,17 +99,17 @@ void StagingCore::plan_up_to(uint64_t up_to) {
   for (;;) {
     uint64_t end = 0;
     {
-      MutexLock lock(mutex);
+      MutexLock lock(mutex_);
       end = planner.planned_end();
     }
     if (!plan_next(up_to)) return;
-    MutexLock lock(mutex);
+    MutexLock lock(mutex_);
     if (planner.planned_end() == end) return;  // epochs with no uses: never nearer
   }
 }
 
 uint64_t StagingCore::reach(size_t opens) {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return planner.furthest() + (opens + tolerance_) * tracker.ranks();
 }
 
@@ -126,8 +126,8 @@ ReaderTracker::Seen StagingCore::catch_up(const std::vector<std::pair<EntryId, p
   bool planning = true;  // (until the opens' reach: placed in what is planned)
   for (size_t i = 0; i < opens.size();) {
     if (planning) plan_up_to(up_to);
-    MutexLock lock(mutex);
-    if (planner.planned_end() >= up_to || stop) planning = false;
+    MutexLock lock(mutex_);
+    if (planner.planned_end() >= up_to || stop_) planning = false;
     for (; i < opens.size() && !(planning && planner.wanted_epoch()); ++i) {
       const auto& [id, pid] = opens[i];
       const ReaderTracker::Seen seen = tracker.on_use(id, pid);
@@ -147,7 +147,7 @@ ReaderTracker::Seen StagingCore::catch_up(const std::vector<std::pair<EntryId, p
 }
 
 std::optional<std::vector<StagingCore::Placed>> StagingCore::place_waiting() {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   if (waiting_.empty()) {
     handing_over_ = false;
     return std::nullopt;
@@ -245,7 +245,7 @@ uint64_t StagingCore::lead_files(uint64_t rank) const {
 }
 
 void StagingCore::snapshot(EngineStats& s, bool inferred) const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   uint64_t min_epoch = UINT64_MAX, lead_min = UINT64_MAX;
   for (uint64_t r = 0; r < tracker.ranks(); ++r) {
     const Planner::RankProgress p = planner.progress(r);
@@ -284,44 +284,44 @@ void StagingCore::snapshot(EngineStats& s, bool inferred) const {
 // ---- where the readers are ---------------------------------------------------------------------------
 
 std::unordered_map<pid_t, ReaderTracker::ReadsAs> StagingCore::readers_as() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return tracker.readers_as();
 }
 
 std::vector<std::pair<EntryId, pid_t>> StagingCore::opens_as(uint64_t world, uint64_t after, uint64_t* last) const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return tracker.opens_as(world, after, last);
 }
 
 std::vector<std::pair<EntryId, pid_t>> StagingCore::opens_other(uint64_t after, uint64_t* last) const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return tracker.opens_other(after, last);
 }
 
 std::vector<std::pair<EntryId, pid_t>> StagingCore::opens_unplaced(uint64_t after, uint64_t* last) const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return tracker.opens_unplaced(after, last);
 }
 
 std::vector<std::pair<EntryId, pid_t>> StagingCore::latest_opens(uint64_t after, uint64_t* last) const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return tracker.opens_all(after, last);
 }
 
 bool StagingCore::followed() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   for (uint64_t r = 0; r < tracker.ranks(); ++r)
     if (planner.live(r) && planner.confirmed(r)) return true;
   return false;
 }
 
 uint64_t StagingCore::other_readers() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return planner.other_readers();
 }
 
 uint64_t StagingCore::ranks_off() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   uint64_t off = 0;
   for (uint64_t r = 0; r < tracker.ranks(); ++r)
     off += !planner.live(r) && planner.lost(r) == Planner::Lost::kOtherOrder ? 1 : 0;
@@ -330,7 +330,7 @@ uint64_t StagingCore::ranks_off() const {
 
 std::vector<StagingCore::RankAt> StagingCore::ranks_at() const {
   std::vector<RankAt> at;
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   for (uint64_t r = 0; r < tracker.ranks(); ++r) {
     if (const Planner::RankProgress rp = planner.progress(r); planner.live(r))
       at.push_back({RankAt::Is::kFollowing, rp.epoch, rp.done});
@@ -343,7 +343,7 @@ std::vector<StagingCore::RankAt> StagingCore::ranks_at() const {
 }
 
 bool StagingCore::late_start_suspected() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   if (planner.mispredicted() == 0 && planner.other_readers() == 0) return false;
   for (uint64_t r = 0; r < tracker.ranks(); ++r)
     if (!planner.live(r) && planner.lost(r) == Planner::Lost::kIdle && !planner.read_any(r)) return true;
@@ -351,7 +351,7 @@ bool StagingCore::late_start_suspected() const {
 }
 
 std::optional<uint64_t> StagingCore::reading_epoch() const {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return planner.epoch_of(planner.cursor());
 }
 

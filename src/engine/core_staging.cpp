@@ -111,7 +111,7 @@ void StagingCore::pick_handed(unsigned room, const Outside& outside, std::vector
 void StagingCore::pick_planned(unsigned room, const Outside& outside, bool know, Walk& walk) {
   std::vector<Pick>& picks = walk.picks;
   // (A file on its way is skipped, not waited for: the walk would stand still for the load.)
-  auto busy = [&](EntryId id) REQUIRES(mutex) { return on_its_way(id, outside); };
+  auto busy = [&](EntryId id) REQUIRES(mutex_) { return on_its_way(id, outside); };
   while (picks.size() < room) {
     const auto c = policy.next_candidate(busy);
     if (!c) break;
@@ -178,7 +178,7 @@ void StagingCore::wait_for_attributes(uint64_t key, EntryId id, Walk& walk) {
 
 std::vector<EntryId> StagingCore::questions(size_t most) {
   std::vector<EntryId> ask;
-  auto walk = [&](uint64_t& key, uint64_t end, bool again) REQUIRES(mutex) {
+  auto walk = [&](uint64_t& key, uint64_t end, bool again) REQUIRES(mutex_) {
     for (; key < end && ask.size() < most; ++key) {
       if (!policy.upcoming(key)) continue;
       const EntryId id = *planner.item(key);
@@ -260,13 +260,13 @@ std::optional<uint64_t> StagingCore::write_room(EntryId id, const FileBytes& byt
 
 bool StagingCore::make_ram_room(uint64_t size, uint64_t key, bool kept) {
   return policy.make_ram_room(
-      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); },
+      key, kept, [&] { return ram_.reserve(size); }, [&](EntryId victim) REQUIRES(mutex_) { evict_ram(victim); },
       [&](EntryId id) { return on_nvme(id); });
 }
 
 bool StagingCore::make_readahead_room(uint64_t size) {
   return policy.make_readahead_room([&] { return ram_.reserve(size); },
-                                    [&](EntryId victim) REQUIRES(mutex) { evict_ram(victim); });
+                                    [&](EntryId victim) REQUIRES(mutex_) { evict_ram(victim); });
 }
 
 void StagingCore::keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool kept, Origin from) {
@@ -320,13 +320,13 @@ bool StagingCore::make_nvme_room(uint64_t size, uint64_t key) {
 }
 
 bool StagingCore::admit(EntryId, uint64_t size, uint64_t key) {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   return make_nvme_room(size, key);
 }
 
 std::vector<Admission::Copy> StagingCore::admit_waiting(std::vector<Copy>& waiting, size_t most) {
-  MutexLock lock(mutex);
-  std::stable_partition(waiting.begin(), waiting.end(), [&](const Copy& c) REQUIRES(mutex) { return !in_ram(c.id); });
+  MutexLock lock(mutex_);
+  std::stable_partition(waiting.begin(), waiting.end(), [&](const Copy& c) REQUIRES(mutex_) { return !in_ram(c.id); });
   std::vector<Copy> admitted;
   size_t n = 0;
   for (; n < waiting.size() && admitted.size() < most; ++n)
@@ -337,7 +337,7 @@ std::vector<Admission::Copy> StagingCore::admit_waiting(std::vector<Copy>& waiti
 }
 
 void StagingCore::kept(EntryId id, uint64_t key) {
-  MutexLock lock(mutex);
+  MutexLock lock(mutex_);
   const bool owned = policy.owned(id);
   policy.nvme().set(id, policy.written_key(id, key), owned);
   if (owned)

@@ -61,23 +61,14 @@ Stager::Stager(StagerParts p)
   try {
     planning_ = std::thread([this] { plan_loop(); });
   } catch (...) {
-    {
-      MutexLock lock(state_.mutex);
-      state_.stop = true;
-    }
-    state_.wake_stager();
+    state_.stop();
     thread_.join();
     throw;
   }
 }
 
 Stager::~Stager() {
-  {
-    MutexLock lock(state_.mutex);
-    state_.stop = true;
-  }
-  state_.wake_stager();
-  state_.flights_ended();
+  state_.stop();
   plan_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (planning_.joinable()) planning_.join();
@@ -85,7 +76,7 @@ Stager::~Stager() {
 
 void Stager::finish() {
   {
-    MutexLock lock(state_.mutex);  // (so that the planning thread cannot miss the wake-up)
+    StagingCore::Turn turn(state_);  // (so that the planning thread cannot miss the wake-up)
     finishing_.store(true);
   }
   state_.wake_stager();
@@ -108,10 +99,10 @@ bool Stager::survive_out_of_memory(const std::function<bool()>& step) {
   } catch (const std::bad_alloc&) {
     // The address space limited under the daemon: this turn is lost, the next tries again a little later.
     out_of_memory();
-    MutexLock lock(state_.mutex);
-    if (state_.stop) return false;
-    state_.stager_nap(lock, kIdleWait);
-    return !state_.stop;
+    StagingCore::Turn turn(state_);
+    if (state_.stopping()) return false;
+    state_.stager_nap(turn, kIdleWait);
+    return !state_.stopping();
   }
 }
 
@@ -125,8 +116,8 @@ bool Stager::turn() {
   auto adopted = demand_.take_adopted();
   bool idle = false;
   {
-    MutexLock lock(state_.mutex);
-    if (state_.stop) return false;
+    StagingCore::Turn turn(state_);
+    if (state_.stopping()) return false;
     keep_adopted(std::move(adopted));
     give_back_if_idle();
     idle = state_.is_idle();  // nothing staged until the next read
@@ -138,8 +129,8 @@ bool Stager::turn() {
   const unsigned writes = chain_.copy_waiting(io_, room);
   room -= writes;
   {
-    MutexLock lock(state_.mutex);
-    if (state_.stop) return false;
+    StagingCore::Turn turn(state_);
+    if (state_.stopping()) return false;
     StagingCore::Walk walk = state_.pick(room, outside_, Clock::now() >= know_again_at_);
     know_first_ = walk.know_first;
     to_know_ = std::move(walk.to_know);
@@ -148,7 +139,7 @@ bool Stager::turn() {
       // Woken by opens only once the readers have moved some way (or read-ahead is queued).
       Clock::duration wait = state_.drops_waiting() ? kDropWait : kIdleWait;
       if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
-      state_.stager_sleep(lock, wait);
+      state_.stager_sleep(turn, wait);
       return true;
     }
   }
@@ -174,13 +165,13 @@ void Stager::plan_loop() {
     } catch (const std::bad_alloc&) {  // adding the epoch built (its build's own failure is said there)
       out_of_memory();
     }
-    MutexLock lock(state_.mutex);
-    if (state_.stop || finishing_.load()) return;
+    StagingCore::Turn turn(state_);
+    if (state_.stopping() || finishing_.load()) return;
     if (added) {
       state_.wake_stager();  // a waiting stager has the new epoch's files to stage
       continue;
     }
-    lock.wait_for(plan_wake_, kPlanLook);
+    turn.wait_for(plan_wake_, kPlanLook);
   }
 }
 
@@ -198,14 +189,14 @@ void Stager::give_back_if_idle() {
 void Stager::run_drops() {
   std::vector<EntryId> drops;
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     drops = state_.take_drops();
   }
   if (drops.empty()) return;
   if (kernel_)
     for (EntryId id : drops)
       if (in_kernel(manifest_.entry(id).size, [&] { return kernel_->drop(id); }) == 0) counters_.drops++;
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.dropped(drops);
 }
 
@@ -213,20 +204,20 @@ void Stager::push_ahead() {
   const std::function<bool(EntryId)> knows = [this](EntryId id) { return kernel_->knows(id); };
   if (const uint64_t n = kernel_ ? kernel_->introductions() : 0; n != introductions_seen_) {
     introductions_seen_ = n;
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.introduced(state_.now());
   }
   for (int i = 0; i < kPushesPerTurn; ++i) {
     std::optional<PageWindow::Push> push;
     {
-      MutexLock lock(state_.mutex);
+      StagingCore::Turn turn(state_);
       push = state_.next_push(state_.now(), knows);
     }
     if (!push) return;
     const int rc =
         in_kernel(push->data->size(), [&] { return kernel_->push(push->id, push->data->data(), push->data->size()); });
     (rc < 0 ? counters_.push_failures : counters_.pushes)++;
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     state_.push_done(*push, rc < 0 ? rc : 0, state_.now());
   }
 }
@@ -288,7 +279,7 @@ void Stager::ask_kernel() {
   std::vector<EntryId> ask;
   const auto now = Clock::now();
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     for (auto it = asking_.begin(); it != asking_.end();) {
       if (now - it->second < kAskTimeout) {
         ++it;
@@ -310,7 +301,7 @@ void Stager::ask_kernel() {
 
 void Stager::answered(EntryId id, bool held) {
   if (asking_.erase(id) == 0) return;  // given up on (kAskTimeout)
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   state_.answered(id, held);
 }
 
@@ -337,7 +328,7 @@ void Stager::give_back_memory(uint64_t bytes) {
   const uint64_t budget = ram_.lower_budget_below_used(bytes + kServingRoom);
   unsigned let_go = 0;
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     let_go = state_.shed_ram(budget);
   }
   raise_step_ = kServingRoom;
@@ -387,13 +378,13 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
 }
 
 uint64_t Stager::keep(const Pick& pick, const StoreChain::Result& r) {
-  MutexLock lock(state_.mutex);
+  StagingCore::Turn turn(state_);
   return state_.staged(pick.id(), r.buf, r.from, pick.what.why == StagingCore::Pick::For::kReadAhead);
 }
 
 void Stager::finish(const Pick& pick, bool defer) {
   {
-    MutexLock lock(state_.mutex);
+    StagingCore::Turn turn(state_);
     if (defer) state_.defer(pick.what);
     state_.flight_ended(pick.id());
   }

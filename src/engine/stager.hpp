@@ -56,7 +56,7 @@ class Stager {
   ~Stager();  // stops and joins the threads
   // Picks nothing more, keeps what its reads in flight bring, then ends the thread (a plan replaced:
   // what SOURCE already sent is not read again).
-  void finish() EXCLUDES(state_.mutex);
+  void finish() EXCLUDES(state_.lock());
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
@@ -76,23 +76,23 @@ class Stager {
   bool turn();
   // The planning thread: the epochs after the readers' built as they come within the horizon. An epoch of
   // 14.2 M files takes seconds to build, which staging (its first file above all) does not wait for.
-  void plan_loop() EXCLUDES(state_.mutex);
+  void plan_loop() EXCLUDES(state_.lock());
   // Builds the next epoch wanted, if any: whether it was added.
-  bool plan_ahead() EXCLUDES(state_.mutex);
+  bool plan_ahead() EXCLUDES(state_.lock());
   // idle=: nothing asked for in idle_after_: RAM and pushed pages given back, once (staging waits for
   // the next read, which ends the idle state: StagingCore::place).
-  void give_back_if_idle() REQUIRES(state_.mutex);
+  void give_back_if_idle() REQUIRES(state_.lock());
   void run_drops();
   void push_ahead();
   // Asks the kernel whether it still holds the files the staging walk comes to next whose pages the
   // readers read (StagingCore::questions); the walk leaves those it holds to it.
   void ask_kernel();
-  void answered(EntryId id, bool held) EXCLUDES(state_.mutex);
+  void answered(EntryId id, bool held) EXCLUDES(state_.lock());
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
   // (StagingCore::in_kernel_until).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
   // Files read whole on demand kept in RAM (under the mutex) and queued for NVMe (StoreChain::queue_up).
-  void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.mutex);
+  void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.lock());
   // The store each pick is asked of first: NVMe's copy, a peer when the model says it is worth it, else
   // SOURCE.
   std::vector<Pick> choose_stores(const std::vector<StagingCore::Pick>& picks);
@@ -103,7 +103,7 @@ class Stager {
   // requests are served (StagingCore::short_of_memory): the RAM budget comes down to kServingRoom more
   // than that below what is held, and the files needed last are let go until RAM is within it, so that
   // reading goes on. Said once; the stats show the budget.
-  void give_back_memory(uint64_t bytes) EXCLUDES(state_.mutex);
+  void give_back_memory(uint64_t bytes) EXCLUDES(state_.lock());
   // What is left free for serving besides: what requests allocate, the reads of files nobody staged.
   static constexpr uint64_t kServingRoom = uint64_t{32} << 20;
   // The budget back by steps after a shortage: kServingRoom once memory_retry has passed without
@@ -114,9 +114,9 @@ class Stager {
   void stage(const Pick& pick);
   void staged(const Pick& pick, const StoreChain::Result& result);
   // Keeps a staged file in RAM; the use after this one, for which NVMe should hold it (kNever: none).
-  uint64_t keep(const Pick& pick, const StoreChain::Result& result) EXCLUDES(state_.mutex);
+  uint64_t keep(const Pick& pick, const StoreChain::Result& result) EXCLUDES(state_.lock());
   // No longer in flight: opens waiting for it go on. `defer`: its keeper refused it (StagingCore::defer).
-  void finish(const Pick& pick, bool defer = false) EXCLUDES(state_.mutex);
+  void finish(const Pick& pick, bool defer = false) EXCLUDES(state_.lock());
 
   const Manifest& manifest_;
   StagingCore& state_;

@@ -41,6 +41,7 @@
 #define RELEASE(...) CLAIRFS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define ACQUIRE_SHARED(...) CLAIRFS_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
 #define RELEASE_SHARED(...) CLAIRFS_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
+#define RETURN_CAPABILITY(x) CLAIRFS_THREAD_ANNOTATION(lock_returned(x))
 #define NO_THREAD_SAFETY_ANALYSIS CLAIRFS_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace clairfs {

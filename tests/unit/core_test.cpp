@@ -45,7 +45,7 @@ struct Core {
   // (Each epoch's by a process of its own, as a DataLoader's workers are.)
   void open(uint64_t epoch, uint64_t from, uint64_t to) {
     for (uint64_t k = from; k < to; ++k) {
-      MutexLock lock(core.mutex);
+      StagingCore::Turn turn(core);
       core.place(item(epoch, k), static_cast<pid_t>(100 + epoch), true);
     }
   }
@@ -91,7 +91,7 @@ TEST(Core, OpensToldDuringAHandOverArePlacedAfterTheOnesHandedOver) {
 // RAM's bytes and the policy's index of them change together: kept, shed by next use, given back.
 TEST(Core, RamAndItsIndexChangeTogether) {
   Core c(false, 10 * RamTier::charge(100));
-  MutexLock lock(c.core.mutex);
+  StagingCore::Turn turn(c.core);
   for (EntryId id = 2; id < 12; ++id) {
     ASSERT_TRUE(c.core.make_ram_room(100, id - 2, false)) << id;  // (keys: the first epoch's uses)
     c.core.keep_in_ram(id, std::make_shared<const std::vector<char>>(100, 'x'), id - 2, false, Origin::kSource);
@@ -117,7 +117,7 @@ const StagingCore::Outside kNobodyElse{[](EntryId) { return false; }, [](EntryId
 // stay within the bound: the next waits until one has ended.
 TEST(Core, TheWalkPicksThePlansNextFilesWithinTheBytesInFlight) {
   Core c(false, kFiles * RamTier::charge(100), StagingConfig{250, {}});
-  MutexLock lock(c.core.mutex);
+  StagingCore::Turn turn(c.core);
   StagingCore::Walk w = c.core.pick(64, kNobodyElse, true);
   ASSERT_EQ(w.picks.size(), 2u);  // 100 + 100 bytes: a third would pass 250
   for (uint64_t k = 0; k < 2; ++k) {
@@ -140,7 +140,7 @@ TEST(Core, TheWalkPicksThePlansNextFilesWithinTheBytesInFlight) {
 TEST(Core, IdleGivesRamBackOnceOnTheCoresClockAndTheNextOpenEndsIt) {
   using std::chrono::seconds;
   Core c;
-  MutexLock lock(c.core.mutex);
+  StagingCore::Turn turn(c.core);
   for (EntryId id = 2; id < 5; ++id) {
     ASSERT_TRUE(c.core.make_ram_room(100, id - 2, false));
     c.core.keep_in_ram(id, std::make_shared<const std::vector<char>>(100, 'x'), id - 2, false, Origin::kSource);
