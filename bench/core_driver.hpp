@@ -181,10 +181,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   StepClock clock;
   StagingCore core(m, ec.ranks, planner_config(m, ec), src, pc, window_config(ec, mean),
                    StagingConfig{ec.bytes_in_flight, cfg.handed}, ram, nvme_ref, counters, false, clock);
-  {
-    StagingCore::Turn turn(core);
-    core.set_parent_lookup([](pid_t) { return pid_t{0}; });  // each rank's opens from a process of its own
-  }
+  core.set_parent_lookup([](pid_t) { return pid_t{0}; });  // each rank's opens from a process of its own
   core.plan_up_to(kNever);
 
   // The steps each epoch starts at (the planner's: an epoch is as long as its longest sequence).
@@ -260,8 +257,8 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
           StagingCore::Turn turn(core);
           in_ram = core.in_ram(id);
           core.place(id, static_cast<pid_t>(1000 + r), true);
-          core.handle_closed(id);
         }
+        core.handle_closed(id);
         if (in_ram) continue;
         if (nvme.may_hold(id)) {  // read from NVMe, not kept again in RAM (DemandReader)
           t.from_nvme++;

@@ -28,10 +28,8 @@ ClairvoyantEngine::ClairvoyantEngine(const Manifest& manifest, const Oracle& ora
   const Schedule& s = oracle.schedule();
   news_.diagnose(manifest_,
                  MountedOrder{s.order, s.seed, s.world_size, config_.start_epoch, s.torch_shuffle, config_.tolerance});
-  if (s.order == Order::kTorch) {
-    StagingCore::Turn turn(state_);
+  if (s.order == Order::kTorch)
     state_.set_world(s.world_size, served_ranks(config_), s.batch_size == 1 ? s.workers : 1);
-  }
   begin();
 }
 
@@ -56,10 +54,7 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       chain_({nvme_.get(), peers_.get()}, source, &state_),
       demand_(manifest_, chain_, counters_),
       news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
-  {
-    StagingCore::Turn turn(state_);
-    state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
-  }
+  state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
 }
 
 void ClairvoyantEngine::begin() {
@@ -71,7 +66,7 @@ void ClairvoyantEngine::begin() {
   if (config_.adopt) state_.plan_up_to(kNever);
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
-  if (config_.adopt) adopt(config_.adopt());
+  if (config_.adopt) adopted_ = state_.adopt(config_.adopt());
   stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, demand_,
                                                  counters_, streams_, config_.page_cache, config_.depth, config_.idle,
                                                  config_.memory_retry});
@@ -153,15 +148,7 @@ std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
   return held;
 }
 
-void ClairvoyantEngine::free_ram() {
-  StagingCore::Turn turn(state_);
-  state_.forget_ram();
-}
-
-void ClairvoyantEngine::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
-  StagingCore::Turn turn(state_);
-  for (auto& [id, bytes] : files) adopted_ += state_.adopt_copy(id, std::move(bytes)) ? 1 : 0;
-}
+void ClairvoyantEngine::free_ram() { state_.forget_ram(); }
 
 // ---- Engine ----------------------------------------------------------------------------------------
 
@@ -180,10 +167,7 @@ ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t o
 
 void ClairvoyantEngine::release(uint64_t handle) {
   auto* file = reinterpret_cast<OpenFile*>(handle);
-  {
-    StagingCore::Turn turn(state_);
-    state_.handle_closed(file->id());
-  }
+  state_.handle_closed(file->id());
   file->close(demand_);
   delete file;
 }
@@ -221,18 +205,13 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
 // ---- opens seen by a watch on the mount --------------------------------------------------------------
 
 void ClairvoyantEngine::watching_opens() {
-  StagingCore::Turn turn(state_);
   state_.watching_opens();
   watched_.store(true, std::memory_order_release);
 }
 
 void ClairvoyantEngine::opened(EntryId id, pid_t pid) {
   counters_.watched_opens++;
-  StagingCore::Placed p;
-  {
-    StagingCore::Turn turn(state_);
-    p = state_.watched_open(id, pid, state_.now());
-  }
+  StagingCore::Placed p = state_.watched_open(id, pid);
   placed(p);
 }
 
@@ -240,42 +219,20 @@ void ClairvoyantEngine::closed(EntryId id, pid_t pid) { close_told(id, pid); }
 
 bool ClairvoyantEngine::close_told(EntryId id, pid_t) {
   counters_.watched_closes++;
-  FileBytes held;  // let go after the lock
-  StagingCore::Turn turn(state_);
   // No read reached the daemon while it was open: the kernel's pages (pushed, or from an earlier read)
   // served it.
-  const bool counted = state_.watched_close(id, &held);
+  const bool counted = state_.watched_close(id);
   if (counted) counters_.served_file(Origin::kPageCache);
   return counted;
 }
 
-bool ClairvoyantEngine::unread_open(EntryId id) const {
-  StagingCore::Turn turn(state_);
-  return state_.unread(id);
-}
-
-bool ClairvoyantEngine::give_up_unread_open(EntryId id) {
-  FileBytes held;  // let go after the lock
-  StagingCore::Turn turn(state_);
-  return state_.give_up_unread(id, &held);
-}
-
-void ClairvoyantEngine::take_unread_open(EntryId id) {
-  StagingCore::Turn turn(state_);
-  state_.take_unread(id, state_.now());
-}
-
-void ClairvoyantEngine::low_on_memory() {
-  {
-    StagingCore::Turn turn(state_);
-    state_.short_of_memory = true;
-  }
-  state_.wake_stager();
-}
+bool ClairvoyantEngine::unread_open(EntryId id) const { return state_.unread(id); }
+bool ClairvoyantEngine::give_up_unread_open(EntryId id) { return state_.give_up_unread(id); }
+void ClairvoyantEngine::take_unread_open(EntryId id) { state_.take_unread(id); }
+void ClairvoyantEngine::low_on_memory() { state_.memory_short(); }
 
 void ClairvoyantEngine::opens_lost() {
   counters_.watch_losses++;
-  StagingCore::Turn turn(state_);
   state_.opens_lost();
 }
 

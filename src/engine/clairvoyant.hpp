@@ -205,9 +205,6 @@ class ClairvoyantEngine final : public Engine {
   // Once the tracker and the diagnosis know the order (the Oracle's constructor): the opens made before
   // placed, the files of the plan before adopted, the stager started.
   void begin() EXCLUDES(state_.lock());
-  // Keeps the files another engine held, as RAM allows: keyed by their next use in this plan, or as
-  // never used (the first to go when room is needed) where its epochs do not use them yet (EngineConfig::adopt).
-  void adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(state_.lock());
   // An open of `id` (or, without a handle, a first read): places it, wakes the stager if the readers
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.

@@ -161,26 +161,36 @@ std::optional<std::vector<StagingCore::Placed>> StagingCore::place_waiting() {
 
 // ---- the uses a watch tells ----------------------------------------------------------------------------
 
-StagingCore::Placed StagingCore::watched_open(EntryId id, pid_t pid, std::chrono::steady_clock::time_point now) {
-  const bool unread = watched.opened(id, now);
+StagingCore::Placed StagingCore::watched_open(EntryId id, pid_t pid) {
+  MutexLock lock(mutex_);
+  const bool unread = watched.opened(id, now());
   Placed p = place(id, pid, true);
   if (unread) hold_copy(id);
   return p;
 }
 
-bool StagingCore::watched_close(EntryId id, FileBytes* held) {
-  const bool counted = give_up_unread(id, held);
+bool StagingCore::watched_close(EntryId id) {
+  FileBytes held;  // (freed after the lock)
+  MutexLock lock(mutex_);
+  const bool counted = give_up_held(id, &held);
   window.released(id);
   return counted;
 }
 
-bool StagingCore::give_up_unread(EntryId id, FileBytes* held) {
+bool StagingCore::give_up_unread(EntryId id) {
+  FileBytes held;
+  MutexLock lock(mutex_);
+  return give_up_held(id, &held);
+}
+
+bool StagingCore::give_up_held(EntryId id, FileBytes* held) {
   Origin from = Origin::kRam;
   return watched.take_unread(id, held, &from);
 }
 
-void StagingCore::take_unread(EntryId id, std::chrono::steady_clock::time_point now) {
-  if (watched.opened(id, now)) hold_copy(id);  // (not if a read here counted it already)
+void StagingCore::take_unread(EntryId id) {
+  MutexLock lock(mutex_);
+  if (watched.opened(id, now())) hold_copy(id);  // (not if a read here counted it already)
 }
 
 void StagingCore::hold_copy(EntryId id) {

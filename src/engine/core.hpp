@@ -126,21 +126,27 @@ struct StagingCore final : Admission {
   uint64_t reach(size_t opens) EXCLUDES(mutex_);
 
   // ---- the uses a watch on the mount tells (every open with its opener), matched with their reads
+  // (these verbs take the lock themselves; a RAM copy they let go is freed after it)
 
   // From now on (the readers are judged one by one; nothing is presumed of reads).
-  void watching_opens() REQUIRES(mutex_) {
+  void watching_opens() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     window.opens_seen();
     planner.opens_seen();
   }
   // An open the watch told: placed, its RAM copy held for the use's first read (WatchedUses).
-  Placed watched_open(EntryId id, pid_t pid, std::chrono::steady_clock::time_point now) REQUIRES(mutex_);
+  Placed watched_open(EntryId id, pid_t pid) EXCLUDES(mutex_);
   // Its close: true if no read reached the daemon while it was open (the kernel's pages served the use).
-  // *held: the RAM copy held for it, for the caller to let go after the lock.
-  bool watched_close(EntryId id, FileBytes* held) REQUIRES(mutex_);
+  bool watched_close(EntryId id) EXCLUDES(mutex_);
   // A plan changed while a told open of `id` had no read yet: the old plan's core gives it up (true if it
-  // had it; *held as above), the new one's takes it as told to it.
-  bool give_up_unread(EntryId id, FileBytes* held) REQUIRES(mutex_);
-  void take_unread(EntryId id, std::chrono::steady_clock::time_point now) REQUIRES(mutex_);
+  // had it), the new one's takes it as told to it.
+  bool give_up_unread(EntryId id) EXCLUDES(mutex_);
+  void take_unread(EntryId id) EXCLUDES(mutex_);
+  // A use of `id` the watch told that no read reached yet.
+  bool unread(EntryId id) const EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    return watched.unread(id);
+  }
   // A read without a handle: the use it belongs to. `from_start`: at offset 0. Whether it is its use's
   // first read (counted by where it is served from), and the RAM copy to serve it from (*data, *from) —
   // or `wait`: a staging read of it may be in flight, worth waiting for before taking the copy.
@@ -151,7 +157,8 @@ struct StagingCore final : Admission {
   WatchedRead watched_read(EntryId id, bool from_start, std::chrono::steady_clock::time_point t0, FileBytes* data,
                            Origin* from) REQUIRES(mutex_);
   // The watch lost events: the opens it told are forgotten (their reads count as they come).
-  void opens_lost() REQUIRES(mutex_) {
+  void opens_lost() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     watched.forget();
     window.forget_opens();
   }
@@ -201,15 +208,15 @@ struct StagingCore final : Admission {
   bool make_readahead_room(uint64_t size) REQUIRES(mutex_);
   // Into RAM (its room reserved), keyed by `key`; `kept` for the other nodes; where its bytes came from.
   void keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool kept, Origin from) REQUIRES(mutex_);
-  // A copy of another plan's engine (a re-plan): kept if there is free room, keyed by its next use here
-  // (or as never used: the first to go). True if kept.
-  bool adopt_copy(EntryId id, FileBytes bytes) REQUIRES(mutex_);
+  // The copies of another plan's engine (a re-plan), each kept if there is free room, keyed by its next
+  // use here (or as never used: the first to go). How many were kept.
+  uint64_t adopt(std::vector<std::pair<EntryId, FileBytes>> files) EXCLUDES(mutex_);
   // RAM given back until it holds at most `budget` bytes, the files needed last first; how many went.
   unsigned shed_ram(uint64_t budget) REQUIRES(mutex_);
   // Every file let go (idle=), the pages pushed for them first; their count and bytes.
   std::pair<uint64_t, uint64_t> release_ram() REQUIRES(mutex_);
   // Every file let go, nothing else told (a retired plan's engine: its stager stopped).
-  void forget_ram() REQUIRES(mutex_);
+  void forget_ram() EXCLUDES(mutex_);
   // A staging read of `id` done (`bytes` from `from`; `readahead`: for a reader off the plan): kept in
   // RAM, its room reserved before, keyed by its next use — or dropped, its room given back, when the
   // readers passed it meanwhile (or left the plan, or idle= came), unless an open waits for it (then its
@@ -352,21 +359,33 @@ struct StagingCore final : Admission {
         at ? std::chrono::duration_cast<std::chrono::nanoseconds>(at->time_since_epoch()).count() : 0;
   }
 
-  // ---- the readers, as the facade learns of them
+  // ---- the readers, as the facade learns of them (these verbs take the lock themselves)
 
   // The job's world size, the training ranks served, and the workers a rank's opens come from (a torch
   // order: the opens tell which world they were made in).
-  void set_world(uint64_t world_size, std::vector<uint64_t> ranks, uint64_t per_worker) REQUIRES(mutex_) {
+  void set_world(uint64_t world_size, std::vector<uint64_t> ranks, uint64_t per_worker) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     tracker.set_world(world_size, std::move(ranks), per_worker);
   }
   // How a process's parent is found (a DataLoader worker's: the rank's training process).
-  void set_parent_lookup(std::function<pid_t(pid_t)> lookup) REQUIRES(mutex_) {
+  void set_parent_lookup(std::function<pid_t(pid_t)> lookup) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     tracker.set_parent_lookup(std::move(lookup));
   }
   // A handle of `id` closed: its pages may go once the last is.
-  void handle_closed(EntryId id) REQUIRES(mutex_) { window.released(id); }
-  // A use of `id` the watch told that no read reached yet.
-  bool unread(EntryId id) const REQUIRES(mutex_) { return watched.unread(id); }
+  void handle_closed(EntryId id) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    window.released(id);
+  }
+  // The process could not allocate memory where requests are served: the stager gives RAM back at its
+  // next turn (short_of_memory), woken for it.
+  void memory_short() EXCLUDES(mutex_) {
+    {
+      MutexLock lock(mutex_);  // (the stager's wait holds it: the wake-up is not missed)
+      short_of_memory = true;
+    }
+    wake_stager();
+  }
   // idle= gave RAM back and no read came since: staging waits for one.
   bool is_idle() const REQUIRES(mutex_) { return idle_; }
 
@@ -393,9 +412,8 @@ struct StagingCore final : Admission {
     last_use_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                       std::memory_order_relaxed);
   }
-  // The process could not allocate memory where requests are served (ClairvoyantEngine::low_on_memory):
-  // the stager gives RAM back at its next turn (Stager::give_back_memory). Set under the mutex, which
-  // the stager's wait holds; read without it at each turn.
+  // Memory ran short (memory_short): the stager gives RAM back at its next turn (Stager::give_back_memory).
+  // Set under the mutex, which the stager's wait holds; read without it at each turn.
   std::atomic<bool> short_of_memory{false};
 
  private:
@@ -427,6 +445,11 @@ struct StagingCore final : Admission {
   // A whole file read on demand (not staged), into RAM for its use at `key` if room is made: its bytes
   // move from the demand allowance to the RAM tier's budget. Whether it was kept.
   bool keep_read_copy(EntryId id, const FileBytes& bytes, uint64_t key, bool kept) REQUIRES(mutex_);
+  // A copy of another plan's engine, kept if there is free room (adopt).
+  bool adopt_copy(EntryId id, FileBytes bytes) REQUIRES(mutex_);
+  // The told use of `id` given up (watched_close, give_up_unread); *held: its RAM copy, to free after the
+  // lock.
+  bool give_up_held(EntryId id, FileBytes* held) REQUIRES(mutex_);
   // Holds `id`'s RAM copy for the told use's first read.
   void hold_copy(EntryId id) REQUIRES(mutex_);
   // place()'s work on a use (not a first read again, nor waiting for a hand-over).

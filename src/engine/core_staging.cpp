@@ -275,6 +275,13 @@ void StagingCore::keep_in_ram(EntryId id, FileBytes bytes, uint64_t key, bool ke
   from_peer[id] = from == Origin::kPeer ? 1 : 0;
 }
 
+uint64_t StagingCore::adopt(std::vector<std::pair<EntryId, FileBytes>> files) {
+  MutexLock lock(mutex_);
+  uint64_t kept = 0;
+  for (auto& [id, bytes] : files) kept += adopt_copy(id, std::move(bytes)) ? 1 : 0;
+  return kept;
+}
+
 bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
   // Also a file the plan's epochs do not use yet (kNever: the first to go when room is needed), or it
   // would be read from SOURCE again once they do.
@@ -377,6 +384,7 @@ std::pair<uint64_t, uint64_t> StagingCore::release_ram() {
 }
 
 void StagingCore::forget_ram() {
+  MutexLock lock(mutex_);
   for (EntryId id : ram_.ids()) {
     ram_.erase(id);
     policy.ram().erase(id);
