@@ -43,7 +43,8 @@ struct EngineCounters {
   // Reads on demand.
   std::atomic<uint64_t> demand_peer_files{0};
   std::atomic<uint64_t> piecewise_files{0};  // read from SOURCE piece by piece: no room to hold them whole
-  std::atomic<uint64_t> left_to_readers{0};  // uses not staged: their readers were reading them on demand
+  // Uses not staged: their readers were reading them on demand (or had read them, the watch behind).
+  std::atomic<uint64_t> left_to_readers{0};
   std::atomic<uint64_t> stall_ns{0};          // time readers waited on a peer or SOURCE
   // Opens that stopped waiting for their file's staging because the stager was held in the kernel, and
   // read it themselves (a second read of that file).

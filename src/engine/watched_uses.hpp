@@ -45,6 +45,12 @@ class WatchedUses {
   // reader): true when this use is to be counted here (and then not again when the open is told, nor at
   // its close), false when such a read counted it already.
   bool read_before_told(EntryId id, Clock::time_point now);
+  // Such a read came within kAge before `now` and its open is still to be told: the reader has the file
+  // (its use is placed when the open is told), so staging it would read it twice.
+  bool read_untold(EntryId id, Clock::time_point now) const {
+    auto it = read_before_open_.find(id);
+    return it != read_before_open_.end() && it->second.opens > 0 && now - it->second.at < kAge;
+  }
   // The watch told an open of `id` within kAge before `now`: a read from its start is late (the
   // kernel's read-ahead after the close), not another use.
   bool told_lately(EntryId id, Clock::time_point now) const;

@@ -135,6 +135,24 @@ TEST(Core, TheWalkPicksThePlansNextFilesWithinTheBytesInFlight) {
   EXPECT_EQ(c.core.pick(1, kNobodyElse, true).picks.size(), 0u);  // (and within the ring's room)
 }
 
+// A watched mount: a read that comes before the watch told its open (its thread behind the reader) is
+// that use's; the walk does not stage the file for it, after the read as during it.
+TEST(Core, TheWalkLeavesAFileReadBeforeTheWatchToldItsOpen) {
+  Core c;
+  c.core.watching_opens();
+  StagingCore::Turn turn(c.core);
+  FileBytes data;
+  Origin from = Origin::kRam;
+  const StagingCore::WatchedRead r = c.core.watched_read(item(0, 3), true, c.core.now(), &data, &from);
+  EXPECT_TRUE(r.first);
+  EXPECT_TRUE(r.wait);
+  const StagingCore::Walk w = c.core.pick(16, kNobodyElse, true);
+  ASSERT_EQ(w.picks.size(), 16u);
+  for (const StagingCore::Pick& p : w.picks) EXPECT_NE(p.id, item(0, 3)) << p.key;
+  EXPECT_EQ(w.picks[3].id, item(0, 4));
+  EXPECT_EQ(c.counters.left_to_readers.load(), 1u);
+}
+
 // idle= on the core's clock: RAM given back once nothing was asked for that long, once; the next open
 // ends it. No sleeping: the test moves the clock.
 TEST(Core, IdleGivesRamBackOnceOnTheCoresClockAndTheNextOpenEndsIt) {
