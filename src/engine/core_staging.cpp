@@ -123,13 +123,6 @@ void StagingCore::pick_planned(unsigned room, const Outside& outside, bool know,
       policy.take();
       continue;
     }
-    // Read before the watch told its open (its thread behind the reader): the use is not placed yet, and
-    // once the read is over `reading` no longer says so — staged now, the file would be read twice.
-    if (watched.read_untold(c->id, now())) {
-      counters_.left_to_readers++;
-      policy.take();
-      continue;
-    }
     const bool kept = kept_in_ram(c->id);
     if (!kept) {                         // (a file kept for the other nodes is staged: they ask this one)
       if (window.kernel_holds(c->id)) {  // the kernel holds its pages: the use is read from them
@@ -150,8 +143,11 @@ void StagingCore::pick_planned(unsigned room, const Outside& outside, bool know,
       }
     }
     const bool soon = policy.needed_soon(c->key);
-    // Its reader reads it from the stores itself right now (a miss): staged too, it would be read twice.
-    if (soon && outside.reading(c->id)) {
+    // Its reader reads it from the stores itself right now (a miss), or read it before the watch told its
+    // open (its thread behind the reader: the use is not placed yet, and once the read is over `reading`
+    // no longer says so): staged too, it would be read twice. (A later use of the file, not soon, is
+    // staged as ever.)
+    if (soon && (outside.reading(c->id) || watched.read_untold(c->id, now()))) {
       counters_.left_to_readers++;
       policy.take();
       continue;
