@@ -4,9 +4,9 @@
 // thread: plans, stages, pushes, drops), and a peer transport's thread (answers to this node's fetches,
 // which it only hands to the stager's IoLoop, and peers' requests, served from the RAM and NVMe tiers
 // under their own locks). Everything below that more than one of them touches is guarded by one private
-// mutex, taken as a Turn; the compiler checks it (thread_annotations.hpp). Who waits for what — the staging reads in
-// flight, the stager's sleep, its calls into the kernel — is private, behind the verbs below (in one place, not spread
-// over the facade and the stager).
+// mutex, taken as a Turn; the compiler checks it (thread_annotations.hpp). Who waits for what — the
+// staging reads in flight, the stager's sleep, its calls into the kernel — is private, behind the verbs
+// below (in one place, not spread over the facade and the stager).
 //
 // The files' bytes pass through the core to the RAM tier (StagedRam) and the open waiting for them; their
 // sizes are the manifest's. A simulation of the daemon (bench/core_driver.hpp) calls the same verbs with
