@@ -40,7 +40,6 @@ struct Config {
 struct Totals {
   uint64_t accesses = 0, bytes = 0;       // reads, and their bytes
   uint64_t fetches = 0, fetch_bytes = 0;  // files brought to the node from outside (staged or on demand)
-  uint64_t from_nvme = 0;                 // opens and staging reads its own NVMe served
 };
 
 // Time is the readers' step (a planner key ÷ the node's ranks: the ranks move in step, and every node's
@@ -166,16 +165,14 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   pc.node = cfg.node;     // (the daemon's is its transport's)
   uint64_t now_step = 0;  // the readers' step
   // A file is let go when neither tier holds it any more.
-  CountedRam* ram_ref = nullptr;
-  CountedNvme* nvme_ref = nullptr;
+  CountedNvme* nvme_ref = nullptr;  // (none without an NVMe budget)
   CountedRam ram(m, cfg.capacity, [&](EntryId id) {
     if (!nvme_ref || !nvme_ref->may_hold(id)) evicted(id, now_step);
   });
   CountedNvme nvme(m, cfg.nvme, [&](EntryId id) {
-    if (!ram_ref->holds(id)) evicted(id, now_step);
+    if (!ram.holds(id)) evicted(id, now_step);
   });
-  ram_ref = &ram;
-  nvme_ref = cfg.nvme ? &nvme : nullptr;
+  if (cfg.nvme) nvme_ref = &nvme;
   const auto held = [&](EntryId id) { return ram.holds(id) || nvme.may_hold(id); };
   EngineCounters counters;
   StepClock clock;
@@ -196,9 +193,8 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   // (A file kept for the other nodes that this one does not read, a handed one, is keyed beyond the plan:
   // brought for now.)
   const auto step_of = [&](uint64_t key) { return key / cfg.ranks < first_step.back() ? key / cfg.ranks : now_step; };
-  const auto epoch_of = [&](uint64_t key) {
-    return static_cast<uint64_t>(std::upper_bound(first_step.begin(), first_step.end(), step_of(key)) -
-                                 first_step.begin() - 1);
+  const auto epoch_at = [&](uint64_t step) {
+    return static_cast<uint64_t>(std::upper_bound(first_step.begin(), first_step.end(), step) - first_step.begin() - 1);
   };
   Totals t;
   const auto brought = [&](EntryId id, uint64_t epoch, uint64_t use) {
@@ -224,12 +220,8 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
       }
       if (walk.picks.empty()) return;
       for (const StagingCore::Pick& p : walk.picks) {
-        if (p.on_nvme)
-          t.from_nvme++;
-        else if (p.why == StagingCore::Pick::For::kHanded)  // brought for the other nodes' first reads
-          brought(p.id, epoch_of(now_step * cfg.ranks), step_of(p.key));
-        else
-          brought(p.id, epoch_of(p.key), step_of(p.key));
+        if (!p.on_nvme)  // (a handed file is brought for the other nodes' first reads: now)
+          brought(p.id, epoch_at(p.why == StagingCore::Pick::For::kHanded ? now_step : step_of(p.key)), step_of(p.key));
         uint64_t after = kNever;
         {
           StagingCore::Turn turn(core);
@@ -260,10 +252,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
         }
         core.handle_closed(id);
         if (in_ram) continue;
-        if (nvme.may_hold(id)) {  // read from NVMe, not kept again in RAM (DemandReader)
-          t.from_nvme++;
-          continue;
-        }
+        if (nvme.may_hold(id)) continue;  // read from NVMe, not kept again in RAM (DemandReader)
         brought(id, e, now_step);  // not staged in time (no room): read on demand
         bool keep = false;
         {
