@@ -309,7 +309,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   const Entry& root = d.manifest->entry(0);
   const ControlTree* control_files = nullptr;  // the tree below, once made
   auto counters = [&d, &control_files]() {
-    nlohmann::json j = d.serving->stats();
+    nlohmann::json j = to_json(d.serving->stats());
     j["log"] = log_destination();
     j["attributes_pending"] = d.manifest->attributes_pending();  // files whose sizes are still to be read
     if (control_files)  // the live control files' renderings held (each reader's, until the kernel lets go)

@@ -13,8 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 
+#include "clairfs/stats.hpp"
 #include "clairfs/types.hpp"
 
 namespace clairfs {
@@ -53,9 +53,9 @@ class Engine {
   // ended by then (`cat` of 64 files) — may keep the answer. Any thread; never waits on I/O.
   virtual void caller(pid_t /*pid*/, uid_t /*uid*/) {}
 
-  // What it has done, for .clairfs/stats, `clairfs status` and the metrics (tiers, staging, readers).
-  // Any thread.
-  virtual nlohmann::json stats() const = 0;
+  // What it has done, for .clairfs/stats, `clairfs status` and the metrics (tiers, staging, readers;
+  // to_json renders it). Any thread.
+  virtual EngineStats stats() const = 0;
 
   // The process could not allocate memory where requests are served (libfuse's buffers: an
   // address-space limit, overcommit off): memory held for later reads is given back soon, so that

@@ -35,12 +35,12 @@
 #include "clairfs/engine.hpp"
 #include "clairfs/oracle.hpp"
 #include "clairfs/peer.hpp"
+#include "clairfs/stats.hpp"
 #include "clairfs/store.hpp"
 #include "engine/core.hpp"
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
 #include "engine/diagnosis.hpp"
-#include "engine/engine_stats.hpp"
 #include "engine/reader_news.hpp"
 #include "engine/stager.hpp"
 #include "peer/peer_store.hpp"
@@ -167,9 +167,8 @@ class ClairvoyantEngine final : public Engine {
   // while it runs (an epoch of a large data set takes seconds to build).
   void plan_for(size_t opens) EXCLUDES(state_.lock());
 
-  // What it has done, typed (engine tests), and as JSON (.clairfs/stats): to_json(snapshot()).
-  EngineStats snapshot() const EXCLUDES(state_.lock());
-  nlohmann::json stats() const override;
+  // What it has done, at one moment.
+  EngineStats stats() const override EXCLUDES(state_.lock());
 
   // What this node answers when a peer asks for a file (for PeerTransport::start): its RAM or NVMe copy.
   PeerTransport::Lookup peer_lookup();

@@ -2,7 +2,6 @@
 // taken into an EngineStats (typed), the staging core's part added by StagingCore::snapshot, apart from
 // the serving paths in clairvoyant.cpp; rendered by engine_stats.cpp.
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 #include "engine/clairvoyant.hpp"
 #include "util/memory.hpp"
@@ -10,7 +9,7 @@
 
 namespace clairfs {
 
-EngineStats ClairvoyantEngine::snapshot() const {
+EngineStats ClairvoyantEngine::stats() const {
   EngineStats s;
   for (Origin o : {Origin::kPageCache, Origin::kRam, Origin::kNvme, Origin::kPeer, Origin::kSource})
     s.tier(o) = {counters_.files(o), counters_.bytes(o)};
@@ -75,7 +74,5 @@ EngineStats ClairvoyantEngine::snapshot() const {
   for (size_t r = 0; r < s.ranks.size(); ++r) s.ranks[r].reads_as = news_.answer(r);
   return s;
 }
-
-nlohmann::json ClairvoyantEngine::stats() const { return to_json(snapshot()); }
 
 }  // namespace clairfs

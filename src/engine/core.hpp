@@ -32,9 +32,9 @@
 #include <utility>
 #include <vector>
 
+#include "clairfs/stats.hpp"
 #include "engine/counters.hpp"
 #include "engine/diagnosis.hpp"
-#include "engine/engine_stats.hpp"
 #include "engine/page_window.hpp"
 #include "engine/planner.hpp"
 #include "engine/policy.hpp"

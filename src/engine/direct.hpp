@@ -2,8 +2,6 @@
 // goes to SOURCE (tiers/source.hpp), as it would without clairfs.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include "clairfs/engine.hpp"
 #include "tiers/source.hpp"
 
@@ -22,7 +20,7 @@ class DirectEngine final : public Engine {
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override {
     return source_.read_unopened(id, pid, buf, size, offset);
   }
-  nlohmann::json stats() const override { return source_.stats(); }
+  EngineStats stats() const override { return source_.stats(); }
 
  private:
   SourceTier& source_;

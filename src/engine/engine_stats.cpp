@@ -1,8 +1,18 @@
-#include "engine/engine_stats.hpp"
-
 #include <nlohmann/json.hpp>
 
+#include "clairfs/stats.hpp"
+
 namespace clairfs {
+
+const char* verdict_name(RankVerdict v) {
+  switch (v) {
+    case RankVerdict::kChecking: return "checking";
+    case RankVerdict::kFollowing: return "following";
+    case RankVerdict::kOff: return "off";
+    case RankVerdict::kIdle: return "idle";
+  }
+  return "?";
+}
 
 void EngineStats::add_served(const EngineStats& before) {
   for (size_t i = 0; i < served.size(); ++i) {
@@ -24,7 +34,38 @@ void EngineStats::add_served(const EngineStats& before) {
   progress.losses += before.progress.losses;
 }
 
-nlohmann::json to_json(const EngineStats& s) {
+namespace {
+
+// A mount that stages nothing: what it read from SOURCE.
+nlohmann::json source_json(const EngineStats& s) {
+  nlohmann::json j;
+  j["tiers"]["source"] = {{"files", s.tier(Origin::kSource).files}, {"bytes", s.tier(Origin::kSource).bytes}};
+  j["source_changed"] = s.source_changed;
+  j["source_errors"] = s.source_errors;
+  j["staging"] = "off (give ram=SIZE to stage ahead)";
+  return j;
+}
+
+void add_learning(const LearningStats& l, nlohmann::json& j) {
+  if (const auto& w = l.world)
+    j["plan"]["world"] = {{"world_size", w->world_size}, {"ranks", w->ranks},         {"epoch", w->epoch},
+                          {"order", w->order},           {"replanned", w->replanned}, {"samples", w->samples},
+                          {"kept_files", w->kept_files}};
+  if (const auto& w = l.waited)  // what was read from SOURCE while the engine waited for the files' attributes
+    j["waited"] = {{"state", w->state}, {"source_bytes", w->source_bytes}, {"source_files", w->source_files}};
+  if (const auto& x = l.learned)
+    j["learned"] = {{"state", x->state},
+                    {"seed", x->seed},
+                    {"after_opens", x->after_opens},
+                    {"tries", x->tries},
+                    {"opens_seen", x->opens_seen},
+                    {"other_users_opens", x->other_users_opens},  // not learned from (learn_from=)
+                    {"relearned", x->relearned},  // times a seed was learned again (the job read in another order)
+                    {"source_bytes", x->source_bytes},   // read before the engine was there (counted in
+                    {"source_files", x->source_files}};  // source_traffic, tiers.source and stalls too)
+}
+
+nlohmann::json staging_json(const EngineStats& s) {
   nlohmann::json j;
   for (Origin o : {Origin::kRam, Origin::kNvme, Origin::kPeer, Origin::kSource})
     j["tiers"][origin_name(o)] = {{"files", s.tier(o).files}, {"bytes", s.tier(o).bytes}};
@@ -89,7 +130,7 @@ nlohmann::json to_json(const EngineStats& s) {
                      {"done", r.done},
                      {"total", r.total},
                      {"live", r.live},
-                     {"verdict", ReaderTracker::verdict_name(r.verdict)},
+                     {"verdict", verdict_name(r.verdict)},
                      {"reads_as", r.reads_as},
                      {"lead_files", r.lead_files},
                      {"lead_seconds", r.lead_seconds},
@@ -123,6 +164,14 @@ nlohmann::json to_json(const EngineStats& s) {
   j["memory"] = {{"entries", s.memory.entries},     {"manifest", s.memory.manifest},
                  {"plan", s.memory.plan},           {"policy", s.memory.policy},
                  {"per_entry", s.memory.per_entry}, {"ram_bookkeeping", s.memory.ram_bookkeeping}};
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const EngineStats& s) {
+  nlohmann::json j = s.staging ? staging_json(s) : source_json(s);
+  if (s.learning) add_learning(*s.learning, j);
   return j;
 }
 

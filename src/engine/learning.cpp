@@ -975,14 +975,14 @@ std::optional<EngineStats> LearningEngine::snapshot_locked() const {
   uint64_t n = 0;
   ClairvoyantEngine* e = current(&n);
   if (!e) return std::nullopt;
-  EngineStats s = e->snapshot();
+  EngineStats s = e->stats();
   // What was read before the engine was there counts as SOURCE's.
   s.tier(Origin::kSource).bytes += source_bytes_.load();
   s.tier(Origin::kSource).files += source_files_.load();
   s.progress.opens_seen += opens_before_.load();
   s.progress.closes_seen += closes_before_.load();
   // What the engines of earlier plans served counts too.
-  for (uint64_t p = 0; p < n; ++p) s.add_served(engines_[p]->snapshot());
+  for (uint64_t p = 0; p < n; ++p) s.add_served(engines_[p]->stats());
   return s;
 }
 
@@ -1018,28 +1018,12 @@ LearningEngine::Learning LearningEngine::learning_locked() const {
   return l;
 }
 
-nlohmann::json LearningEngine::stats() const {
+EngineStats LearningEngine::stats() const {
   MutexLock lock(mutex_);  // the engines of earlier plans retire under it
   const std::optional<EngineStats> s = snapshot_locked();
-  nlohmann::json j = s ? to_json(*s) : reader_.stats();
-  const Learning l = learning_locked();
-  if (const auto& w = l.world)
-    j["plan"]["world"] = {{"world_size", w->world_size}, {"ranks", w->ranks},         {"epoch", w->epoch},
-                          {"order", w->order},           {"replanned", w->replanned}, {"samples", w->samples},
-                          {"kept_files", w->kept_files}};
-  if (const auto& w = l.waited)  // what was read from SOURCE while the engine waited for the files' attributes
-    j["waited"] = {{"state", w->state}, {"source_bytes", w->source_bytes}, {"source_files", w->source_files}};
-  if (const auto& x = l.learned)
-    j["learned"] = {{"state", x->state},
-                    {"seed", x->seed},
-                    {"after_opens", x->after_opens},
-                    {"tries", x->tries},
-                    {"opens_seen", x->opens_seen},
-                    {"other_users_opens", x->other_users_opens},  // not learned from (learn_from=)
-                    {"relearned", x->relearned},  // times a seed was learned again (the job read in another order)
-                    {"source_bytes", x->source_bytes},   // read before the engine was there (counted in
-                    {"source_files", x->source_files}};  // source_traffic, tiers.source and stalls too)
-  return j;
+  EngineStats stats = s ? *s : reader_.stats();
+  stats.learning = learning_locked();
+  return stats;
 }
 
 }  // namespace clairfs

@@ -135,31 +135,12 @@ class LearningEngine final : public Engine {
   void caller(pid_t pid, uid_t uid) override EXCLUDES(pids_mutex_);
 
   // The engine's stats once it runs (SOURCE's before), with what was learned ("learned").
-  nlohmann::json stats() const override;
+  EngineStats stats() const override;
   // The current plan's engine's, typed, with what was read before it and by earlier plans' engines
   // (nullopt before an engine runs).
   std::optional<EngineStats> snapshot() const EXCLUDES(mutex_);
   // What it learned and planned, typed: .clairfs/stats' "plan.world", "learned" and "waited".
-  struct Learning {
-    struct World {  // re-planning on: the plan of the moment
-      uint64_t world_size = 0, epoch = 0, replanned = 0, kept_files = 0;
-      std::string ranks;    // "0-3"
-      std::string order;    // the order planned for: the told seed until the job's own was found
-      std::string samples;  // the list the job was found to read, where not the mount's (folder_words)
-    };
-    std::optional<World> world;
-    struct Learned {  // seed=auto
-      std::string state, seed;
-      uint64_t after_opens = 0, tries = 0, opens_seen = 0, other_users_opens = 0, relearned = 0;
-      uint64_t source_bytes = 0, source_files = 0;  // read before the engine was there
-    };
-    std::optional<Learned> learned;
-    struct Waited {  // a told seed, its engine waiting for the files' attributes
-      std::string state;
-      uint64_t source_bytes = 0, source_files = 0;
-    };
-    std::optional<Waited> waited;
-  };
+  using Learning = LearningStats;
   Learning learning() const EXCLUDES(mutex_);
   // The oracle of the seed found (of the latest plan); nullptr until then.
   const Oracle* oracle() const { return oracle_ready_.load(std::memory_order_acquire); }

@@ -44,18 +44,8 @@ ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_
       was_live_(ranks, 1),
       verdicts_(ranks) {}  // all live
 
-const char* ReaderTracker::verdict_name(Verdict v) {
-  switch (v) {
-    case Verdict::kChecking: return "checking";
-    case Verdict::kFollowing: return "following";
-    case Verdict::kOff: return "off";
-    case Verdict::kIdle: return "idle";
-  }
-  return "?";
-}
-
 std::vector<EntryId> ReaderTracker::recent(uint64_t rank) const {
-  const RankVerdict& v = verdicts_[rank];
+  const Judged& v = verdicts_[rank];
   std::vector<EntryId> out(v.recent.begin() + static_cast<ptrdiff_t>(v.recent_at), v.recent.end());
   out.insert(out.end(), v.recent.begin(), v.recent.begin() + static_cast<ptrdiff_t>(v.recent_at));
   // Off the plan: only what it read since (opens before may follow the plan, and would mislead).
@@ -65,7 +55,7 @@ std::vector<EntryId> ReaderTracker::recent(uint64_t rank) const {
 
 void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
   if (seen.open.expected || seen.open.blamed) {
-    RankVerdict& v = verdicts_[seen.open.rank];
+    Judged& v = verdicts_[seen.open.rank];
     if (v.recent.size() < kRecent) {
       v.recent.push_back(id);
     } else {
@@ -89,7 +79,7 @@ void ReaderTracker::note_verdicts(Seen& seen, EntryId id) {
     Verdict now = Verdict::kChecking;
     if (!planner_.live(r)) now = planner_.lost(r) == Planner::Lost::kIdle ? Verdict::kIdle : Verdict::kOff;
     else if (planner_.confirmed(r)) now = Verdict::kFollowing;
-    RankVerdict& v = verdicts_[r];
+    Judged& v = verdicts_[r];
     if (now == v.now) continue;
     v.now = now;
     // Checking (back, not yet confirmed) is not said; nor is going off again after it (a rank whose

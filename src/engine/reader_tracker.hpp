@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "clairfs/manifest.hpp"
+#include "clairfs/stats.hpp"
 #include "engine/diagnosis.hpp"
 #include "engine/planner.hpp"
 #include "util/clock.hpp"
@@ -34,8 +35,7 @@ class ReaderTracker {
                 const TimeSource& time = TimeSource::steady());
 
   // Whether a rank's reads follow the plan, as the status and the log say it.
-  enum class Verdict { kChecking, kFollowing, kOff, kIdle };
-  static const char* verdict_name(Verdict v);
+  using Verdict = RankVerdict;
 
   struct Seen {
     bool again = false;          // without a handle: the reader read its last file again (same use)
@@ -128,7 +128,7 @@ class ReaderTracker {
   };
   std::vector<RankRate> rates_;
   std::vector<uint8_t> was_live_;  // per rank, as of the last open: who got lost or came back
-  struct RankVerdict {
+  struct Judged {
     Verdict now = Verdict::kChecking;
     Verdict said = Verdict::kChecking;  // the last verdict logged
     std::vector<EntryId> recent;  // a ring of its latest opens
@@ -136,7 +136,7 @@ class ReaderTracker {
     uint64_t opens_off = 0;       // its opens since it went off the plan
     bool diagnose_later = false;  // back in another epoch with too few opens seen to say which order
   };
-  std::vector<RankVerdict> verdicts_;
+  std::vector<Judged> verdicts_;
   // Records the open as its rank's evidence; fills seen.changed and seen.diagnose.
   void note_verdicts(Seen& seen, EntryId id);
   std::vector<uint32_t> sample_of_;  // per entry: its sample index, or UINT32_MAX; built on first use

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "util/fs.hpp"
@@ -21,7 +20,7 @@ TraceEngine::TraceEngine(Engine& inner, const Manifest& manifest, const std::str
   fd_ = UniqueFd(fd);
 }
 
-nlohmann::json TraceEngine::stats() const { return inner_.stats(); }
+EngineStats TraceEngine::stats() const { return inner_.stats(); }
 
 int TraceEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   const int rc = inner_.open(id, pid, handle);

@@ -27,7 +27,7 @@ class TraceEngine final : public Engine {
   }
   void low_on_memory() override { inner_.low_on_memory(); }
   void caller(pid_t pid, uid_t uid) override { inner_.caller(pid, uid); }
-  nlohmann::json stats() const override;
+  EngineStats stats() const override;
 
  private:
   Engine& inner_;

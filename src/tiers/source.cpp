@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "io/io_loop.hpp"
@@ -167,13 +166,13 @@ void SourceTier::start_read(IoLoop& io, EntryId id, std::shared_ptr<UniqueFd> fd
   });
 }
 
-nlohmann::json SourceTier::stats() const {
-  nlohmann::json j;
-  j["tiers"]["source"] = {{"files", counters_.opens.load()}, {"bytes", counters_.bytes.load()}};
-  j["source_changed"] = counters_.changed.load();
-  j["source_errors"] = counters_.errors.load();
-  j["staging"] = "off (give ram=SIZE to stage ahead)";
-  return j;
+EngineStats SourceTier::stats() const {
+  EngineStats s;
+  s.staging = false;
+  s.tier(Origin::kSource) = {counters_.opens.load(), counters_.bytes.load()};
+  s.source_changed = counters_.changed.load();
+  s.source_errors = counters_.errors.load();
+  return s;
 }
 
 std::string SourceTier::spot_check(size_t samples) const {

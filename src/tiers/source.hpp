@@ -13,10 +13,10 @@
 #pragma once
 
 #include <atomic>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "clairfs/manifest.hpp"
+#include "clairfs/stats.hpp"
 #include "clairfs/store.hpp"
 #include "util/fs.hpp"
 
@@ -55,7 +55,7 @@ class SourceTier final : public SourceStore {
   int root_fd() const { return root_.get(); }
   const SourceCounters& counters() const { return counters_; }
   // The counters as JSON, for .clairfs/stats when no engine stages (ram= not given).
-  nlohmann::json stats() const;
+  EngineStats stats() const;
 
   // Checks up to `samples` files spread over the manifest against SOURCE (exists, same type and size).
   // Returns "" or a one-line description of the first mismatch.

@@ -64,7 +64,7 @@ EngineConfig config(uint64_t ram) {
   return c;
 }
 
-EngineStats stats(const ClairvoyantEngine& e) { return e.snapshot(); }
+EngineStats stats(const ClairvoyantEngine& e) { return e.stats(); }
 // Opens served, summed over the tiers.
 uint64_t files_served(const ClairvoyantEngine& e) {
   uint64_t n = 0;
@@ -242,7 +242,7 @@ TEST(Engine, StagingStartsWithTheStartEpochsHeadWhileTheWholeEpochIsBuilt) {
   const bool head_staged = wait_for(e, [](const EngineStats& s) { return s.staged.files == 10u; });
   const auto planned = stats(e).plan.planned_up_to;
   t.built();
-  ASSERT_TRUE(head_staged) << e.stats().dump(2);
+  ASSERT_TRUE(head_staged) << to_json(e.stats()).dump(2);
   EXPECT_EQ(planned, 10u);  // the head alone
   ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.staged.files == t.tree.files(); }));
   EXPECT_EQ(read_epoch(e, t.tree, t.streams(0)[0]), 0u);
@@ -286,7 +286,7 @@ TEST(Engine, AChangedSourceFileIsRefusedNeverServed) {
   const std::vector<EntryId> order = streams(0)[0];
   source.change(order[10]);
   ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.staged.failures >= 1; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.staged.failures >= 1; })) << to_json(e.stats()).dump(2);
   for (size_t i = 0; i < order.size(); ++i) {
     int error = 0;
     const std::string got = read_file(e, order[i], &error);
@@ -410,9 +410,9 @@ TEST(Engine, AKeeperWhoseRamAndNvmeTogetherHoldItsShareReadsSourceOnce) {
       }
       // The stager's NVMe writes land between epochs, as a job's compute leaves them time to.
       ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files + s.nvme.value().files >= tree.files(); }))
-          << e.stats().dump(2);
+          << to_json(e.stats()).dump(2);
     }
-    EXPECT_EQ(source.bytes_read(), tree.total()) << e.stats().dump(2);
+    EXPECT_EQ(source.bytes_read(), tree.total()) << to_json(e.stats()).dump(2);
   }
   std::filesystem::remove_all(dir);
 }
@@ -460,7 +460,7 @@ TEST(Engine, APeerThatRefusesOrVanishesSendsReadsToSource) {
   // Files not needed soon wait for the keeper (it may not have read them yet); the rest go to SOURCE.
   ASSERT_TRUE(wait_for(*t.node1, [&](const EngineStats& s) {
     return s.peers.value().deferred > 0u && s.ram.files > 0u && s.ram.files < tree.files();
-  })) << t.node1->stats().dump(2);
+  })) << to_json(t.node1->stats()).dump(2);
   EXPECT_EQ(read_epoch(*t.node1, tree, t.streams(0)[0]), 0u);
   EXPECT_EQ(t.source1.bytes_read(), tree.total());  // every file from SOURCE in the end, once
   EXPECT_EQ(stats(*t.node1).peers.value().staged_files, 0u);
@@ -477,7 +477,7 @@ TEST(Engine, AFileItsKeeperHasNotReadYetIsAskedAgainNotReadFromSource) {
   MemoryTree tree(sizes(80, 1000, 2000));
   TwoNodes t(tree, true);  // node 0 refuses: it "has not read" anything yet
   ASSERT_TRUE(wait_for(*t.node1, [&](const EngineStats& s) { return s.peers.value().deferred >= 40u; }))
-      << t.node1->stats().dump(2);
+      << to_json(t.node1->stats()).dump(2);
   const uint64_t early = t.source1.bytes_read();  // the files needed soon, refused twice: from SOURCE
   EXPECT_LT(early, tree.total() / 2);
   t.net.refuse(0, false);  // node 0 has read them now
@@ -517,7 +517,8 @@ TEST_F(TenPushed, PushesStayWithinThePageCacheBudgetAndReadPagesStayTheKernels) 
   // Their pages are the kernel's now, kept as any file's (a later use may be read from them): none dropped.
   const std::vector<EntryId> order = streams(0)[0];
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.pagecache.pushes == 20u; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.pagecache.pushes == 20u; }))
+      << to_json(e.stats()).dump(2);
   EXPECT_LE(stats(e).pagecache.used, 10000u);
   EXPECT_EQ(kernel.drops(), 0u);
 }
@@ -531,14 +532,14 @@ class TenPushedToKnownInodes : public TenPushed {
 TEST_F(TenPushedToKnownInodes, AFileIsPushedOnceTheKernelHasItsInodeAndNoPushIsRefused) {
   // Before (issue 34), every push of a file not looked up yet was tried and refused, again every 50 ms:
   // tens of thousands per run.
-  ASSERT_TRUE(wait_for(e, [](const EngineStats& s) { return s.ram.files == 100u; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [](const EngineStats& s) { return s.ram.files == 100u; })) << to_json(e.stats()).dump(2);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // turns of the stager, its retries among them
   EXPECT_EQ(kernel.pushes(), 0u);
   EXPECT_EQ(kernel.refused(), 0u);
   // A listing gives the first five files of the order their inodes: they are pushed, nothing refused.
   const std::vector<EntryId> order = streams(0)[0];
   for (size_t k = 0; k < 5; ++k) kernel.introduce(order[k]);
-  EXPECT_TRUE(wait_for(e, [](const EngineStats& s) { return s.pagecache.pushes == 5u; })) << e.stats().dump(2);
+  EXPECT_TRUE(wait_for(e, [](const EngineStats& s) { return s.pagecache.pushes == 5u; })) << to_json(e.stats()).dump(2);
   EXPECT_EQ(kernel.refused(), 0u);
   EXPECT_EQ(stats(e).pagecache.push_failures, 0u);
 }
@@ -573,11 +574,11 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgain) {
   auto& [tree, source, kernel, streams, c, e] = f;
   EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
   const uint64_t epoch0 = stats(e).source_bytes();
-  EXPECT_LE(epoch0, tree.total() * 11 / 10) << e.stats().dump(2);
+  EXPECT_LE(epoch0, tree.total() * 11 / 10) << to_json(e.stats()).dump(2);
   // Epoch 1's files not in RAM (60 or so): each asked about, none staged.
   ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.pagecache.left_to_kernel >= 50u; }))
-      << e.stats().dump(2);
-  EXPECT_EQ(stats(e).source_bytes(), epoch0) << e.stats().dump(2);
+      << to_json(e.stats()).dump(2);
+  EXPECT_EQ(stats(e).source_bytes(), epoch0) << to_json(e.stats()).dump(2);
   EXPECT_GE(kernel.probes(), 50u);
   kernel.hold_all(false);
   EXPECT_EQ(read_epoch(e, tree, streams(1)[0]), 0u);
@@ -611,9 +612,10 @@ TEST(Engine, AFileTheKernelHoldsIsNotStagedAgainWithoutOpens) {
   }
   EXPECT_EQ(wrong, 0u);
   const uint64_t beacons = 90 / every + 1, epoch1 = stats(e).source_bytes() - epoch0;
-  EXPECT_LE(through, beacons + 2) << e.stats().dump(2);
-  EXPECT_LE(epoch1, 2 * beacons * 1000) << e.stats().dump(2);  // its beacons, and some of epoch 2's staged ahead
-  EXPECT_GT(stats(e).pagecache.left_to_kernel, 0u) << e.stats().dump(2);
+  EXPECT_LE(through, beacons + 2) << to_json(e.stats()).dump(2);
+  EXPECT_LE(epoch1, 2 * beacons * 1000) << to_json(e.stats()).dump(
+      2);  // its beacons, and some of epoch 2's staged ahead
+  EXPECT_GT(stats(e).pagecache.left_to_kernel, 0u) << to_json(e.stats()).dump(2);
   kernel.hold_all(false);
   EXPECT_EQ(read_epoch_unopened(e, tree, streams(2)[0]), 0u);
 }
@@ -628,14 +630,14 @@ TEST(Engine, AnIdleMountGivesRamBackAndStagesAgainAtTheNextRead) {
   ClairvoyantEngine e(tree.manifest, streams, source, c);
   const std::vector<EntryId> order = streams(0)[0];
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin(), order.begin() + 10)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.idle.now == true; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.idle.now == true; })) << to_json(e.stats()).dump(2);
   auto s = stats(e);
   EXPECT_EQ(s.ram.used, 0u);
   EXPECT_GE(s.idle.releases, 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(stats(e).ram.files, 0u);  // nothing staged while idle
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 10, order.begin() + 20)), 0u);
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files > 0u; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files > 0u; })) << to_json(e.stats()).dump(2);
   EXPECT_EQ(stats(e).idle.now, false);
   EXPECT_EQ(read_epoch(e, tree, std::vector<EntryId>(order.begin() + 20, order.end())), 0u);
 }
@@ -646,10 +648,10 @@ TEST(Engine, ShortOfMemoryWhereItServesTheEngineLetsGoOfTheFilesNeededLast) {
   MemorySource source(tree);
   const auto streams = one_rank(tree);
   ClairvoyantEngine e(tree.manifest, streams, source, config(64 << 20));
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files >= 60u; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files >= 60u; })) << to_json(e.stats()).dump(2);
   const uint64_t held = stats(e).ram.used;
   e.low_on_memory();
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.budget < held; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.budget < held; })) << to_json(e.stats()).dump(2);
   const auto s = stats(e);
   // The budget is 32 MiB (Stager::kServingRoom) below what was held, and RAM is within it.
   EXPECT_EQ(s.ram.budget, held - (32 << 20));
@@ -671,14 +673,15 @@ TEST(Engine, AfterAShortOfMemoryTheRamBudgetComesBackByStepsAndStagingTakesItUpA
   EngineConfig c = config(64 << 20);
   c.memory_retry = std::chrono::milliseconds(300);
   ClairvoyantEngine e(tree.manifest, streams, source, c);
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files >= 60u; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files >= 60u; })) << to_json(e.stats()).dump(2);
   const uint64_t held = stats(e).ram.used;
   e.low_on_memory();
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.budget < held; })) << e.stats().dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.budget < held; })) << to_json(e.stats()).dump(2);
   const uint64_t files_at_shortage = stats(e).ram.files;
   ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.budget == uint64_t{64} << 20; }))
-      << e.stats().dump(2);
-  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files > files_at_shortage; })) << e.stats().dump(2);
+      << to_json(e.stats()).dump(2);
+  ASSERT_TRUE(wait_for(e, [&](const EngineStats& s) { return s.ram.files > files_at_shortage; }))
+      << to_json(e.stats()).dump(2);
   EXPECT_EQ(read_epoch(e, tree, streams(0)[0]), 0u);
 }
 
@@ -703,7 +706,7 @@ TEST(Engine, AnOpenDoesNotWaitForAStagerHeldInTheKernel) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(read_file(e, order[3]), tree.bytes(order[3]));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  EXPECT_EQ(stats(e).stalls.staging_waits_given_up, 1u) << e.stats().dump(2);
+  EXPECT_EQ(stats(e).stalls.staging_waits_given_up, 1u) << to_json(e.stats()).dump(2);
   kernel.unlock(order[0]);
   EXPECT_EQ(read_epoch(e, tree, order), 0u);
 }
@@ -722,7 +725,7 @@ TEST(Engine, LargeFilesAreStagedAFewAtATimeNotAllSharingTheSource) {
     EngineConfig c = config(1 << 22);
     if (capped) c.bytes_in_flight = 50000;
     ClairvoyantEngine e(tree.manifest, streams, source, c);
-    ASSERT_TRUE(wait_for(e, [](const EngineStats& s) { return s.staged.files == 40u; })) << e.stats().dump(2);
+    ASSERT_TRUE(wait_for(e, [](const EngineStats& s) { return s.staged.files == 40u; })) << to_json(e.stats()).dump(2);
     EXPECT_EQ(read_epoch(e, tree, order), 0u);
     EXPECT_EQ(source.bytes_read(), tree.total());
     peak[capped] = source.peak_fetching();
@@ -757,7 +760,7 @@ TEST(Engine, NoOpenReadsCountOneUsePerFile) {
   EXPECT_EQ(s.mispredicted_opens, 0u);
   // Every file read once, in order: the rank is at the start of epoch 1.
   // next is read).
-  EXPECT_EQ(s.ranks[0].epoch * tree.files() + s.ranks[0].done, tree.files()) << e.stats().dump(2);
+  EXPECT_EQ(s.ranks[0].epoch * tree.files() + s.ranks[0].done, tree.files()) << to_json(e.stats()).dump(2);
 }
 
 // A watched open whose file's first page the kernel held: the read of the rest reaches the daemon before
@@ -781,7 +784,7 @@ TEST(Engine, AReadPastTheStartBeforeTheWatchTellsTheOpenIsOneUse) {
       ASSERT_EQ(e.read_unopened(id, 100, buf, sizeof buf, off), 4096);
     e.opened(id, 100);
     e.closed(id, 100);
-    EXPECT_EQ(files_served(e), 1u) << "ram=" << ram << ": " << e.stats()["tiers"];
+    EXPECT_EQ(files_served(e), 1u) << "ram=" << ram << ": " << to_json(e.stats())["tiers"];
   }
 }
 
@@ -809,7 +812,7 @@ TEST(Engine, AFileOpenedWhileItsStagingReadIsOnItsWayIsServedByThatRead) {
     e.closed(id, 100);
   }
   EXPECT_EQ(wrong, 0u);
-  EXPECT_EQ(source.bytes_read(), tree.total()) << e.stats()["tiers"];
+  EXPECT_EQ(source.bytes_read(), tree.total()) << to_json(e.stats())["tiers"];
   EXPECT_EQ(stats(e).tier(Origin::kRam).files, tree.files());
 }
 
@@ -826,9 +829,9 @@ TEST(Engine, WithoutOpensAReadPastTheStartIsNoUseOfItsOwn) {
   ClairvoyantEngine e(tree.manifest, streams, source, c);
   char buf[4096];
   ASSERT_EQ(e.read_unopened(streams(0)[0][0], 100, buf, sizeof buf, 4096), 4096);
-  EXPECT_EQ(files_served(e), 0u) << e.stats()["tiers"];
+  EXPECT_EQ(files_served(e), 0u) << to_json(e.stats())["tiers"];
   ASSERT_EQ(e.read_unopened(streams(0)[0][1], 100, buf, sizeof buf, 0), 4096);
-  EXPECT_EQ(files_served(e), 1u) << e.stats()["tiers"];
+  EXPECT_EQ(files_served(e), 1u) << to_json(e.stats())["tiers"];
 }
 
 // ---- another world size ----------------------------------------------------------------------------
@@ -1042,7 +1045,7 @@ TEST(Engine, AJobOfAnotherSeedIsToldOnceAndItsOpensKeptToLearnItsSeedFrom) {
   const std::vector<uint32_t> seq = own.epoch(0).rank_sequence(0);
   for (size_t k = 0; k < 64; ++k)
     read_file(e, tree.manifest.samples()[seq[k]], nullptr, 2000 + static_cast<pid_t>(k / 16));
-  EXPECT_TRUE(e.readers().followed()) << e.stats().dump(2);
+  EXPECT_TRUE(e.readers().followed()) << to_json(e.stats()).dump(2);
   EXPECT_EQ(told, 1);
 }
 
@@ -1105,7 +1108,7 @@ TEST(Learning, ASeedIsLearnedAgainFromTheLatestEpochWhenTheKeptOpensSpanTwo) {
                    Replanning{.on = true});
   // (what it learned, typed; printed as the stats say it)
   const auto learned = [&e] { return e.learning().learned.value_or(LearningEngine::Learning::Learned{}); };
-  const auto said = [&e] { return e.stats()["learned"]; };
+  const auto said = [&e] { return to_json(e.stats())["learned"]; };
   const auto wait = [&](auto done) {
     for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return done();
@@ -1167,7 +1170,7 @@ TEST(Learning, TheOpensMadeWhileANewPlanIsSwitchedToAreCountedByItInTheOrderMade
     const EntryId id = tree.manifest.samples()[ordered.epoch(epoch).rank_sequence(0)[k]];
     return read_file(e, id, nullptr, static_cast<pid_t>(1000 + 10 * epoch + ordered.worker_of(k))) == tree.bytes(id);
   };
-  const auto said = [&e] { return e.stats().dump(); };
+  const auto said = [&e] { return to_json(e.stats()).dump(); };
   const auto wait = [](auto done) {
     for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return done();
@@ -1207,7 +1210,7 @@ TEST(Learning, OpensOfAProcessGoneWhenTheyAreToldCountAsItsUsersAsItsRequestsSai
   const std::vector<uint32_t> first = Oracle(n, five).epoch(0).rank_sequence(0);
   // (what it learned, typed; printed as the stats say it)
   const auto learned = [&e] { return e.learning().learned.value_or(LearningEngine::Learning::Learned{}); };
-  const auto said = [&e] { return e.stats()["learned"]; };
+  const auto said = [&e] { return to_json(e.stats())["learned"]; };
   for (size_t k = 0; k < 64; ++k) read_file(e, tree.manifest.samples()[first[k]], nullptr, gone[0]);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(learned().seed, "") << said();  // whose they were is not known: not learned from
@@ -1246,7 +1249,7 @@ struct ToldMount {
     c.tolerance = 64;
     return c;
   }
-  nlohmann::json stats() const { return e.stats(); }
+  nlohmann::json stats() const { return to_json(e.stats()); }
   EngineStats now() const { return e.snapshot().value_or(EngineStats{}); }
   LearningEngine::Learning::World world() const {
     return e.learning().world.value_or(LearningEngine::Learning::World{});
@@ -1430,7 +1433,7 @@ TEST(Learning, StagingStartsBeforeTheFilesAttributesAreAllRead) {
   EngineConfig c = config(tree.total());
   c.tolerance = 64;
   LearningEngine e(disk.manifest, *disk.reader, told.schedule(), LearnQuestion{}, c, &told, {}, Replanning{});
-  const auto s = [&] { return e.stats(); };
+  const auto s = [&] { return to_json(e.stats()); };
   ASSERT_TRUE(ToldMount::wait([&] {
     return e.learning().waited.value_or(LearningEngine::Learning::Waited{}).state == "told";
   })) << s()["waited"];

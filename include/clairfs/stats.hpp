@@ -1,6 +1,7 @@
 // EngineStats: what an engine has done, typed — the numbers of .clairfs/stats, `clairfs status` and the
-// metrics, taken at one moment (ClairvoyantEngine::snapshot) and rendered as JSON in one place
-// (to_json). The engine tests read the fields; a renamed key cannot pass them by being absent.
+// metrics, as every Engine gives them (Engine::stats: a staging engine's taken at one moment, a plain
+// mount's SOURCE counts, a learning mount's search) and rendered as JSON in one place (to_json). The
+// engine tests read the fields; a renamed key cannot pass them by being absent.
 #pragma once
 
 #include <array>
@@ -11,9 +12,12 @@
 #include <vector>
 
 #include "clairfs/store.hpp"
-#include "engine/reader_tracker.hpp"
 
 namespace clairfs {
+
+// Whether a rank's reads follow the plan, as the status and the log say it (ReaderTracker's verdict).
+enum class RankVerdict { kChecking, kFollowing, kOff, kIdle };
+const char* verdict_name(RankVerdict v);
 
 // Parts of EngineStats kept apart from it: optional members (clang 14 takes a nested struct with default
 // member initializers for one it cannot construct).
@@ -34,7 +38,34 @@ struct PeerStats {
   std::vector<int> gone;  // nodes no longer asked: left, failed or silent
 };
 
+// seed=auto and re-planning (LearningEngine): the plan of the moment, the search for the job's seed.
+struct LearningStats {
+  struct World {  // re-planning on: the plan of the moment
+    uint64_t world_size = 0, epoch = 0, replanned = 0, kept_files = 0;
+    std::string ranks;    // "0-3"
+    std::string order;    // the order planned for: the told seed until the job's own was found
+    std::string samples;  // the list the job was found to read, where not the mount's (folder_words)
+  };
+  std::optional<World> world;
+  struct Learned {  // seed=auto
+    std::string state, seed;
+    uint64_t after_opens = 0, tries = 0, opens_seen = 0, other_users_opens = 0, relearned = 0;
+    uint64_t source_bytes = 0, source_files = 0;  // read before the engine was there
+  };
+  std::optional<Learned> learned;
+  struct Waited {  // a told seed, its engine waiting for the files' attributes
+    std::string state;
+    uint64_t source_bytes = 0, source_files = 0;
+  };
+  std::optional<Waited> waited;
+};
+
 struct EngineStats {
+  // False for a mount that stages nothing (DirectEngine, or a learning mount before its plan): only the
+  // SOURCE figures (tier kSource, source_changed, source_errors) mean anything, and only they are shown.
+  bool staging = true;
+  uint64_t source_errors = 0;  // SOURCE's reads that failed (a plain mount's)
+
   struct Served {
     uint64_t files = 0, bytes = 0;
   };
@@ -74,7 +105,7 @@ struct EngineStats {
     uint64_t rank = 0;  // the training rank
     uint64_t epoch = 0, done = 0, total = 0;
     bool live = false;
-    ReaderTracker::Verdict verdict = ReaderTracker::Verdict::kChecking;
+    RankVerdict verdict = RankVerdict::kChecking;
     std::string reads_as;  // the diagnosis, if any
     uint64_t lead_files = 0;
     double lead_seconds = 0, files_per_second = 0;
@@ -104,6 +135,8 @@ struct EngineStats {
   struct Memory {
     uint64_t entries = 0, manifest = 0, plan = 0, policy = 0, per_entry = 0, ram_bookkeeping = 0;
   } memory;
+
+  std::optional<LearningStats> learning;  // a learning mount's (seed=auto, re-planning)
 
   // What an earlier plan's engine served and heard, added to this one's (LearningEngine: the mount's
   // numbers are every plan's).
