@@ -202,7 +202,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
     t.fetch_bytes += m.entry(id).size;
     fetched(Fetch{id, epoch, now_step, use});
   };
-  // A copy up to NVMe, as the store chain makes it (StoreChain::copy_up, copy_waiting): written at once.
+  // A copy up to NVMe, as the store chain makes it (StoreChain::start_find's copy-up, write_held): written at once.
   const auto written = [&](EntryId id, uint64_t key) {
     nvme.written(id);
     core.kept(id, key);

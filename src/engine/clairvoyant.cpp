@@ -52,7 +52,7 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
              policy_config(config_, mean_size_), window_config(config_, mean_size_),
              StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_, config_.handed_over),
       chain_({nvme_.get(), peers_.get()}, source, &state_),
-      demand_(manifest_, chain_, counters_),
+      demand_(manifest_, chain_, source, counters_),
       news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
   state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
 }
@@ -67,9 +67,9 @@ void ClairvoyantEngine::begin() {
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
   if (config_.adopt) adopted_ = state_.adopt(config_.adopt());
-  stager_ = std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, demand_,
-                                                 counters_, streams_, config_.page_cache, config_.depth, config_.idle,
-                                                 config_.memory_retry});
+  stager_ =
+      std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, demand_, counters_, config_.page_cache,
+                                           config_.depth, config_.idle, config_.memory_retry});
 }
 
 ClairvoyantEngine::~ClairvoyantEngine() {

@@ -31,9 +31,14 @@ constexpr auto kReadingNow = std::chrono::seconds(1);
 
 }  // namespace
 
-DemandReader::DemandReader(const Manifest& manifest, StoreChain& chain, EngineCounters& counters)
-    : manifest_(manifest), chain_(chain), source_(chain.source()), nvme_(chain.store(Origin::kNvme)),
-      counters_(counters), allowance_(kDemandBytes), recent_(kRecentFiles, kRecentBytes),
+DemandReader::DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters)
+    : manifest_(manifest),
+      stores_(stores),
+      source_(source),
+      nvme_(stores.part(Origin::kNvme)),
+      counters_(counters),
+      allowance_(kDemandBytes),
+      recent_(kRecentFiles, kRecentBytes),
       source_handles_(source_, kSourceHandles) {}
 
 DemandReader::Claim::Claim(DemandReader& demand, EntryId id) : demand_(demand), id_(id) {
@@ -85,7 +90,7 @@ int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   int rc = 0;
   {
     const Claim loading(*this, id);
-    rc = chain_.fetch(id, buf, from);
+    rc = stores_.find(id, buf, from);
     // Handed over to be kept before it stops counting as loading: no moment when a staging read of it
     // would start (loading_whole).
     if (rc >= 0 && *from != Origin::kNvme) adopt(id, buf);  // kept, so SOURCE (or the peer) is asked once

@@ -24,7 +24,6 @@
 #include "clairfs/store.hpp"
 #include "engine/counters.hpp"
 #include "engine/unopened.hpp"
-#include "tiers/chain.hpp"
 #include "tiers/ram.hpp"
 #include "util/thread_annotations.hpp"
 
@@ -34,9 +33,10 @@ class DemandReader {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // REQUIRES: manifest, chain, counters outlive the reader. SOURCE (read piecewise where a file has no
-  // room) and the NVMe copies (for peers) are the chain's.
-  DemandReader(const Manifest& manifest, StoreChain& chain, EngineCounters& counters);
+  // REQUIRES: manifest, stores, source, counters outlive the reader. `stores`: the node's (StoreChain:
+  // NVMe, the keeper, SOURCE), a file's whole reads and the NVMe copies for peers; `source`: SOURCE,
+  // read piecewise where a file has no room.
+  DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters);
 
   // A reader's miss, from the moment the engine finds `id` neither in RAM nor being staged (under its
   // lock) until the read is served: loading_whole(id) holds meanwhile, so no staging read of it starts
@@ -87,9 +87,9 @@ class DemandReader {
   void adopt(EntryId id, FileBytes bytes);
 
   const Manifest& manifest_;
-  StoreChain& chain_;
-  SourceStore& source_;  // the chain's
-  Store* const nvme_;    // the chain's NVMe store, if any
+  Store& stores_;
+  SourceStore& source_;
+  Store* const nvme_;  // the NVMe store among them, if any
   EngineCounters& counters_;
   DemandAllowance allowance_;
   RecentLoads recent_;

@@ -46,11 +46,10 @@ Stager::Stager(StagerParts p)
     : manifest_(p.manifest),
       state_(p.state),
       ram_(p.ram),
-      chain_(p.chain),
-      peers_(p.chain.store(Origin::kPeer)),
+      stores_(p.stores),
+      peers_(p.stores.part(Origin::kPeer)),
       demand_(p.demand),
       counters_(p.counters),
-      streams_(p.streams),
       kernel_(p.kernel),
       idle_after_(p.idle),
       io_(p.depth),
@@ -126,7 +125,7 @@ bool Stager::turn() {
   if (finishing && io_.idle()) return false;
   unsigned room = finishing || idle ? 0 : io_.ring_room();
   // The files read on demand go to NVMe as the ring has room (it may be full of reads for a while).
-  const unsigned writes = chain_.copy_waiting(io_, room);
+  const unsigned writes = stores_.write_held(io_, room);
   room -= writes;
   {
     StagingCore::Turn turn(state_);
@@ -135,7 +134,7 @@ bool Stager::turn() {
     know_first_ = walk.know_first;
     to_know_ = std::move(walk.to_know);
     picks = choose_stores(walk.picks);
-    if (picks.empty() && writes == 0 && io_.idle() && !chain_.copies_waiting() && !know_first_) {
+    if (picks.empty() && writes == 0 && io_.idle() && !stores_.copies_held() && !know_first_) {
       // Woken by opens only once the readers have moved some way (or read-ahead is queued).
       Clock::duration wait = state_.drops_waiting() ? kDropWait : kIdleWait;
       if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
@@ -232,7 +231,7 @@ int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {
 void Stager::keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) {
   // Files read whole on demand: kept like staged ones, so SOURCE sees them once, and queued for NVMe.
   for (auto& [id, bytes] : adopted)
-    if (state_.keep_read(id, bytes)) chain_.queue_up(id, std::move(bytes));
+    if (state_.keep_read(id, bytes)) stores_.hold_copy(id, std::move(bytes));
 }
 
 std::vector<Stager::Pick> Stager::choose_stores(const std::vector<StagingCore::Pick>& picks) {
@@ -319,9 +318,8 @@ void Stager::stage(const Pick& pick) {
     give_back_memory(size);
     return;
   }
-  chain_.start_fetch(
-      io_, pick.id(), std::move(buf), pick.first, [this, pick](const StoreChain::Result& r) { staged(pick, r); },
-      pick.peer_only);
+  stores_.start_find(io_, pick.id(), std::move(buf), Store::Route{pick.first, pick.peer_only},
+                     [this, pick](const Store::Found& found) { return staged(pick, found); });
 }
 
 void Stager::give_back_memory(uint64_t bytes) {
@@ -353,7 +351,7 @@ void Stager::raise_ram_budget() {
              human_bytes(static_cast<double>(budget)));
 }
 
-void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
+Store::Keep Stager::staged(const Pick& pick, const Store::Found& r) {
   const uint64_t size = manifest_.entry(pick.id()).size;
   if (log_enabled(LogLevel::kDebug) && pick.first == Origin::kPeer && r.from != Origin::kPeer)
     log_debug("staging /" + manifest_.path(pick.id()) + ": its peer did not serve it (refused, timed out or gone)" +
@@ -362,7 +360,7 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
     ram_.unreserve(size);
     (pick.peer_only ? counters_.peer_deferrals : counters_.stage_failures)++;
     finish(pick, /*defer=*/pick.peer_only);  // asked again once needed soon
-    return;
+    return std::nullopt;
   }
   if (r.from == Origin::kPeer || (r.from == Origin::kSource && size > 0))
     model_.note(r.from == Origin::kPeer, seconds_since(r.since));
@@ -374,10 +372,11 @@ void Stager::staged(const Pick& pick, const StoreChain::Result& r) {
   }
   const uint64_t after = keep(pick, r);
   finish(pick);
-  if (after != kNever) chain_.copy_up(io_, pick.id(), r.buf, after);  // NVMe holds it for that use
+  if (after == kNever) return std::nullopt;
+  return after;  // NVMe holds it for that use
 }
 
-uint64_t Stager::keep(const Pick& pick, const StoreChain::Result& r) {
+uint64_t Stager::keep(const Pick& pick, const Store::Found& r) {
   StagingCore::Turn turn(state_);
   return state_.staged(pick.id(), r.buf, r.from, pick.what.why == StagingCore::Pick::For::kReadAhead);
 }

@@ -21,12 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "clairfs/store.hpp"
 #include "engine/core.hpp"
 #include "engine/counters.hpp"
 #include "engine/demand.hpp"
 #include "io/io_loop.hpp"
 #include "peer/peer_store.hpp"
-#include "tiers/chain.hpp"
 #include "tiers/page_cache.hpp"
 #include "tiers/ram.hpp"
 
@@ -36,10 +36,9 @@ struct StagerParts {
   const Manifest& manifest;
   StagingCore& state;
   RamTier& ram;
-  StoreChain& chain;
+  Store& stores;  // the node's (StoreChain): NVMe, the keeper, SOURCE; copies up to NVMe
   DemandReader& demand;
   EngineCounters& counters;
-  const StreamSource& streams;
   PageCache* kernel;     // nullptr: no pushes or drops
   unsigned depth;        // reads and writes in flight
   std::chrono::nanoseconds idle;  // RAM given back after this long without a read; zero: never
@@ -91,7 +90,7 @@ class Stager {
   // Runs a push or a drop of `bytes` into the kernel, saying when it is overdue
   // (StagingCore::in_kernel_until).
   int in_kernel(uint64_t bytes, const std::function<int()>& call);
-  // Files read whole on demand kept in RAM (under the mutex) and queued for NVMe (StoreChain::queue_up).
+  // Files read whole on demand kept in RAM (under the mutex) and held for NVMe (Store::hold_copy).
   void keep_adopted(std::vector<std::pair<EntryId, FileBytes>> adopted) REQUIRES(state_.lock());
   // The store each pick is asked of first: NVMe's copy, a peer when the model says it is worth it, else
   // SOURCE.
@@ -112,20 +111,20 @@ class Stager {
   void raise_ram_budget();
   // The I/O of a pick, and its end.
   void stage(const Pick& pick);
-  void staged(const Pick& pick, const StoreChain::Result& result);
+  // Returns the use after this one, for which NVMe should hold it, if any (the chain writes it up).
+  Store::Keep staged(const Pick& pick, const Store::Found& found);
   // Keeps a staged file in RAM; the use after this one, for which NVMe should hold it (kNever: none).
-  uint64_t keep(const Pick& pick, const StoreChain::Result& result) EXCLUDES(state_.lock());
+  uint64_t keep(const Pick& pick, const Store::Found& found) EXCLUDES(state_.lock());
   // No longer in flight: opens waiting for it go on. `defer`: its keeper refused it (StagingCore::defer).
   void finish(const Pick& pick, bool defer = false) EXCLUDES(state_.lock());
 
   const Manifest& manifest_;
   StagingCore& state_;
   RamTier& ram_;
-  StoreChain& chain_;
-  Store* const peers_;  // the chain's peer store, if any
+  Store& stores_;
+  Store* const peers_;  // the peer store among them, if any
   DemandReader& demand_;
   EngineCounters& counters_;
-  const StreamSource& streams_;
   PageCache* kernel_;
   uint64_t introductions_seen_ = 0;  // kernel_->introductions() at the last look
   const std::chrono::nanoseconds idle_after_;

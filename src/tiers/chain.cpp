@@ -12,10 +12,10 @@ StoreChain::StoreChain(std::vector<Store*> above, SourceStore& source, Admission
   for (Store* s : above)
     if (s) stores_.push_back(s);
   stores_.push_back(&source);
-  keeper_ = store(Origin::kNvme);
+  keeper_ = part(Origin::kNvme);
 }
 
-Store* StoreChain::store(Origin origin) const {
+Store* StoreChain::part(Origin origin) {
   for (Store* s : stores_)
     if (s->origin() == origin) return s;
   return nullptr;
@@ -23,10 +23,10 @@ Store* StoreChain::store(Origin origin) const {
 
 int StoreChain::fetch(EntryId id, const Buffer& buf) {
   Origin from = Origin::kSource;
-  return fetch(id, buf, &from);
+  return find(id, buf, &from);
 }
 
-int StoreChain::fetch(EntryId id, const Buffer& buf, Origin* from) {
+int StoreChain::find(EntryId id, const Buffer& buf, Origin* from) {
   int rc = -ENOENT;
   for (Store* s : stores_) {
     if (!s->may_hold(id)) continue;
@@ -37,27 +37,38 @@ int StoreChain::fetch(EntryId id, const Buffer& buf, Origin* from) {
 }
 
 void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
-  try_from(io, id, 0, std::move(buf), [done = std::move(done)](const Result& r) { done(r.rc); }, false);
+  try_from(
+      io, id, 0, std::move(buf),
+      [done = std::move(done)](const Found& f) {
+        done(f.rc);
+        return Keep{};
+      },
+      false);
 }
 
-void StoreChain::start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Reached done, bool only_first) {
+void StoreChain::start_find(IoLoop& io, EntryId id, Buffer buf, Route route, FoundDone done) {
   size_t index = 0;
-  while (index + 1 < stores_.size() && stores_[index]->origin() != first) ++index;
-  try_from(io, id, index, std::move(buf), std::move(done), only_first && stores_[index]->may_hold(id));
+  while (index + 1 < stores_.size() && stores_[index]->origin() != route.first) ++index;
+  try_from(io, id, index, std::move(buf), std::move(done), route.only_first && stores_[index]->may_hold(id));
 }
 
-void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Reached done, bool only_this) {
+void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, FoundDone done, bool only_this) {
   while (index + 1 < stores_.size() && !stores_[index]->may_hold(id)) ++index;
   Store* s = stores_[index];
   const auto since = Clock::now();
   s->start_fetch(io, id, buf, [this, &io, id, index, buf, done, s, since, only_this](int rc) {
-    if (rc == 0 || only_this || index + 1 >= stores_.size()) return done(Result{rc, s->origin(), since, buf});
+    if (rc == 0 || only_this || index + 1 >= stores_.size()) {
+      const Found found{rc, s->origin(), since, buf};
+      if (const Keep keep = done(found); keep && rc == 0) copy_up(io, id, buf, *keep);
+      return;
+    }
     // A peer may yet write into the buffer it was given: the next store reads into a fresh one.
     Buffer fresh;
     try {
       fresh = std::make_shared<std::vector<char>>(buf->size());
     } catch (const std::bad_alloc&) {  // the process may allocate no more: this try fails like a read
-      return done(Result{-ENOMEM, s->origin(), since, buf});
+      done(Found{-ENOMEM, s->origin(), since, buf});
+      return;
     }
     try_from(io, id, index + 1, std::move(fresh), done, false);
   });
@@ -65,20 +76,18 @@ void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Reac
 
 // ---- copy-up -------------------------------------------------------------------------------------------
 
-bool StoreChain::copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key) {
-  if (!keeper_ || !admission_ || writing_.count(id) || keeper_->may_hold(id)) return false;
-  if (!admission_->admit(id, bytes->size(), key)) return false;
-  write(io, id, std::move(bytes), key);
-  return true;
+void StoreChain::copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key) {
+  if (!keeper_ || !admission_ || writing_.count(id) || keeper_->may_hold(id)) return;
+  if (admission_->admit(id, bytes->size(), key)) write(io, id, std::move(bytes), key);
 }
 
-void StoreChain::queue_up(EntryId id, FileBytes bytes) {
+void StoreChain::hold_copy(EntryId id, FileBytes bytes) {
   if (!keeper_ || !admission_ || waiting_.size() >= kMaxWaiting || writing_.count(id) || keeper_->may_hold(id))
     return;
   waiting_.push_back(Admission::Copy{id, std::move(bytes)});
 }
 
-unsigned StoreChain::copy_waiting(IoLoop& io, unsigned room) {
+unsigned StoreChain::write_held(IoLoop& io, unsigned room) {
   if (room == 0 || waiting_.empty()) return 0;
   // (Written or being written since they were queued: nothing to do.)
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
@@ -92,7 +101,7 @@ unsigned StoreChain::copy_waiting(IoLoop& io, unsigned room) {
   return started;
 }
 
-bool StoreChain::copies_waiting() {
+bool StoreChain::copies_held() {
   if (!waiting_.empty() && !(keeper_ && keeper_->keeps_copies())) waiting_.clear();
   return !waiting_.empty();
 }

@@ -61,39 +61,28 @@ class StoreChain final : public Store {
 
   // Reads `id` whole into *buf from the first store that has it. Returns 0 or the last store's -errno;
   // *from is the store that answered (or was asked last).
-  int fetch(EntryId id, const Buffer& buf, Origin* from);
+  int find(EntryId id, const Buffer& buf, Origin* from) override;
+  // The same on `io` without blocking, from route.first on; a file found below the store that keeps
+  // copies is written up to it for the use `done` names, if the rule makes room and no copy is held or
+  // being written (copy-up).
+  void start_find(IoLoop& io, EntryId id, Buffer buf, Route route, FoundDone done) override;
 
-  struct Result {
-    int rc = 0;                // 0: buf holds the file, checked
-    Origin from = Origin::kSource;  // the store that answered (or was asked last)
-    Clock::time_point since;   // when that store was asked
-    Buffer buf;                // the bytes (a fresh buffer after a store that may still hold the first)
-  };
-  using Reached = std::function<void(const Result&)>;
-  // The same on `io` without blocking, starting at the store of origin `first` (skipped stores before it
-  // are not asked); `done` runs on io's thread. With `only_first`, a failure of that store is the result
-  // (the next is not asked), if it may hold the file.
-  void start_fetch(IoLoop& io, EntryId id, Buffer buf, Origin first, Reached done, bool only_first = false);
-
-  // The store of that origin, or nullptr; SOURCE.
-  Store* store(Origin origin) const;
+  // The store of that origin, or nullptr.
+  Store* part(Origin origin) override;
   SourceStore& source() const { return source_; }
 
-  // ---- copy-up, on the IoLoop's thread
-
-  // A staged file (read from below the keeping store), offered up for its use at `key` if the rule makes
-  // room and no copy is held or being written. Whether its write started.
-  bool copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
-  // A file read on demand, to go up as the ring has room (kMaxWaiting wait at most; more are let go).
-  void queue_up(EntryId id, FileBytes bytes);
-  // Starts the writes of up to `room` of the files waiting: how many.
-  unsigned copy_waiting(IoLoop& io, unsigned room);
-  // Whether files wait to go up (if the keeping store takes no copies any more, they are let go).
-  bool copies_waiting();
+  // Files read on demand wait for their write up as the ring has room (kMaxWaiting wait at most; more
+  // are let go); if the keeping store takes no copies any more, they are let go. On io's thread.
+  void hold_copy(EntryId id, FileBytes bytes) override;
+  unsigned write_held(IoLoop& io, unsigned room) override;
+  bool copies_held() override;
   static constexpr size_t kMaxWaiting = 4096;
 
  private:
-  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Reached done, bool only_this);
+  void try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, FoundDone done, bool only_this);
+  // A file found below the keeping store, offered up for its use at `key` if the rule makes room and no
+  // copy is held or being written.
+  void copy_up(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
   void write(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
 
   std::vector<Store*> stores_;  // those above, then SOURCE

@@ -72,7 +72,7 @@ std::string NvmeTier::name(EntryId id) {
   return s;
 }
 
-std::optional<NvmeTier::Held> NvmeTier::find(EntryId id) const {
+std::optional<NvmeTier::Held> NvmeTier::copy_of(EntryId id) const {
   MutexLock lock(mutex_);
   auto it = held_.find(id);
   return it == held_.end() ? std::nullopt : std::optional<Held>(it->second);
@@ -150,7 +150,7 @@ void NvmeTier::damaged(EntryId id, const char* instead) {
 }
 
 void NvmeTier::unreadable(EntryId id, int error, const char* instead) {
-  if (!find(id)) return;  // evicted between the lookup and the open: not a failure
+  if (!copy_of(id)) return;  // evicted between the lookup and the open: not a failure
   read_failures_++;
   if (!unreadable_logged_.exchange(true))
     log_warning("NVMe copy of '" + manifest_.path(id) + "' cannot be read (" + std::strerror(-error) + "); " + instead +
@@ -159,7 +159,7 @@ void NvmeTier::unreadable(EntryId id, int error, const char* instead) {
 }
 
 int NvmeTier::fetch(EntryId id, const Buffer& buf) {
-  const auto held = find(id);
+  const auto held = copy_of(id);
   if (!held) return -ENOENT;
   UniqueFd fd(::openat(dir_.get(), name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
@@ -175,7 +175,7 @@ int NvmeTier::fetch(EntryId id, const Buffer& buf) {
 }
 
 void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
-  if (!find(id)) return done(-ENOENT);
+  if (!copy_of(id)) return done(-ENOENT);
   io.open(dir_.get(), name(id), [this, &io, id, buf, done](int64_t opened) {
     if (opened < 0) {
       unreadable(id, static_cast<int>(opened), "staged from elsewhere");
@@ -183,7 +183,7 @@ void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
     }
     auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
     io.read(fd->get(), buf->data(), buf->size(), [this, id, buf, fd, done](int64_t result) {
-      const auto held = find(id);
+      const auto held = copy_of(id);
       if (result != static_cast<int64_t>(buf->size()) || !held || held->size != buf->size() ||
           checksum(buf->data(), buf->size()) != held->checksum) {
         damaged(id, "staged from SOURCE instead");

@@ -82,7 +82,7 @@ class NvmeTier final : public Store, public StagedNvme {
 
   // Store: copies held here, checked against their checksums.
   Origin origin() const override { return Origin::kNvme; }
-  bool may_hold(EntryId id) const override { return find(id).has_value(); }
+  bool may_hold(EntryId id) const override { return copy_of(id).has_value(); }
   int fetch(EntryId id, const Buffer& buf) override;
   void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override;
   // Writes the copy to its file; its room must have been reserved (reserve()). 0 once it is held.
@@ -93,7 +93,7 @@ class NvmeTier final : public Store, public StagedNvme {
     uint64_t size;
     uint64_t checksum;
   };
-  std::optional<Held> find(EntryId id) const;
+  std::optional<Held> copy_of(EntryId id) const;
 
   // Admission (StagedNvme).
   bool admitting() const override;

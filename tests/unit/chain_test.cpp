@@ -22,19 +22,20 @@ struct ChainTest : ::testing::Test {
   // Fetches `id` whole; returns the bytes ("" on an error, left in *rc) and where they came from.
   std::string fetch(EntryId id, Origin* from, int* rc) {
     auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(id).size);
-    *rc = chain.fetch(id, buf, from);
+    *rc = chain.find(id, buf, from);
     return *rc == 0 ? std::string(buf->begin(), buf->end()) : std::string();
   }
   // The same through the loop; also says whether the loop's thread was ever held up for `hold` or more.
-  StoreChain::Result start(EntryId id, std::chrono::milliseconds hold = 100ms, bool* held = nullptr) {
+  Store::Found start(EntryId id, std::chrono::milliseconds hold = 100ms, bool* held = nullptr) {
     IoLoop io(8);
-    StoreChain::Result out;
+    Store::Found out;
     bool finished = false;
     auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(id).size);
     const auto t0 = std::chrono::steady_clock::now();
-    chain.start_fetch(io, id, buf, Origin::kNvme, [&](const StoreChain::Result& r) {
+    chain.start_find(io, id, buf, Store::Route{Origin::kNvme}, [&](const Store::Found& r) {
       out = r;
       finished = true;
+      return Store::Keep{};
     });
     if (held) *held = std::chrono::steady_clock::now() - t0 >= hold;
     const auto deadline = t0 + 10s;
@@ -43,7 +44,7 @@ struct ChainTest : ::testing::Test {
     EXPECT_TRUE(finished);
     return out;
   }
-  std::string bytes(const StoreChain::Result& r) { return std::string(r.buf->begin(), r.buf->end()); }
+  std::string bytes(const Store::Found& r) { return std::string(r.buf->begin(), r.buf->end()); }
   // Asked whole for file i and through the loop for file j, the chain gives each one's bytes from `origin`.
   void expect_served(size_t i, size_t j, Origin origin) {
     Origin from{};
@@ -172,6 +173,18 @@ struct CopyUpTest : ::testing::Test {
     const std::string b = tree.bytes(tree.file(i));
     return std::make_shared<const std::vector<char>>(b.begin(), b.end());
   }
+  // Stages file i through the chain as the stager does, answering that a copy is for the use at `keep`
+  // (none: no copy); whether it was found.
+  bool stage(StoreChain& through, size_t i, Store::Keep keep) {
+    auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(i)).size);
+    int rc = 1;
+    through.start_find(io, tree.file(i), buf, Store::Route{Origin::kNvme}, [&](const Store::Found& f) {
+      rc = f.rc;
+      return keep;
+    });
+    for (int k = 0; k < 1000 && rc == 1; ++k) io.run(10ms);
+    return rc == 0;
+  }
   fakes::MemoryTree tree;
   fakes::MemorySource source;
   Keeper keeper;
@@ -182,44 +195,47 @@ struct CopyUpTest : ::testing::Test {
 
 TEST_F(CopyUpTest, AStagedFileGoesUpWhenTheRuleMakesRoomAndTheRuleIsToldOnceItIsKept) {
   rule.room = 1;
-  EXPECT_TRUE(chain.copy_up(io, tree.file(0), bytes(0), 7));
+  ASSERT_TRUE(stage(chain, 0, 7));
   EXPECT_TRUE(keeper.may_hold(tree.file(0)));
   EXPECT_EQ(rule.kept_as, (std::vector<std::pair<EntryId, uint64_t>>{{tree.file(0), 7}}));
-  EXPECT_FALSE(chain.copy_up(io, tree.file(0), bytes(0), 9));  // held: not asked again
-  EXPECT_FALSE(chain.copy_up(io, tree.file(1), bytes(1), 8));  // no room
+  ASSERT_TRUE(stage(chain, 0, 9));  // held: the rule is not asked again
+  ASSERT_TRUE(stage(chain, 1, 8));  // no room
   EXPECT_FALSE(keeper.may_hold(tree.file(1)));
+  EXPECT_EQ(rule.asked.size(), 2u);
+  ASSERT_TRUE(stage(chain, 3, std::nullopt));  // its reader said no copy is wanted: the rule is not asked
   EXPECT_EQ(rule.asked.size(), 2u);
   keeper.fail = true;  // a write that fails is not kept (the store counts it)
   rule.room = 1;
-  EXPECT_TRUE(chain.copy_up(io, tree.file(2), bytes(2), 3));
+  ASSERT_TRUE(stage(chain, 2, 3));
+  EXPECT_EQ(rule.asked.size(), 3u);
   EXPECT_EQ(rule.kept_as.size(), 1u);
 }
 
 TEST_F(CopyUpTest, FilesReadOnDemandWaitForRoomInTheRingThenGoUpAsTheRuleSays) {
   rule.room = 10;
-  for (size_t i = 0; i < 3; ++i) chain.queue_up(tree.file(i), bytes(i));
-  EXPECT_TRUE(chain.copies_waiting());
-  EXPECT_EQ(chain.copy_waiting(io, 0), 0u);  // the ring is full
-  EXPECT_EQ(chain.copy_waiting(io, 2), 2u);
-  EXPECT_TRUE(chain.copies_waiting());
-  EXPECT_EQ(chain.copy_waiting(io, 5), 1u);
-  EXPECT_FALSE(chain.copies_waiting());
+  for (size_t i = 0; i < 3; ++i) chain.hold_copy(tree.file(i), bytes(i));
+  EXPECT_TRUE(chain.copies_held());
+  EXPECT_EQ(chain.write_held(io, 0), 0u);  // the ring is full
+  EXPECT_EQ(chain.write_held(io, 2), 2u);
+  EXPECT_TRUE(chain.copies_held());
+  EXPECT_EQ(chain.write_held(io, 5), 1u);
+  EXPECT_FALSE(chain.copies_held());
   EXPECT_EQ(rule.kept_as.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(keeper.may_hold(tree.file(i))) << i;
-  chain.queue_up(tree.file(0), bytes(0));  // held already: not queued
-  EXPECT_FALSE(chain.copies_waiting());
-  chain.queue_up(tree.file(3), bytes(3));
+  chain.hold_copy(tree.file(0), bytes(0));  // held already: not queued
+  EXPECT_FALSE(chain.copies_held());
+  chain.hold_copy(tree.file(3), bytes(3));
   keeper.admitting = false;  // the store takes no more copies (its directory went read-only): let go
-  EXPECT_FALSE(chain.copies_waiting());
-  EXPECT_EQ(chain.copy_waiting(io, 5), 0u);
+  EXPECT_FALSE(chain.copies_held());
+  EXPECT_EQ(chain.write_held(io, 5), 0u);
 }
 
 TEST_F(CopyUpTest, WithoutAStoreThatKeepsCopiesNothingGoesUp) {
   StoreChain alone({}, source, &rule);
   rule.room = 10;
-  EXPECT_FALSE(alone.copy_up(io, tree.file(0), bytes(0), 1));
-  alone.queue_up(tree.file(1), bytes(1));
-  EXPECT_FALSE(alone.copies_waiting());
+  ASSERT_TRUE(stage(alone, 0, 1));
+  alone.hold_copy(tree.file(1), bytes(1));
+  EXPECT_FALSE(alone.copies_held());
   EXPECT_TRUE(rule.asked.empty());
 }
 
