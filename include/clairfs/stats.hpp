@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "clairfs/store.hpp"
+#include "clairfs/types.hpp"
 
 namespace clairfs {
 

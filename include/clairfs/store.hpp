@@ -31,10 +31,6 @@ namespace clairfs {
 
 class IoLoop;  // io/io_loop.hpp: the stager's ring and the completions it runs
 
-// Where bytes came from; the stats count reads and bytes by it.
-enum class Origin : uint8_t { kPageCache, kRam, kNvme, kPeer, kSource };
-const char* origin_name(Origin origin);
-
 using FileBytes = std::shared_ptr<const std::vector<char>>;
 using Buffer = std::shared_ptr<std::vector<char>>;
 
