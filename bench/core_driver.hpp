@@ -225,8 +225,7 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
         uint64_t after = kNever;
         {
           StagingCore::Turn turn(core);
-          after = core.staged(p.id, nullptr, p.on_nvme ? Origin::kNvme : Origin::kSource,
-                              p.why == StagingCore::Pick::For::kReadAhead);
+          after = core.staged(p, nullptr, p.on_nvme ? Origin::kNvme : Origin::kSource);
           core.flight_ended(p.id);
         }
         if (after != kNever) copy_up(p.id, after);

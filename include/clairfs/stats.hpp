@@ -78,6 +78,7 @@ struct EngineStats {
   struct Staged {
     uint64_t files = 0, bytes = 0, from_nvme = 0, from_peer = 0, failures = 0, source_bytes = 0;
     uint64_t attributes_read = 0;  // files whose attributes the stager read itself
+    uint64_t after_their_use = 0;  // their use passed while they were read (their reader on the staging's heels)
   } staged;
   // Everything read from SOURCE, for any reason: what a parallel file system sees of this node.
   uint64_t source_bytes() const { return staged.source_bytes + tier(Origin::kSource).bytes; }

@@ -13,9 +13,10 @@ EngineStats ClairvoyantEngine::stats() const {
   EngineStats s;
   for (Origin o : {Origin::kPageCache, Origin::kRam, Origin::kNvme, Origin::kPeer, Origin::kSource})
     s.tier(o) = {counters_.files(o), counters_.bytes(o)};
-  s.staged = {counters_.staged_files.load(),     counters_.staged_bytes.load(),   counters_.staged_from_nvme.load(),
-              counters_.staged_from_peer.load(), counters_.stage_failures.load(), counters_.staged_source_bytes.load(),
-              counters_.attributes_read.load()};
+  s.staged = {counters_.staged_files.load(),     counters_.staged_bytes.load(),
+              counters_.staged_from_nvme.load(), counters_.staged_from_peer.load(),
+              counters_.stage_failures.load(),   counters_.staged_source_bytes.load(),
+              counters_.attributes_read.load(),  counters_.staged_after_their_use.load()};
   s.stalls = {static_cast<double>(counters_.stall_ns.load()) / 1e9, counters_.staging_waits_given_up.load()};
   s.readahead_files = counters_.readahead_files.load();
   s.source_changed = demand_.source_changed();

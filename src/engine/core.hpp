@@ -217,12 +217,6 @@ struct StagingCore final : Admission {
   std::pair<uint64_t, uint64_t> release_ram() REQUIRES(mutex_);
   // Every file let go, nothing else told (a retired plan's engine: its stager stopped).
   void forget_ram() EXCLUDES(mutex_);
-  // A staging read of `id` done (`bytes` from `from`; `readahead`: for a reader off the plan): kept in
-  // RAM, its room reserved before, keyed by its next use — or dropped, its room given back, when the
-  // readers passed it meanwhile (or left the plan, or idle= came), unless an open waits for it (then its
-  // bytes are that open's, held as read). Returns its use after this one, for which NVMe should hold it
-  // too (kNever: not; a copy read from NVMe, a read-ahead, a file RAM alone keeps).
-  uint64_t staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) REQUIRES(mutex_);
 
   // ---- NVMe: the store chain's copies up (Admission, tiers/chain.hpp), by next use
 
@@ -277,6 +271,14 @@ struct StagingCore final : Admission {
   Walk pick(unsigned room, const Outside& outside, bool know) REQUIRES(mutex_);
   // A pick its keeper refused (not needed soon): asked again once it is, not read from SOURCE now.
   void defer(const Pick& pick) REQUIRES(mutex_);
+  // A pick's staging read done (`bytes` from `from`): kept in RAM, its room reserved before, keyed by its
+  // next use — or dropped, its room given back, when it has none left (or the readers left the plan, or
+  // idle= came), unless an open waits for it (then its bytes are that open's, held as read). Returns the
+  // use for which NVMe should hold it too (kNever: none; a copy read from NVMe, a read-ahead, a file RAM
+  // alone keeps): the use after RAM's — or RAM's own, when the use it was picked for passed while it was
+  // read (its reader read it meanwhile or waited for it): RAM then keeps it for a use an epoch away,
+  // which it seldom holds it until.
+  uint64_t staged(const Pick& pick, const FileBytes& bytes, Origin from) REQUIRES(mutex_);
 
   // ---- the kernel's page cache: the stager pushes, drops and asks off the lock
 

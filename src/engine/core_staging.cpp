@@ -293,7 +293,9 @@ bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
   return true;
 }
 
-uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bool readahead) {
+uint64_t StagingCore::staged(const Pick& pick, const FileBytes& bytes, Origin from) {
+  const EntryId id = pick.id;
+  const bool readahead = pick.why == Pick::For::kReadAhead;
   const uint64_t size = manifest_.entry(id).size;
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
   const bool keep_for_peers = !readahead && kept_in_ram(id);
@@ -314,9 +316,16 @@ uint64_t StagingCore::staged(EntryId id, const FileBytes& bytes, Origin from, bo
     watched.hold(id, bytes, from == Origin::kPeer ? Origin::kPeer : Origin::kRam);
     return kNever;
   }
+  if (readahead || from == Origin::kNvme) return kNever;
+  // Its use passed while it was read: NVMe holds it for the next one too (else, RAM letting it go long
+  // before that, the next epoch would read SOURCE again).
+  if (key != kKeptForPeers && key > pick.key) {
+    counters_.staged_after_their_use++;
+    return key;
+  }
   // Into NVMe too, for the use after this one, if MIN keeps it there (and for the other nodes, if this
   // one keeps it for them).
-  return readahead || from == Origin::kNvme ? kNever : policy.after_key(id, key, keep_for_peers);
+  return policy.after_key(id, key, keep_for_peers);
 }
 
 bool StagingCore::make_nvme_room(uint64_t size, uint64_t key) {

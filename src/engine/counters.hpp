@@ -21,6 +21,9 @@ struct EngineCounters {
 
   // Staging.
   std::atomic<uint64_t> staged_files{0}, staged_bytes{0}, stage_failures{0};
+  // Staged files whose use passed while they were read (their reader on the staging's heels): NVMe keeps
+  // them for their next use.
+  std::atomic<uint64_t> staged_after_their_use{0};
   std::atomic<uint64_t> staged_from_nvme{0}, staged_from_peer{0}, staged_peer_bytes{0}, staged_source_bytes{0};
   // Files a keeper refused while not needed soon, asked again later rather than read from SOURCE.
   std::atomic<uint64_t> peer_deferrals{0};

@@ -26,6 +26,7 @@ void EngineStats::add_served(const EngineStats& before) {
   staged.failures += before.staged.failures;
   staged.source_bytes += before.staged.source_bytes;
   staged.attributes_read += before.staged.attributes_read;
+  staged.after_their_use += before.staged.after_their_use;
   stalls.seconds += before.stalls.seconds;
   stalls.staging_waits_given_up += before.stalls.staging_waits_given_up;
   // The watch's news went to the plan of the moment: heard opens and closes are the sum.
@@ -77,7 +78,8 @@ nlohmann::json staging_json(const EngineStats& s) {
                  {"from_peer", s.staged.from_peer},
                  {"failures", s.staged.failures},
                  {"source_bytes", s.staged.source_bytes},
-                 {"attributes_read", s.staged.attributes_read}};
+                 {"attributes_read", s.staged.attributes_read},
+                 {"after_their_use", s.staged.after_their_use}};
   j["source_traffic"] = {{"bytes", s.source_bytes()}};
   j["stalls"] = {{"opens", s.tier(Origin::kSource).files},
                  {"seconds", s.stalls.seconds},

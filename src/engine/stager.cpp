@@ -378,7 +378,7 @@ Store::Keep Stager::staged(const Pick& pick, const Store::Found& r) {
 
 uint64_t Stager::keep(const Pick& pick, const Store::Found& r) {
   StagingCore::Turn turn(state_);
-  return state_.staged(pick.id(), r.buf, r.from, pick.what.why == StagingCore::Pick::For::kReadAhead);
+  return state_.staged(pick.what, r.buf, r.from);
 }
 
 void Stager::finish(const Pick& pick, bool defer) {

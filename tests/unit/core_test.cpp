@@ -135,6 +135,28 @@ TEST(Core, TheWalkPicksThePlansNextFilesWithinTheBytesInFlight) {
   EXPECT_EQ(c.core.pick(1, kNobodyElse, true).picks.size(), 0u);  // (and within the ring's room)
 }
 
+// A file whose use its reader passed while the stager read it (the reader on the staging's heels) is
+// kept in RAM for its next use, an epoch away, and NVMe is asked to hold it for that use too — not for
+// the use after it (none here: two epochs), which left the next epoch to read SOURCE again once RAM had
+// let it go. A file staged before its use goes to NVMe for the use after RAM's, as ever.
+TEST(Core, AFileWhoseUseWasPassedWhileItWasReadGoesToNvmeForItsNextUse) {
+  Core c;
+  std::vector<StagingCore::Pick> picks;
+  {
+    StagingCore::Turn turn(c.core);
+    picks = c.core.pick(2, kNobodyElse, true).picks;
+  }
+  ASSERT_EQ(picks.size(), 2u);
+  c.open(0, 0, 1);  // item(0, 0) opened while its staging read is in flight
+  const auto bytes = std::make_shared<const std::vector<char>>(100);
+  StagingCore::Turn turn(c.core);
+  // Epoch 1 reads the items in reverse: item(0, 0) is its last (key 1,199), item(0, 1) the one before.
+  EXPECT_EQ(c.core.staged(picks[0], bytes, Origin::kSource), 2 * kFiles - 1);
+  EXPECT_EQ(c.counters.staged_after_their_use.load(), 1u);
+  EXPECT_EQ(c.core.staged(picks[1], bytes, Origin::kSource), 2 * kFiles - 2);
+  EXPECT_EQ(c.counters.staged_after_their_use.load(), 1u);
+}
+
 // A watched mount: a read that comes before the watch told its open (its thread behind the reader) is
 // that use's; the walk does not stage the file for it, after the read as during it.
 TEST(Core, TheWalkLeavesAFileReadBeforeTheWatchToldItsOpen) {
