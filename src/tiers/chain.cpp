@@ -7,8 +7,7 @@
 
 namespace clairfs {
 
-StoreChain::StoreChain(std::vector<Store*> above, SourceStore& source, Admission* admission)
-    : source_(source), admission_(admission) {
+StoreChain::StoreChain(std::vector<Store*> above, SourceStore& source, Admission* admission) : admission_(admission) {
   for (Store* s : above)
     if (s) stores_.push_back(s);
   stores_.push_back(&source);

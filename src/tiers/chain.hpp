@@ -69,7 +69,6 @@ class StoreChain final : public Store {
 
   // The store of that origin, or nullptr.
   Store* part(Origin origin) override;
-  SourceStore& source() const { return source_; }
 
   // Files read on demand wait for their write up as the ring has room (kMaxWaiting wait at most; more
   // are let go); if the keeping store takes no copies any more, they are let go. On io's thread.
@@ -86,7 +85,6 @@ class StoreChain final : public Store {
   void write(IoLoop& io, EntryId id, FileBytes bytes, uint64_t key);
 
   std::vector<Store*> stores_;  // those above, then SOURCE
-  SourceStore& source_;
   Store* keeper_ = nullptr;  // the store that keeps copies (NVMe's), if any
   Admission* const admission_;
   std::unordered_set<EntryId> writing_;  // writes under way: one at a time a file
