@@ -34,20 +34,23 @@ bool PeerLiveness::heard(int peer, Clock::time_point now) {
 
 void PeerLiveness::answered(int peer) { peers_[static_cast<size_t>(peer)].proven = true; }
 
+PeerLiveness::Clock::duration PeerLiveness::within(const Peer& p) const {
+  Clock::duration within = p.proven ? std::max<Clock::duration>(config_.answer_within, 4 * p.slow_pong)
+                                    : Clock::duration{config_.unproven_within};
+  if (p.returns > 0)
+    within = std::min<Clock::duration>(std::max<Clock::duration>(within, config_.longest_within),
+                                       within * (int64_t{1} << std::min(p.returns, 16u)));
+  const auto queued = std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
+  return within + std::chrono::duration_cast<Clock::duration>(queued);
+}
+
 PeerLiveness::Turn PeerLiveness::turn(Clock::time_point now) {
   Turn t;
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
     if (p.dead || p.owed == 0) continue;
     if (p.pinged) {
-      const auto queued =
-          std::chrono::duration<double>(static_cast<double>(p.owed_bytes) / config_.link_bytes_per_second);
-      Clock::duration within = p.proven ? std::max<Clock::duration>(config_.answer_within, 4 * p.slow_pong)
-                                        : Clock::duration{config_.unproven_within};
-      if (p.returns > 0)
-        within = std::min<Clock::duration>(std::max<Clock::duration>(within, config_.longest_within),
-                                           within * (int64_t{1} << std::min(p.returns, 16u)));
-      if (now - *p.pinged >= within + std::chrono::duration_cast<Clock::duration>(queued)) {
+      if (now - *p.pinged >= within(p)) {
         p.dead = true;
         t.dead.push_back(static_cast<int>(i));
       }

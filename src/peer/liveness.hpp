@@ -8,7 +8,9 @@
 // slowest ping answer it gave lately if longer (a busy node, a sanitized build: its progress thread
 // answers late), plus the time the answers it still owes take at `link_bytes_per_second` (a pong may
 // queue behind them on the connection); `unproven_within` while it has answered nothing yet (its first
-// answers come over connections still being made). How long its answers to requests took does not
+// answers come over connections still being made) — unless this node answered a request of its own: then
+// messages went both ways (once in CI a survivor's read waited 2.58 s on a node killed mid-epoch, about
+// this rule's wait; which rule held it was not logged then). How long its answers to requests took does not
 // count: a keeper answers a file once it has it, and a wait for that is no measure of a pong's (4 × one
 // slow answer once let a killed node stall readers 2.6 s in CI). A peer this node waits on for nothing
 // is not pinged: its death costs nothing until asked.
@@ -45,7 +47,8 @@ class PeerLiveness {
   void ended(int peer, uint64_t bytes);
   // Any message from `peer`. True if it had been given up for silence: it is alive again.
   bool heard(int peer, Clock::time_point now);
-  // `peer` answered a request: it is proven (its connections are made).
+  // A request and its answer went between `peer` and this node, either way: it is proven (the
+  // connections are made; a ping of it is not given the first contact's time).
   void answered(int peer);
 
   struct Turn {
@@ -57,6 +60,8 @@ class PeerLiveness {
   Clock::duration silence(int peer, Clock::time_point now) const {
     return now - peers_[static_cast<size_t>(peer)].heard;
   }
+  // How long a ping of `peer` is given before it is taken for dead (for the log).
+  Clock::duration ping_within(int peer) const { return within(peers_[static_cast<size_t>(peer)]); }
 
  private:
   struct Peer {
@@ -69,6 +74,8 @@ class PeerLiveness {
     unsigned returns = 0;                     // times it was heard from again after being given up
     bool dead = false;
   };
+  Clock::duration within(const Peer& p) const;
+
   const Config config_;
   std::vector<Peer> peers_;
 };

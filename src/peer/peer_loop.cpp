@@ -141,6 +141,9 @@ bool PeerLoop::serve_requests(Clock::time_point now) {
     return true;
   }
   const int tag = static_cast<int>(asked_tag);
+  // Its request came, and the answer goes back: messages go both ways with it (a later ping of it is
+  // not held to the first contact's time).
+  liveness_.answered(from);
   PeerBytes bytes = request ? lookup_(request->id) : nullptr;
   if (bytes && bytes->size() == request->size) {
     sends_.push_back({wire_.send(bytes->data(), bytes->size(), from, tag), bytes});
@@ -231,10 +234,12 @@ void PeerLoop::watch_liveness(Clock::time_point now) {
     if (!gone_[static_cast<size_t>(peer)]) send_small(&kOne, peer, kPing);
   for (int peer : alive.dead) {
     failed_ = true;  // the end must not wait on it
+    using std::chrono::milliseconds;
     fail_peer(peer, true,
-              "did not answer a ping (silent for " +
-                  std::to_string(
-                      std::chrono::duration_cast<std::chrono::milliseconds>(liveness_.silence(peer, now)).count()) +
+              "did not answer a ping in " +
+                  std::to_string(std::chrono::duration_cast<milliseconds>(liveness_.ping_within(peer)).count()) +
+                  " ms (silent for " +
+                  std::to_string(std::chrono::duration_cast<milliseconds>(liveness_.silence(peer, now)).count()) +
                   " ms: dead or stopped?)");
   }
   take_late_answers(now);

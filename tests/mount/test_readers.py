@@ -260,8 +260,12 @@ def test_world_size_auto(t):
     h.check(len(ranks) == 2 and all(e == 0 and done == tot == samples // 2 and v == "following"
                                     for _, e, done, tot, v in ranks),
             "world_size=auto: both ranks followed to the end of their epoch: %s" % ranks)
-    h.check(h.source_bytes(s) <= total, "world_size=auto: SOURCE read %.3f× the data set (%d files kept at the re-plan)"
-            % (h.source_bytes(s) / total, plan["kept_files"]))
+    h.check(h.source_bytes(s) <= total, "world_size=auto: SOURCE read %.3f× the data set, %d bytes over (%d files kept "
+            "at the re-plan; staged %s, read on demand %s, before the engine %s, piecewise %d, demand reads left to "
+            "readers %d)" % (h.source_bytes(s) / total, h.source_bytes(s) - total, plan["kept_files"],
+                             (s["staged"]["files"], s["staged"]["source_bytes"]), s["tiers"]["source"],
+                             (s["waited"]["source_files"], s["waited"]["source_bytes"]),
+                             s["demand"]["piecewise_files"], s["demand"]["left_to_readers"]))
 
 
 @pytest.mark.skipif(bool(os.environ.get("CLAIRFS_SANITIZED")), reason="plain arithmetic, and the pass is long enough")

@@ -84,6 +84,15 @@ def kill_mid_epoch(mnts, want, victim):
     return (wrong, opened, errors), (wrong2, opened2, errors2), slowest, before
 
 
+def peer_news(state, slowest, bound=1.5):
+    """When a survivor's read took `bound` or longer: the job log's lines of peers given up or back (how long
+    each ping was given), to tell a slow death notice from a wait elsewhere; else nothing."""
+    if max(slowest) < bound:
+        return ""
+    with open(state[:-len(".state")] + ".log", errors="replace") as f:
+        return "; log: %s" % [line.strip()[:200] for line in f if "peer node" in line]
+
+
 def join(threads):
     for t in threads:
         t.join(timeout=300)
@@ -258,9 +267,9 @@ def test_a_node_killed_mid_epoch(c):
         met = [x["peers"]["gone"] == [victim] and x["peers"]["failures"] + x["peers"]["timeouts"] > 0 for x in s]
         h.check(all(met) and max(survivors) < 1.5,
                 "both survivors asked the dead node and gave it up; no read waited out peer_timeout (5 s): the "
-                "slowest took %s s; SOURCE %.3f× the data set by the survivors over the job; (failures, timeouts) %s" % (
+                "slowest took %s s; SOURCE %.3f× the data set by the survivors over the job; (failures, timeouts) %s%s" % (
                     ["%.2f" % x for x in survivors], traffic,
-                    [(x["peers"]["failures"], x["peers"]["timeouts"]) for x in s]))
+                    [(x["peers"]["failures"], x["peers"]["timeouts"]) for x in s], peer_news(state, survivors)))
         h.check(not h.is_mounted(mnts[victim]), "the killed daemon's mount went with it (auto_unmount under a launcher)")
         said = [subprocess.run([h.CLAIRFS, "status", mnts[n]], capture_output=True, text=True, timeout=30).stdout
                 for n in range(NODES) if n != victim]
@@ -295,7 +304,8 @@ def test_a_node_killed_mid_epoch_with_room_for_its_share(c):
                     (errors + errors2)[:2], [x["peers"]["gone"] for x in s]))
         h.check(traffic <= 1 + 1 / NODES + 0.03 and max(survivors) < 1.5,
                 "SOURCE %.3f× the data set over the job (bound: once, and the dead node's share once more: %.3f); "
-                "the slowest survivor's read %s s" % (traffic, 1 + 1 / NODES + 0.03, ["%.2f" % x for x in survivors]))
+                "the slowest survivor's read %s s%s" % (traffic, 1 + 1 / NODES + 0.03, ["%.2f" % x for x in survivors],
+                                                          peer_news(state, survivors)))
         r2, took, log = umount(state)
         left = wait_clean(tmp, nvmes, timeout=10)
         h.check(not left, "nothing left on any node: %s" % left)

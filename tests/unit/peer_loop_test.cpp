@@ -166,6 +166,32 @@ TEST_F(PeerLoopTest, AnOwnerThatStopsAnsweringIsGivenUpWithinASecondNotTheTimeou
   EXPECT_TRUE(node(0).failed());  // the end must not wait on it
 }
 
+TEST_F(PeerLoopTest, AnOwnerThatOnlyAskedThisNodeIsGivenUpWithinASecondToo) {
+  // Node 1 asked node 0, which answered: messages went both ways, so node 1 silent later (killed) is
+  // given up at the ping's usual time, not the 2.5 s a peer never heard from is given.
+  auto theirs = fetch(1, 0, 2);
+  node(1).turn(t0);
+  node(0).turn(t0);
+  node(1).turn(t0 + 1ms);
+  ASSERT_EQ(theirs->result, 300);
+  auto a = fetch(0, 1, 1);
+  node(0).turn(t0 + 10ms);
+  node(0).turn(t0 + 300ms);  // pinged
+  node(0).turn(t0 + 1000ms);
+  EXPECT_EQ(a->result, -EHOSTDOWN);
+  EXPECT_FALSE(node(0).usable(1));
+}
+
+TEST_F(PeerLoopTest, AnOwnerNeverHeardFromIsGivenTheFirstContactsTime) {
+  auto a = fetch(0, 1, 1);
+  node(0).turn(t0);
+  node(0).turn(t0 + 300ms);  // pinged
+  node(0).turn(t0 + 1000ms);
+  EXPECT_FALSE(a->result);  // its connections may still be being made
+  node(0).turn(t0 + 2900ms);
+  EXPECT_EQ(a->result, -EHOSTDOWN);
+}
+
 TEST_F(PeerLoopTest, AnOwnerThatAnswersPingsIsWaitedForUntilTheTimeout) {
   auto first = fetch(0, 1, 0);
   node(0).turn(t0);
