@@ -66,7 +66,7 @@ void ClairvoyantEngine::begin() {
   if (config_.adopt) state_.plan_up_to(kNever);
   touch();  // (idle= counts from here)
   catch_up(config_.opened_before);
-  if (config_.adopt) adopted_ = state_.adopt(config_.adopt());
+  if (config_.adopt) adopted_ = state_.adopt(config_.adopt(*this));
   stager_ =
       std::make_unique<Stager>(StagerParts{manifest_, state_, ram_, chain_, demand_, counters_, config_.page_cache,
                                            config_.depth, config_.idle, config_.memory_retry});
@@ -139,9 +139,10 @@ std::vector<std::optional<uint64_t>> ClairvoyantEngine::late_epochs(
 
 uint64_t ClairvoyantEngine::reading_epoch() const { return state_.reading_epoch().value_or(config_.start_epoch); }
 
-std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire() {
+std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire(ClairvoyantEngine& next) {
   if (stager_) stager_->finish();  // its reads in flight kept first: SOURCE sent them once
   stager_.reset();                 // no more staging, pushes or NVMe writes
+  demand_.hand_to(next.demand_);
   std::vector<std::pair<EntryId, FileBytes>> held;
   for (EntryId id : ram_.ids())
     if (FileBytes bytes = ram_.get(id)) held.emplace_back(id, std::move(bytes));

@@ -51,6 +51,8 @@
 
 namespace clairfs {
 
+class ClairvoyantEngine;
+
 // Epochs planned after the readers' one, for a node serving `ranks` of `world`: a file comes back to it
 // about every world / ranks epochs, so eviction by next use must see that far (and one more); 16 at
 // most, since each epoch planned costs memory.
@@ -113,8 +115,9 @@ struct EngineConfig {
   // /proc, when first asked (0 for a process gone by then). Tests make up the parents.
   std::function<pid_t(pid_t)> parent_of;
   // The files the engine of the mount's last plan held in RAM (a re-plan, LearningEngine): taken once
-  // the opens above are placed, before staging starts, and kept as RAM allows (adopt).
-  std::function<std::vector<std::pair<EntryId, FileBytes>>()> adopt;
+  // the opens above are placed, before staging starts, and kept as RAM allows (adopt); given the new
+  // engine, to which the old one's reads on demand go from then on (ClairvoyantEngine::retire).
+  std::function<std::vector<std::pair<EntryId, FileBytes>>(ClairvoyantEngine& next)> adopt;
   // A reader found to read as another world size makes whoever built the engine plan again (on_world),
   // rather than a remount: what the log says.
   bool replans = false;
@@ -189,8 +192,9 @@ class ClairvoyantEngine final : public Engine {
   uint64_t reading_epoch() const EXCLUDES(state_.lock());
   // The plan is over: staging stops (its reads in flight kept) and the files held in RAM are handed
   // over to the next plan's engine (EngineConfig::adopt), and still served here until free_ram(), once
-  // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe.
-  std::vector<std::pair<EntryId, FileBytes>> retire() EXCLUDES(state_.lock());
+  // that engine serves. Opens and reads keep working, from RAM, then SOURCE or NVMe; what they read whole
+  // goes to `next` to keep (DemandReader::hand_to), as do their files read on demand not yet kept here.
+  std::vector<std::pair<EntryId, FileBytes>> retire(ClairvoyantEngine& next) EXCLUDES(state_.lock());
   void free_ram() EXCLUDES(state_.lock());
   // retire() was called (asked by the thread that called it).
   bool retired() const { return !stager_; }

@@ -54,10 +54,30 @@ DemandReader::Claim::~Claim() {
 }
 
 void DemandReader::adopt(EntryId id, FileBytes bytes) {
-  MutexLock lock(mutex_);
-  if (adopted_.size() >= kMaxAdopted) return;
-  adopted_.emplace_back(id, std::move(bytes));
-  whole_++;
+  DemandReader* next = nullptr;
+  {
+    MutexLock lock(mutex_);
+    next = next_;
+    if (!next) {
+      if (adopted_.size() >= kMaxAdopted) return;
+      adopted_.emplace_back(id, std::move(bytes));
+      whole_++;
+      return;
+    }
+  }
+  next->adopt(id, std::move(bytes));  // (not under this one's lock: the lock order has none between readers)
+}
+
+void DemandReader::hand_to(DemandReader& next) {
+  std::vector<std::pair<EntryId, FileBytes>> left;
+  {
+    MutexLock lock(mutex_);
+    next_ = &next;
+    left = std::exchange(adopted_, {});
+    whole_ -= left.size();
+  }
+  next.earlier_.store(this, std::memory_order_release);
+  for (auto& [id, bytes] : left) next.adopt(id, std::move(bytes));
 }
 
 std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
@@ -67,6 +87,7 @@ std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
 }
 
 bool DemandReader::reading(EntryId id) {
+  if (DemandReader* earlier = earlier_.load(std::memory_order_acquire); earlier && earlier->reading(id)) return true;
   if (whole_.load() != 0) {
     MutexLock lock(mutex_);
     if (loading_.count(id)) return true;
@@ -75,6 +96,8 @@ bool DemandReader::reading(EntryId id) {
 }
 
 bool DemandReader::loading_whole(EntryId id) {
+  if (DemandReader* earlier = earlier_.load(std::memory_order_acquire); earlier && earlier->loading_whole(id))
+    return true;
   if (whole_.load() == 0) return false;  // the staging walk asks of every file it passes: mostly none
   MutexLock lock(mutex_);
   return loading_.count(id) != 0 ||

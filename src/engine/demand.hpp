@@ -68,6 +68,13 @@ class DemandReader {
 
   // Files read whole on demand since the last call, for the stager to keep.
   std::vector<std::pair<EntryId, FileBytes>> take_adopted();
+  // The plan changed (a re-plan: this reader's engine retires, `next`'s takes over). The files this one
+  // loaded whole and its stager did not take, and those it loads from now on (its engine still serves
+  // until the switch, and its handles after), go to `next` to keep; `next` counts this one's loads under
+  // way as its own (loading_whole, reading). Without it a file read on demand in the switch was kept by
+  // neither engine, and staged again for its next use: SOURCE read it twice. Called once, before `next`'s
+  // stager starts; `next` must not outlive this reader.
+  void hand_to(DemandReader& next);
   // Whether a reader is reading `id` from the stores itself right now (a whole-file miss being loaded, or
   // pieces read from SOURCE within the last second): a staging read of it would read it a second time.
   bool reading(EntryId id);
@@ -97,6 +104,8 @@ class DemandReader {
   Mutex mutex_;
   std::vector<std::pair<EntryId, FileBytes>> adopted_ GUARDED_BY(mutex_);
   std::unordered_map<EntryId, unsigned> loading_ GUARDED_BY(mutex_);  // load_whole under way, by file
+  DemandReader* next_ GUARDED_BY(mutex_) = nullptr;                   // hand_to's: where copies go
+  std::atomic<DemandReader*> earlier_{nullptr};                       // the reader that handed to this one
   // The loads under way and the files adopted, not yet taken: changed under mutex_, read without it
   // (none: nothing to look up).
   std::atomic<size_t> whole_{0};

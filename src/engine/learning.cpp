@@ -642,9 +642,9 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     c.idle_ranks = std::move(idle);
     c.opened_before = opens(0, &seen);
     c.handed_over = true;
-    c.adopt = [this, old] {
+    c.adopt = [this, old](ClairvoyantEngine& next) {
       MutexLock lock(mutex_);  // stats() reads the engines under it
-      return old->retire();
+      return old->retire(next);
     };
     e = std::make_unique<ClairvoyantEngine>(samples, *oracle, reader_, std::move(c));
   } catch (const std::exception& x) {

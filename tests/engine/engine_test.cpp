@@ -916,7 +916,7 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   EngineConfig c = two_ranks(4 << 20);
   c.ranks = {0, 1, 2};
   c.opened_before = old->readers().opens_as(3, 0, &seen);
-  c.adopt = [&] { return old->retire(); };
+  c.adopt = [&](ClairvoyantEngine& next) { return old->retire(next); };
   ClairvoyantEngine next(tree.manifest, job, source, c);
   old->free_ram();
   EXPECT_EQ(next.adopted(), tree.files());  // every file has a use in the epochs planned
@@ -927,6 +927,38 @@ TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
   EXPECT_EQ(s.tier(Origin::kSource).files, 0u);
   EXPECT_EQ(source.bytes_read(), tree.total());
   for (const auto& rank : s.ranks) EXPECT_EQ(rank.done, rank.total) << rank.rank;
+}
+
+TEST(Engine, AFileReadOnDemandThroughARetiredPlanIsKeptByTheNextAndSourceReadsItOnce) {
+  // A re-plan before staging is done (SOURCE slow; here the old plan's RAM holds a few files): a reader
+  // still served by the old plan's engine reads a file it had not staged; the new plan's engine keeps
+  // that copy rather than staging the file again for its next use (test_readers' world_size=auto over a
+  // slow SOURCE read 6-8 files twice so).
+  MemoryTree tree(sizes(60, 1000, 3000));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
+  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
+  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(8 << 10));
+  EngineConfig c = two_ranks(4 << 20);
+  c.ranks = {0, 1, 2};
+  EntryId late = kNoEntry;
+  c.adopt = [&](ClairvoyantEngine& next) {
+    auto held = old->retire(next);
+    // Read through the old engine after its staging stopped (as until the new one is published).
+    for (EntryId id : tree.manifest.samples())
+      if (source.reads_of(id) == 0) {
+        late = id;
+        break;
+      }
+    if (late != kNoEntry) EXPECT_EQ(read_file(*old, late, nullptr, 4242), tree.bytes(late));
+    return held;
+  };
+  ClairvoyantEngine next(tree.manifest, job, source, c);
+  old->free_ram();
+  ASSERT_NE(late, kNoEntry);  // the old engine had not staged every file
+  ASSERT_TRUE(wait_for(next, [&](const EngineStats& s) { return s.ram.files == tree.files(); }));
+  EXPECT_EQ(source.reads_of(late), 1u);
+  EXPECT_EQ(source.bytes_read(), tree.total());
 }
 
 TEST(Engine, APlanStartedAfterTheEpochsEndIsPlacedByItsOpensAndFollowsTheNextEpoch) {
