@@ -62,7 +62,7 @@ def run(build, threads, ram, total):
         return {"files_per_s": (round(first), round(second)),
                 "source": (round(source0 / total, 3), round((t["source_traffic"]["bytes"] - source0) / total, 3)),
                 "nvme_files_after_epoch_0": s["nvme"]["files"], "staged": s["staged"],
-                "piecewise_files": s["demand"]["piecewise_files"]}
+                "demand": s["demand"], "nvme_files_written": s["nvme"]["writes"]}
     finally:
         unmount(mnt)
         shutil.rmtree(work, ignore_errors=True)

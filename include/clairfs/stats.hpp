@@ -100,6 +100,7 @@ struct EngineStats {
   // Whole files held outside the RAM budget (read on demand), and files read piecewise for want of room.
   struct Demand {
     uint64_t limit = 0, used = 0, piecewise_files = 0, left_to_readers = 0;
+    uint64_t waited = 0, waits_given_up = 0;  // misses that waited for room in it; those that waited in vain
   } demand;
 
   struct Rank {

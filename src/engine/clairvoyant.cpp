@@ -52,7 +52,7 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
              policy_config(config_, mean_size_), window_config(config_, mean_size_),
              StagingConfig{config_.bytes_in_flight, config_.handed}, ram_, nvme_.get(), counters_, config_.handed_over),
       chain_({nvme_.get(), peers_.get()}, source, &state_),
-      demand_(manifest_, chain_, source, counters_),
+      demand_(manifest_, chain_, source, counters_, [this] { state_.wake_stager(); }),
       news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
   state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc);
 }

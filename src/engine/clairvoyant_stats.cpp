@@ -59,8 +59,8 @@ EngineStats ClairvoyantEngine::stats() const {
         p.gone.push_back(n);
     }
   }
-  s.demand = {demand_.allowance().limit(), demand_.allowance().used(), counters_.piecewise_files.load(),
-              counters_.left_to_readers.load()};
+  s.demand = {demand_.allowance().limit(),      demand_.allowance().used(),    counters_.piecewise_files.load(),
+              counters_.left_to_readers.load(), counters_.demand_waits.load(), counters_.demand_waits_given_up.load()};
   s.pagecache.budget = config_.page_cache ? config_.pagecache : 0;
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
   s.progress.from = !config_.no_open ? "opens" : inferred ? "reads" : "watched opens";

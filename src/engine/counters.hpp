@@ -46,6 +46,8 @@ struct EngineCounters {
   // Reads on demand.
   std::atomic<uint64_t> demand_peer_files{0};
   std::atomic<uint64_t> piecewise_files{0};  // read from SOURCE piece by piece: no room to hold them whole
+  std::atomic<uint64_t> demand_waits{0};     // misses that waited for room in the demand allowance
+  std::atomic<uint64_t> demand_waits_given_up{0};  // ... and found none in time (read piece by piece)
   // Uses not staged: their readers were reading them on demand (or had read them, the watch behind).
   std::atomic<uint64_t> left_to_readers{0};
   std::atomic<uint64_t> stall_ns{0};          // time readers waited on a peer or SOURCE

@@ -28,16 +28,23 @@ constexpr size_t kSourceHandles = 16;
 // A file read from SOURCE piece by piece this lately is being read still (a reader asks for its pieces
 // back to back; the next epoch's use of it comes far later).
 constexpr auto kReadingNow = std::chrono::seconds(1);
+// How long a miss waits for room in the allowance (DemandReader::room_for), and how long after a wait
+// in vain misses do not wait.
+constexpr auto kRoomWait = std::chrono::milliseconds(200);
+constexpr auto kRoomWake = std::chrono::milliseconds(20);  // the stager woken again this often meanwhile
+constexpr auto kNoRoomBackoff = std::chrono::seconds(2);
 
 }  // namespace
 
-DemandReader::DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters)
+DemandReader::DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters,
+                           std::function<void()> wake_keeper)
     : manifest_(manifest),
       stores_(stores),
       source_(source),
       nvme_(stores.part(Origin::kNvme)),
       counters_(counters),
       allowance_(kDemandBytes),
+      wake_keeper_(std::move(wake_keeper)),
       recent_(kRecentFiles, kRecentBytes),
       source_handles_(source_, kSourceHandles) {}
 
@@ -104,11 +111,33 @@ bool DemandReader::loading_whole(EntryId id) {
          std::any_of(adopted_.begin(), adopted_.end(), [id](const auto& a) { return a.first == id; });
 }
 
+Buffer DemandReader::room_for(uint64_t size) {
+  // Full of copies on their way to be kept (the stager writes them to NVMe when RAM has no room): the
+  // miss waits for one of them, so that its file is kept too, rather than read piece by piece and read
+  // from SOURCE again for its next use — readers faster than the copies are kept (a SOURCE as fast as
+  // tmpfs) go at the copies' pace. Copies that do not go (a disk that stalls) are not waited for again
+  // for a while.
+  const auto now = Clock::now();
+  if (now.time_since_epoch().count() < no_wait_until_.load(std::memory_order_relaxed)) return allowance_.allocate(size);
+  if (Buffer buf = allowance_.allocate(size); buf || size > allowance_.limit()) return buf;
+  counters_.demand_waits++;
+  // The stager woken now and then meanwhile (a wake-up between its look and its sleep is missed).
+  const auto deadline = now + kRoomWait;
+  for (auto t = now; t < deadline; t = Clock::now()) {
+    if (wake_keeper_) wake_keeper_();
+    bool waited = false;
+    if (Buffer buf = allowance_.allocate_by(size, std::min(deadline, t + kRoomWake), &waited)) return buf;
+  }
+  counters_.demand_waits_given_up++;
+  no_wait_until_.store((Clock::now() + kNoRoomBackoff).time_since_epoch().count(), std::memory_order_relaxed);
+  return nullptr;
+}
+
 int DemandReader::load_whole(EntryId id, FileBytes* bytes, Origin* from) {
   const uint64_t size = manifest_.entry(id).size;
-  auto buf = allowance_.allocate(size);
+  const auto t0 = Clock::now();  // (a wait for room is the reader's stall too)
+  Buffer buf = room_for(size);
   if (!buf) return -EFBIG;
-  const auto t0 = Clock::now();
   *from = Origin::kSource;
   int rc = 0;
   {

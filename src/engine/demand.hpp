@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -35,8 +36,10 @@ class DemandReader {
 
   // REQUIRES: manifest, stores, source, counters outlive the reader. `stores`: the node's (StoreChain:
   // NVMe, the keeper, SOURCE), a file's whole reads and the NVMe copies for peers; `source`: SOURCE,
-  // read piecewise where a file has no room.
-  DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters);
+  // read piecewise where a file has no room. `wake_keeper`: called when a miss finds the allowance full
+  // (the stager takes the files read on demand and frees their room as it keeps them; it may be asleep).
+  DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters,
+               std::function<void()> wake_keeper);
 
   // A reader's miss, from the moment the engine finds `id` neither in RAM nor being staged (under its
   // lock) until the read is served: loading_whole(id) holds meanwhile, so no staging read of it starts
@@ -92,6 +95,9 @@ class DemandReader {
   // Copies the piece of `bytes` at `offset`; the file's last piece ends RecentLoads' hold on it.
   ssize_t copy(EntryId id, const std::vector<char>& bytes, char* buf, size_t size, off_t offset);
   void adopt(EntryId id, FileBytes bytes);
+  // A buffer of `size` bytes from the allowance, waiting a little for room if there is none; nullptr if
+  // none came.
+  Buffer room_for(uint64_t size);
 
   const Manifest& manifest_;
   Store& stores_;
@@ -99,6 +105,8 @@ class DemandReader {
   Store* const nvme_;  // the NVMe store among them, if any
   EngineCounters& counters_;
   DemandAllowance allowance_;
+  const std::function<void()> wake_keeper_;
+  std::atomic<Clock::rep> no_wait_until_{0};  // room_for waits for room from then on (a steady-clock count)
   RecentLoads recent_;
   SourceHandles source_handles_;
   Mutex mutex_;

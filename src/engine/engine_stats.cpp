@@ -124,7 +124,9 @@ nlohmann::json staging_json(const EngineStats& s) {
   j["demand"] = {{"limit", s.demand.limit},
                  {"used", s.demand.used},
                  {"piecewise_files", s.demand.piecewise_files},
-                 {"left_to_readers", s.demand.left_to_readers}};
+                 {"left_to_readers", s.demand.left_to_readers},
+                 {"waited", s.demand.waited},
+                 {"waits_given_up", s.demand.waits_given_up}};
   nlohmann::json ranks = nlohmann::json::array();
   for (const EngineStats::Rank& r : s.ranks)
     ranks.push_back({{"rank", r.rank},

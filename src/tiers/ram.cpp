@@ -152,29 +152,53 @@ uint64_t RamTier::bookkeeping() const {
 }
 
 struct DemandAllowance::Release {
-  std::shared_ptr<std::atomic<uint64_t>> used;
+  std::shared_ptr<Shared> shared;
   uint64_t size;
   bool counted;
   void operator()(std::vector<char>* bytes) const {
-    if (counted) used->fetch_sub(size);
+    if (counted) shared->give_back(size);
     delete bytes;
   }
 };
 
+void DemandAllowance::Shared::give_back(uint64_t size) {
+  used.fetch_sub(size);
+  if (waiting.load() == 0) return;
+  MutexLock lock(mutex);  // (so that a waiter between its look and its wait is not missed)
+  freed.notify_all();
+}
+
 std::shared_ptr<std::vector<char>> DemandAllowance::allocate(uint64_t size) {
-  uint64_t now = used_->load();
+  uint64_t now = shared_->used.load();
   do {
     if (size > limit_ || now > limit_ - size) return nullptr;
-  } while (!used_->compare_exchange_weak(now, now + size));
+  } while (!shared_->used.compare_exchange_weak(now, now + size));
   std::unique_ptr<std::vector<char>> bytes;
   try {
     bytes = std::make_unique<std::vector<char>>(size);
   } catch (const std::bad_alloc&) {  // the process may not have more (an address-space limit): as over the limit
-    used_->fetch_sub(size);
+    shared_->used.fetch_sub(size);   // (no wake-up: allocate_by may hold the mutex here; its waits are short)
     return nullptr;
   }
   // Should the control block fail to allocate, shared_ptr calls the deleter, which gives the share back.
-  return std::shared_ptr<std::vector<char>>(bytes.release(), Release{used_, size, true});
+  return std::shared_ptr<std::vector<char>>(bytes.release(), Release{shared_, size, true});
+}
+
+std::shared_ptr<std::vector<char>> DemandAllowance::allocate_by(uint64_t size, Clock::time_point deadline,
+                                                                bool* waited) {
+  *waited = false;
+  if (auto bytes = allocate(size); bytes || size > limit_) return bytes;
+  *waited = true;
+  Shared& s = *shared_;
+  s.waiting++;
+  std::shared_ptr<std::vector<char>> bytes;
+  {
+    MutexLock lock(s.mutex);
+    while (!(bytes = allocate(size)) && Clock::now() < deadline)
+      lock.wait_for(s.freed, std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(10)));
+  }
+  s.waiting--;
+  return bytes;
 }
 
 void DemandAllowance::hand_over(const FileBytes& bytes) {
@@ -183,7 +207,7 @@ void DemandAllowance::hand_over(const FileBytes& bytes) {
   auto* release = std::get_deleter<Release>(bytes);
   if (!release || !release->counted) return;
   release->counted = false;
-  release->used->fetch_sub(release->size);
+  release->shared->give_back(release->size);
 }
 
 }  // namespace clairfs

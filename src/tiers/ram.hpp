@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -122,22 +124,34 @@ class RamTier final : public StagedRam {
 
 class DemandAllowance {
  public:
-  explicit DemandAllowance(uint64_t limit) : limit_(limit), used_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+  using Clock = std::chrono::steady_clock;
+  explicit DemandAllowance(uint64_t limit) : limit_(limit), shared_(std::make_shared<Shared>()) {}
 
   // A zeroed buffer of `size` bytes counted against the limit, or nullptr if it would pass the limit.
   std::shared_ptr<std::vector<char>> allocate(uint64_t size);
+  // The same, waiting until `deadline` for buffers to be freed or handed over when there is no room now
+  // (nullptr at once if `size` is over the limit; *waited says whether it waited).
+  std::shared_ptr<std::vector<char>> allocate_by(uint64_t size, Clock::time_point deadline, bool* waited);
   // `bytes` are now counted elsewhere (inserted into the RAM tier): their share is given back now.
   // No effect on buffers that did not come from allocate() or were handed over already.
   // REQUIRES: one thread hands over a given buffer (the stager).
   static void hand_over(const FileBytes& bytes);
 
   uint64_t limit() const { return limit_; }
-  uint64_t used() const { return used_->load(); }
+  uint64_t used() const { return shared_->used.load(); }
 
  private:
   struct Release;  // the buffers' deleter
+  // Shared with the deleters: buffers may outlive the allowance.
+  struct Shared {
+    std::atomic<uint64_t> used{0};
+    std::atomic<unsigned> waiting{0};  // allocate_by's waiting now: a share given back wakes them
+    Mutex mutex;                       // a leaf: only for the wake-up
+    std::condition_variable freed;
+    void give_back(uint64_t size);
+  };
   const uint64_t limit_;
-  std::shared_ptr<std::atomic<uint64_t>> used_;  // shared with the deleters: buffers may outlive this
+  std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace clairfs

@@ -950,7 +950,9 @@ TEST(Engine, AFileReadOnDemandThroughARetiredPlanIsKeptByTheNextAndSourceReadsIt
         late = id;
         break;
       }
-    if (late != kNoEntry) EXPECT_EQ(read_file(*old, late, nullptr, 4242), tree.bytes(late));
+    if (late != kNoEntry) {
+      EXPECT_EQ(read_file(*old, late, nullptr, 4242), tree.bytes(late));
+    }
     return held;
   };
   ClairvoyantEngine next(tree.manifest, job, source, c);

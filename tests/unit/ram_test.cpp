@@ -1,14 +1,15 @@
 // Unit tests for the RAM tier's budget: reservations and held files never pass it, erasing frees it,
 // and a file still held by a reader outlives its eviction.
+#include "tiers/ram.hpp"
+
+#include <gtest/gtest.h>
 #include <malloc.h>
 
 #include <cstdio>
 #include <memory>
-
-#include <gtest/gtest.h>
+#include <thread>
 
 #include "tiers/next_use.hpp"
-#include "tiers/ram.hpp"
 
 namespace clairfs {
 namespace {
@@ -177,6 +178,34 @@ TEST(TierIndexTest, EvictsTheFarthestAndKeepsOwnedFilesForOwnedOnly) {
   EXPECT_EQ(t.key(3), std::optional<uint64_t>(2000));
   t.passed(3, 900, 3000);  // not waiting for 900 any more: unchanged
   EXPECT_EQ(t.key(3), std::optional<uint64_t>(2000));
+}
+
+TEST(DemandAllowanceTest, AllocateByWaitsForAShareGivenBackAndNoLongerThanItsDeadline) {
+  using namespace std::chrono_literals;
+  DemandAllowance demand(100);
+  auto a = demand.allocate(80);
+  bool waited = false;
+  // Room now: no wait. Over the limit: no wait either, whatever the deadline.
+  EXPECT_TRUE(demand.allocate_by(20, DemandAllowance::Clock::now() + 10s, &waited));
+  EXPECT_FALSE(waited);
+  EXPECT_FALSE(demand.allocate_by(101, DemandAllowance::Clock::now() + 10s, &waited));
+  EXPECT_FALSE(waited);
+  // No room until another thread frees its buffer (or hands it over).
+  std::thread freer([&] {
+    std::this_thread::sleep_for(50ms);
+    DemandAllowance::hand_over(a);
+  });
+  const auto t0 = DemandAllowance::Clock::now();
+  auto b = demand.allocate_by(50, t0 + 10s, &waited);
+  freer.join();
+  EXPECT_TRUE(b);
+  EXPECT_TRUE(waited);
+  EXPECT_LT(DemandAllowance::Clock::now() - t0, 5s);  // woken by the share given back, not the deadline
+  // Nothing given back: nullptr at the deadline.
+  auto c = demand.allocate(50);
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(demand.allocate_by(10, DemandAllowance::Clock::now() + 30ms, &waited));
+  EXPECT_TRUE(waited);
 }
 
 TEST(DemandAllowanceTest, BuffersCountUntilFreedOrHandedOver) {
