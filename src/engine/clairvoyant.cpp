@@ -79,11 +79,15 @@ ClairvoyantEngine::~ClairvoyantEngine() {
 
 // ---- progress --------------------------------------------------------------------------------------
 
-void ClairvoyantEngine::wait_for_staging(StagingCore::Turn& turn, EntryId id) {
+FileBytes ClairvoyantEngine::wait_for_staging(StagingCore::Turn& turn, EntryId id, Origin* from) {
   // A file being staged right now arrives sooner from that read than from a second one.
   // Given up (the stager's call into the kernel overdue): read on demand by the caller, so that request
   // threads free up for the kernel.
-  if (!state_.wait_for_flight(turn, id, Clock::now() + kWaitForStaging)) counters_.staging_waits_given_up++;
+  StagingCore::Landed landed;
+  if (!state_.wait_for_flight(turn, id, Clock::now() + kWaitForStaging, &landed)) counters_.staging_waits_given_up++;
+  if (FileBytes data = state_.ram_copy(id, from)) return data;
+  *from = landed.from;
+  return landed.bytes;
 }
 
 void ClairvoyantEngine::placed(StagingCore::Placed& p) {
@@ -100,8 +104,7 @@ FileBytes ClairvoyantEngine::note_open(EntryId id, pid_t pid, bool handle, Origi
   StagingCore::Placed p;
   {
     StagingCore::Turn turn(state_);
-    wait_for_staging(turn, id);
-    data = state_.ram_copy(id, from);
+    data = wait_for_staging(turn, id, from);
     p = state_.place(id, pid, handle);
   }
   *again = p.seen.again;
@@ -184,10 +187,7 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     StagingCore::Turn turn(state_);
     const StagingCore::WatchedRead r = state_.watched_read(id, first, t0, &data, &from);
     first = r.first;
-    if (r.wait) {
-      wait_for_staging(turn, id);
-      data = state_.ram_copy(id, &from);
-    }
+    if (r.wait) data = wait_for_staging(turn, id, &from);
     if (!data) miss.emplace(demand_, id);
   } else if (first) {
     // Without a watch, the first read is the open.

@@ -213,7 +213,9 @@ class ClairvoyantEngine final : public Engine {
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
   FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.lock());
   // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
-  void wait_for_staging(StagingCore::Turn& turn, EntryId id) REQUIRES(state_.lock());
+  // Waits for `id`'s staging read if one is in flight; its bytes (RAM's copy, or what the read brought),
+  // or nullptr, and where they came from (kRam, kPeer).
+  FileBytes wait_for_staging(StagingCore::Turn& turn, EntryId id, Origin* from) REQUIRES(state_.lock());
   // A reader or a peer asked for something now (idle=).
   void touch() { state_.touch(); }
   void touch(std::chrono::steady_clock::time_point now) { state_.touch(now); }

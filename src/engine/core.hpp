@@ -336,7 +336,15 @@ struct StagingCore final : Admission {
   // stops, or `deadline` passes. False when it gave up early because the stager's call into the kernel
   // is overdue: that call waits for pages a read request holds locked, and when every request thread
   // waits here, that request has no thread to serve it (a wait cycle) — the caller reads it itself.
-  bool wait_for_flight(Turn& turn, EntryId id, std::chrono::steady_clock::time_point deadline) REQUIRES(mutex_);
+  // `*landed`: what the read brought, kept in RAM or not — RAM may let the file go before the waiter's
+  // turn comes back (the stager staging others first), or not keep it at all (no later use; a reader
+  // whose open the watch has not told yet is no awaited open): SOURCE read it once all the same.
+  struct Landed {
+    FileBytes bytes;
+    Origin from = Origin::kRam;  // kPeer: a peer sent it
+  };
+  bool wait_for_flight(Turn& turn, EntryId id, std::chrono::steady_clock::time_point deadline, Landed* landed)
+      REQUIRES(mutex_);
 
   // The stager sleeps, the lock let go, until the readers have moved an eighth of the eviction window
   // (a wake-up per open would cost every open a context switch), it is woken, or `wait` passes.
@@ -514,6 +522,11 @@ struct StagingCore final : Admission {
   std::condition_variable progress_;  // the readers moved, read-ahead was queued, or stop (the stager waits)
   std::condition_variable staged_;    // a staging read finished (opens of that file wait)
   std::unordered_set<EntryId> in_flight_ GUARDED_BY(mutex_);  // being staged
+  struct Waiting {
+    unsigned opens = 0;  // in wait_for_flight
+    Landed landed;       // what the flight brought (staged)
+  };
+  std::unordered_map<EntryId, Waiting> flight_waits_ GUARDED_BY(mutex_);  // files in flight that opens wait for
   bool stager_waiting_ GUARDED_BY(mutex_) = false;  // the stager sleeps until the cursor reaches wake_at_cursor_
   uint64_t wake_at_cursor_ GUARDED_BY(mutex_) = 0;
   const TimeSource& time_;
@@ -522,15 +535,25 @@ struct StagingCore final : Admission {
   std::atomic<int64_t> kernel_call_overdue_ns_{0};
 };
 
-inline bool StagingCore::wait_for_flight(Turn& turn, EntryId id, std::chrono::steady_clock::time_point deadline) {
+inline bool StagingCore::wait_for_flight(Turn& turn, EntryId id, std::chrono::steady_clock::time_point deadline,
+                                         Landed* landed) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kStuckCheck = std::chrono::milliseconds(20);  // how often a waiting open looks at the stager
+  if (!in_flight(id)) return true;
+  flight_waits_[id].opens++;
+  bool in_time = true;
   while (!stop_ && in_flight(id) && Clock::now() < deadline) {
     const int64_t overdue = kernel_call_overdue_ns_.load();
-    if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) return false;
+    if (overdue != 0 && Clock::now().time_since_epoch() >= std::chrono::nanoseconds(overdue)) {
+      in_time = false;
+      break;
+    }
     turn.wait_for(staged_, std::min<Clock::duration>(kStuckCheck, deadline - Clock::now()));
   }
-  return true;
+  auto it = flight_waits_.find(id);  // (found again: the map may have grown meanwhile)
+  *landed = it->second.landed;
+  if (--it->second.opens == 0) flight_waits_.erase(it);
+  return in_time;
 }
 
 }  // namespace clairfs

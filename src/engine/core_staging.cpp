@@ -295,6 +295,8 @@ bool StagingCore::adopt_copy(EntryId id, FileBytes bytes) {
 
 uint64_t StagingCore::staged(const Pick& pick, const FileBytes& bytes, Origin from) {
   const EntryId id = pick.id;
+  if (auto w = flight_waits_.find(id); w != flight_waits_.end())  // opens waiting for it take these bytes
+    w->second.landed = Landed{bytes, from == Origin::kPeer ? Origin::kPeer : Origin::kRam};
   const bool readahead = pick.why == Pick::For::kReadAhead;
   const uint64_t size = manifest_.entry(id).size;
   // Kept in RAM for the other nodes only while NVMe does not keep it for them.
