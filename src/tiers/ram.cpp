@@ -177,7 +177,7 @@ std::shared_ptr<std::vector<char>> DemandAllowance::allocate(uint64_t size) {
   try {
     bytes = std::make_unique<std::vector<char>>(size);
   } catch (const std::bad_alloc&) {  // the process may not have more (an address-space limit): as over the limit
-    shared_->used.fetch_sub(size);   // (no wake-up: allocate_by may hold the mutex here; its waits are short)
+    shared_->give_back(size);
     return nullptr;
   }
   // Should the control block fail to allocate, shared_ptr calls the deleter, which gives the share back.
@@ -192,9 +192,12 @@ std::shared_ptr<std::vector<char>> DemandAllowance::allocate_by(uint64_t size, C
   Shared& s = *shared_;
   s.waiting++;
   std::shared_ptr<std::vector<char>> bytes;
-  {
+  // (allocate() is tried without the mutex: should the buffer's control block fail to allocate, its
+  // deleter gives the share back, which takes the mutex.)
+  while (!(bytes = allocate(size)) && Clock::now() < deadline) {
     MutexLock lock(s.mutex);
-    while (!(bytes = allocate(size)) && Clock::now() < deadline)
+    // Looked at again under the mutex: a share given back since the try above would wake no one.
+    if (s.used.load() > limit_ - size)
       lock.wait_for(s.freed, std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(10)));
   }
   s.waiting--;
