@@ -109,12 +109,15 @@ inline fuse_lowlevel_ops metadata_ops() {
 }
 
 // Mounts read-only at `mountpoint`, prints "ready", serves until unmounted. threads 0: single-threaded.
-inline int serve(const char* name, const char* mountpoint, const fuse_lowlevel_ops& ops, unsigned threads) {
+// `mounted`, if given, is called with the session once mounted, before the kernel's INIT is read.
+inline int serve(const char* name, const char* mountpoint, const fuse_lowlevel_ops& ops, unsigned threads,
+                 void (*mounted)(fuse_session*) = nullptr) {
   std::string arg0 = name, o = "-o", opts = std::string("ro,fsname=") + name;
   char* args_v[] = {arg0.data(), o.data(), opts.data()};
   fuse_args args = FUSE_ARGS_INIT(3, args_v);
   fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), nullptr);
   if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, mountpoint) != 0) return 1;
+  if (mounted) mounted(se);
   std::printf("ready\n");
   std::fflush(stdout);
   int rc;
