@@ -7,8 +7,11 @@
 //
 //   train_loop --root DIR [--order-root DIR] [--seed 0] [--world-size 1] [--rank 0] [--batch-size 32]
 //              [--workers 4] [--prefetch-factor 2] [--epochs 3] [--compute-ms 10] [--stalls FILE]
+//              [--drop-pages 1]
 // --order-root is where the sample list is taken from (default --root). Prints one JSON line per epoch;
-// --stalls writes "epoch batch start_s stall_s" per batch.
+// --stalls writes "epoch batch start_s stall_s" per batch. --drop-pages 1 drops each file's pages from the
+// kernel's page cache once it is read (POSIX_FADV_DONTNEED), as on a node whose memory the job takes:
+// a file read again must come from the file system's own caches.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -31,6 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+bool g_drop_pages = false;
+
 uint64_t read_whole(const std::string& path, std::vector<char>& buf) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -47,6 +52,7 @@ uint64_t read_whole(const std::string& path, std::vector<char>& buf) {
     if (n == 0) break;
     total += static_cast<uint64_t>(n);
   }
+  if (g_drop_pages) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   return total;
 }
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
     else if (a == "--start-epoch") start_epoch = std::stoull(v);
     else if (a == "--compute-ms") compute_s = std::stod(v) / 1000;
     else if (a == "--stalls") stalls_file = v;
+    else if (a == "--drop-pages")
+      g_drop_pages = v != "0";
     else {
       std::fprintf(stderr, "train_loop: unknown flag %s\n", a.c_str());
       return 2;
