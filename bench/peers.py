@@ -55,7 +55,7 @@ def close_source(mnt, proc):
 def options(args, rank, total, nvme):
     o = ("seed=3,batch_size=%d,workers=%d,prefetch_factor=2,world_size=%d,ranks=%d,epochs=%d,ram=%d"
          % (args.batch, args.workers, NODES, rank, args.epochs, int(total * args.ram)))
-    # (--nvme 0: no NVMe tier; nvme_size=0 would be the default size, most of the disk)
+    # (--nvme 0: no NVMe tier, no nvme=; nvme_size=0 is refused)
     return o + (",nvme=%s,nvme_size=%d" % (nvme, int(total * args.nvme)) if args.nvme > 0 else "")
 
 

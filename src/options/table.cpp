@@ -227,8 +227,12 @@ const std::vector<OptionSpec> kTable = {
      "ends. A full disk stops admission and nothing else. Needs staging on.",
      [](Options& o, const GivenOption& g) { o.nvme = path(g); }},
     {"nvme_size", Takes::kValue, "SIZE", S::kCaches, "90% of DIR's free space", false,
-     "NVMe tier budget; needs nvme=", "Hard limit on the NVMe tier; needs `nvme=`.",
-     [](Options& o, const GivenOption& g) { o.nvme_size = parse_size(g.key, g.value); }},
+     "NVMe tier budget; needs nvme=", "Hard limit on the NVMe tier, above 0; needs `nvme=`.",
+     [](Options& o, const GivenOption& g) {
+       // (0 inside means the default: written by hand it is most likely meant as no tier, and would give the disk)
+       o.nvme_size = parse_size(g.key, g.value);
+       if (o.nvme_size == 0) bad_value(g.key, g.value, "no room; leave out nvme= for no NVMe tier, nvme_size= for the default");
+     }},
     {"progress", Takes::kValue, "watch|reads|opens", S::kCaches, "watch (opens without staging or with trace=)", false,
      "how the engine follows the readers: watch (the kernel opens files without asking, so pushed files cost "
      "no request, and a watch on the mount sees every open), reads (the same without the watch: from reads) "

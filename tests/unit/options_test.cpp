@@ -163,6 +163,7 @@ TEST_F(OptionsTest, EveryBadInputNamesItsCulprit) {
       {"world_size=auto,batch_size=1,workers=4", "world_size=auto"},
       {"ram=12XB", "ram"},
       {"nvme_size=lots,nvme=/tmp", "nvme_size"},
+      {"nvme_size=0,nvme=/tmp", "nvme_size"},  // not "no tier": 0 is the default size, most of the disk
       {"world_size=4,ranks=4", "rank 4"},
       {"world_size=4,ranks=1-9", "rank"},
       {"world_size=4,ranks=3-1", "ranks"},
