@@ -238,11 +238,23 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
     for (const auto& r : world->allgather({keeper_room_of(o, *d.manifest)})) room.push_back(r.empty() ? 0 : r[0]);
     if (std::find(room.begin(), room.end(), 0) != room.end()) room.clear();
     keepers = plan_owners(*d.manifest, *d.oracle, o.start_epoch, world->allgather(o.ranks), world->size(), room);
+    // Links beside MPI that say at once when a peer's daemon is gone (peer/links.hpp); every node takes
+    // part in the exchange of their cards, with one or without.
+    try {
+      d.links.emplace(world->rank(), world->size());
+    } catch (const std::runtime_error& e) {
+      log_warning(std::string(e.what()) + ": a dead peer is found by pings alone");
+    }
+    const auto cards = world->allgather(d.links ? d.links->card() : std::vector<uint64_t>{});
+    if (d.links) d.links->start(cards);
     PeersConfig pc;
     pc.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000));
-    d.peers.emplace(world->peer_wire(), *d.manifest, pc, [world](bool failed) {
-      if (failed) world->mark_unclean();  // the end must not wait on a peer that broke
-    });
+    d.peers.emplace(
+        world->peer_wire(), *d.manifest, pc,
+        [world](bool failed) {
+          if (failed) world->mark_unclean();  // the end must not wait on a peer that broke
+        },
+        d.links ? &*d.links : nullptr);
   }
   if (world)
     log_info("node " + std::to_string(world->rank()) + " of " + std::to_string(world->size()) + ", serving " +

@@ -49,6 +49,7 @@ struct Daemon {
   std::optional<BackgroundFill> fill;  // after a scan that left files' attributes for later
   std::optional<Oracle> oracle;
   FusePageCache page_cache;        // before the engine that pushes into it
+  std::optional<PeerLinks> links;  // before the peers, which ask it who is gone; says goodbye last
   std::optional<WirePeers> peers;  // before the engine: the engine calls it
   std::optional<ClairvoyantEngine> staged;
   std::optional<LearningEngine> learning;  // seed=auto: builds the engine once it knows the seed

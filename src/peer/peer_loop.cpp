@@ -13,9 +13,10 @@ namespace {
 const uint64_t kOne = 1;  // the body of goodbyes, pings and pongs
 }  // namespace
 
-PeerLoop::PeerLoop(Wire& wire, const Manifest& manifest, PeersConfig config)
+PeerLoop::PeerLoop(Wire& wire, const Manifest& manifest, PeersConfig config, const LinkWatch* links)
     : wire_(wire),
       manifest_(manifest),
+      links_(links),
       config_(config),
       node_(wire.node()),
       nodes_(wire.nodes()),
@@ -227,6 +228,16 @@ bool PeerLoop::start_queued(Clock::time_point now) {
 }
 
 void PeerLoop::watch_liveness(Clock::time_point now) {
+  // Peers whose link closed without a goodbye: their daemons are gone (a process's end closes its
+  // sockets), whether this node waits on them or not. Given up for good (a daemon does not come back).
+  if (links_ && links_->closures() != closures_seen_) {
+    closures_seen_ = links_->closures();
+    for (int peer = 0; peer < nodes_; ++peer)
+      if (peer != node_ && !gone_[static_cast<size_t>(peer)] && links_->closed(peer)) {
+        failed_ = true;  // the end must not wait on it
+        fail_peer(peer, false, "closed its link without a goodbye (its daemon is gone)");
+      }
+  }
   // Peers silent while they owe answers: pinged, and given up when the ping is not answered in time
   // (their fetches then end in poll_fetches, as a gone peer's do).
   const PeerLiveness::Turn alive = liveness_.turn(now);
@@ -319,6 +330,7 @@ void PeerLoop::fail_peer(int peer, bool silence, const std::string& why) {
 void PeerLoop::heard_from(int peer, Clock::time_point now) {
   liveness_.heard(peer, now);
   if (!silent_[static_cast<size_t>(peer)] || left_[static_cast<size_t>(peer)]) return;
+  if (links_ && links_->closed(peer)) return;  // a message it sent before it died, taken late
   silent_[static_cast<size_t>(peer)] = 0;
   gone_[static_cast<size_t>(peer)] = false;
   {
@@ -452,8 +464,9 @@ bool PeerLoop::leave(Clock::time_point until, const std::function<void()>& nap) 
 
 // ---- WirePeers -----------------------------------------------------------------------------------------
 
-WirePeers::WirePeers(Wire& wire, const Manifest& manifest, PeersConfig config, std::function<void(bool)> ended)
-    : loop_(wire, manifest, config), ended_(std::move(ended)) {}
+WirePeers::WirePeers(Wire& wire, const Manifest& manifest, PeersConfig config, std::function<void(bool)> ended,
+                     const LinkWatch* links)
+    : loop_(wire, manifest, config, links), ended_(std::move(ended)) {}
 
 WirePeers::~WirePeers() { stop(); }
 

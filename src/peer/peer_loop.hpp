@@ -29,6 +29,7 @@
 
 #include "clairfs/manifest.hpp"
 #include "clairfs/peer.hpp"
+#include "peer/links.hpp"
 #include "peer/liveness.hpp"
 #include "peer/wire.hpp"
 #include "util/thread_annotations.hpp"
@@ -63,8 +64,10 @@ class PeerLoop {
   // enough not to take a core from the readers.
   static constexpr auto kIdleNap = std::chrono::microseconds(200);
 
-  // REQUIRES: the wire and the manifest outlive the loop (requests are checked against the manifest).
-  PeerLoop(Wire& wire, const Manifest& manifest, PeersConfig config);
+  // REQUIRES: the wire, the manifest and `links` outlive the loop (requests are checked against the
+  // manifest). `links`, if given, says at once which peers' daemons are gone (peer/links.hpp): those are
+  // given up without waiting for the pings.
+  PeerLoop(Wire& wire, const Manifest& manifest, PeersConfig config, const LinkWatch* links = nullptr);
   PeerLoop(const PeerLoop&) = delete;
   PeerLoop& operator=(const PeerLoop&) = delete;
 
@@ -94,7 +97,7 @@ class PeerLoop {
   bool answer_pings(Clock::time_point now);                     // are you there? yes
   bool take_pongs(Clock::time_point now);
   bool start_queued(Clock::time_point now) EXCLUDES(mutex_);  // fetches asked for, within the bounds
-  void watch_liveness(Clock::time_point now);                 // pings to send, peers to give up
+  void watch_liveness(Clock::time_point now);                 // closed links, pings to send, peers to give up
   bool poll_fetches(Clock::time_point now) EXCLUDES(mutex_);  // answers, and fetches waited on too long
   void reap_sends();                                          // our messages that have gone
 
@@ -156,6 +159,8 @@ class PeerLoop {
 
   Wire& wire_;
   const Manifest& manifest_;
+  const LinkWatch* const links_;
+  uint64_t closures_seen_ = 0;
   const PeersConfig config_;
   const int node_;
   const int nodes_;
@@ -190,7 +195,8 @@ class WirePeers final : public PeerTransport {
  public:
   // `ended` is told, on the progress thread as it ends, whether a peer broke an operation (MpiWorld
   // then leaves without waiting on it).
-  WirePeers(Wire& wire, const Manifest& manifest, PeersConfig config, std::function<void(bool failed)> ended);
+  WirePeers(Wire& wire, const Manifest& manifest, PeersConfig config, std::function<void(bool failed)> ended,
+            const LinkWatch* links = nullptr);
   ~WirePeers() override;
 
   int node() const override { return loop_.node(); }

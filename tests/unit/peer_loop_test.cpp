@@ -25,17 +25,29 @@ struct Asked {
   std::string bytes() const { return std::string(buf->begin(), buf->end()); }
 };
 
+// Links whose closing the test decides (peer/links.hpp).
+struct TestLinks final : LinkWatch {
+  explicit TestLinks(int nodes) : gone(static_cast<size_t>(nodes)) {}
+  bool closed(int node) const override { return gone[static_cast<size_t>(node)]; }
+  uint64_t closures() const override { return count; }
+  void close(int node) { gone[static_cast<size_t>(node)] = true, ++count; }
+  std::vector<bool> gone;
+  uint64_t count = 0;
+};
+
 struct PeerLoopTest : ::testing::Test {
   // Four files; file 2 has the size of file 0 (a late answer of one would fit the other's buffer).
   fakes::MemoryTree tree{{100, 200, 300, 100}};
   fakes::LoopbackWires wires{3, kPeerFirstReplyTag + 2};  // two reply tags: 16 and 17
   std::vector<std::unique_ptr<PeerLoop>> loops;
   std::vector<bool> holds{true, true, true};  // whether each node's lookup has the file
+  TestLinks links{3};                         // node 0's
   Clock::time_point t0 = Clock::now();
 
   PeerLoopTest() {
     for (int n = 0; n < 3; ++n) {
-      loops.push_back(std::make_unique<PeerLoop>(wires.end(n), tree.manifest, PeersConfig{}));
+      loops.push_back(
+          std::make_unique<PeerLoop>(wires.end(n), tree.manifest, PeersConfig{}, n == 0 ? &links : nullptr));
       loops.back()->begin([this, n](EntryId id) -> PeerBytes {
         if (!holds[static_cast<size_t>(n)]) return nullptr;
         const std::string& b = tree.bytes(id);
@@ -44,6 +56,14 @@ struct PeerLoopTest : ::testing::Test {
     }
   }
   PeerLoop& node(int n) { return *loops[static_cast<size_t>(n)]; }
+  // Node 0 asks node 1 for file 0 at t0, and node 1 answers.
+  bool answered_once() {
+    auto first = fetch(0, 1, 0);
+    node(0).turn(t0);
+    node(1).turn(t0);
+    node(0).turn(t0 + 1ms);
+    return first->result == 100;
+  }
   std::shared_ptr<Asked> fetch(int from, int owner, size_t file) {
     auto a = std::make_shared<Asked>();
     a->buf = std::make_shared<std::vector<char>>(tree.bytes(tree.file(file)).size());
@@ -151,11 +171,7 @@ TEST_F(PeerLoopTest, ALateAnswerNeverLandsInALaterFetchsBuffer) {
 }
 
 TEST_F(PeerLoopTest, AnOwnerThatStopsAnsweringIsGivenUpWithinASecondNotTheTimeout) {
-  auto first = fetch(0, 1, 0);  // answered: node 1 has shown how fast it answers
-  node(0).turn(t0);
-  node(1).turn(t0);
-  node(0).turn(t0 + 1ms);
-  ASSERT_EQ(first->result, 100);
+  ASSERT_TRUE(answered_once());  // node 1 has shown how fast it answers
   auto a = fetch(0, 1, 1);
   node(0).turn(t0 + 10ms);
   node(0).turn(t0 + 300ms);  // silent while it owes an answer: pinged
@@ -164,6 +180,35 @@ TEST_F(PeerLoopTest, AnOwnerThatStopsAnsweringIsGivenUpWithinASecondNotTheTimeou
   EXPECT_EQ(a->result, -EHOSTDOWN);
   EXPECT_FALSE(node(0).usable(1));
   EXPECT_TRUE(node(0).failed());  // the end must not wait on it
+}
+
+TEST_F(PeerLoopTest, AnOwnerWhoseLinkClosesIsGivenUpAtTheNextTurn) {
+  auto a = fetch(0, 1, 1);
+  node(0).turn(t0);
+  node(0).turn(t0 + 1ms);
+  EXPECT_FALSE(a->result);  // waited on: no word from it yet, as it should be
+  links.close(1);           // its daemon's process ended: its kernel closed the link
+  node(0).turn(t0 + 2ms);   // no 250 ms of silence, no ping's wait
+  EXPECT_EQ(a->result, -EHOSTDOWN);
+  EXPECT_FALSE(node(0).usable(1));
+  EXPECT_TRUE(node(0).failed());  // the end must not wait on it
+  EXPECT_TRUE(node(0).usable(2));
+}
+
+TEST_F(PeerLoopTest, APeerWhoseLinkClosedIsNotTakenBackByAMessageItSentBefore) {
+  ASSERT_TRUE(answered_once());  // node 1 is proven
+  auto a = fetch(0, 1, 1);
+  node(0).turn(t0 + 10ms);
+  node(0).turn(t0 + 300ms);   // silent while it owes an answer: pinged
+  node(0).turn(t0 + 1000ms);  // and given up for silence (it may come back)
+  ASSERT_EQ(a->result, -EHOSTDOWN);
+  links.close(1);  // then its link closed: it will not
+  node(0).turn(t0 + 1001ms);
+  node(1).turn(t0 + 1001ms);  // what it sent before (the answer, the pong) comes now
+  node(0).turn(t0 + 1002ms);
+  node(0).turn(t0 + 1100ms);
+  EXPECT_FALSE(node(0).usable(1));
+  EXPECT_EQ(node(0).counters().returned, 0u);
 }
 
 TEST_F(PeerLoopTest, AnOwnerThatOnlyAskedThisNodeIsGivenUpWithinASecondToo) {
