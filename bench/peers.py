@@ -13,7 +13,7 @@ data set fits only in the nodes' caches together. Reports SOURCE bytes over the 
 stall per epoch (the median node).
 
     bench/peers.py BUILD [--files 2400] [--epochs 3] [--reps 3] [--compute-ms 20] [--ram 0.15] [--nvme 0.30]
-                         [--systems peers,no peers,1 node] [--drop-pages] [--dump]
+                         [--systems peers,no peers,1 node] [--pagecache SIZE] [--drop-pages] [--dump]
 
 With `peers` among the systems it also prints what bench/cluster_sim predicts for the same tree, job and
 budgets (SOURCE ÷ data set), beside the measured median.
@@ -55,6 +55,8 @@ def close_source(mnt, proc):
 def options(args, rank, total, nvme):
     o = ("seed=3,batch_size=%d,workers=%d,prefetch_factor=2,world_size=%d,ranks=%d,epochs=%d,ram=%d"
          % (args.batch, args.workers, NODES, rank, args.epochs, int(total * args.ram)))
+    if args.pagecache is not None:
+        o += ",pagecache=%s" % args.pagecache
     # (--nvme 0: no NVMe tier, no nvme=; nvme_size=0 is refused)
     return o + (",nvme=%s,nvme_size=%d" % (nvme, int(total * args.nvme)) if args.nvme > 0 else "")
 
@@ -127,6 +129,7 @@ def main():
     ap.add_argument("--ram", type=float, default=0.15, help="each node's RAM, a fraction of the data set")
     ap.add_argument("--nvme", type=float, default=0.30, help="each node's NVMe, a fraction of the data set")
     ap.add_argument("--systems", default="peers,no peers,1 node", help="which of them to run")
+    ap.add_argument("--pagecache", help="the daemons' pagecache= (default: theirs, a quarter of ram)")
     ap.add_argument("--drop-pages", action="store_true",
                     help="each loop drops a file's pages once read: no node's page cache keeps the data set")
     ap.add_argument("--dump", action="store_true", help="print each node's stats (and the daemons' log) to stderr")

@@ -50,9 +50,11 @@ void escape_strings(nlohmann::json& j) {
 // What this node's peers did for it and it for them (the stats' `peers`).
 void print_peers(const nlohmann::json& p) {
   const uint64_t nodes = get(p, {"nodes"}), usable = get(p, {"usable"});
-  std::printf("  peers         node %llu of %llu; %llu of the %llu others asked\n",
-              static_cast<unsigned long long>(get(p, {"node"})), static_cast<unsigned long long>(nodes),
-              static_cast<unsigned long long>(usable), static_cast<unsigned long long>(nodes ? nodes - 1 : 0));
+  std::printf(
+      "  peers         node %llu of %llu; %llu of the %llu others asked; linked to %llu (a death seen at once)\n",
+      static_cast<unsigned long long>(get(p, {"node"})), static_cast<unsigned long long>(nodes),
+      static_cast<unsigned long long>(usable), static_cast<unsigned long long>(nodes ? nodes - 1 : 0),
+      static_cast<unsigned long long>(get(p, {"links"})));
   if (p.contains("gone") && p["gone"].is_array() && !p["gone"].empty()) {
     std::string gone;
     for (const auto& n : p["gone"])

@@ -48,6 +48,7 @@ class PeerTransport {
     uint64_t requests = 0, hits = 0, refused = 0, timeouts = 0, failures = 0;
     uint64_t served = 0, served_bytes = 0, refused_to_peers = 0;
     uint64_t returned = 0;  // peers given up for silence that answered again
+    uint64_t links = 0;     // peers linked to now (peer/links.hpp): their deaths are seen at once
   };
   virtual Counters counters() const = 0;
 

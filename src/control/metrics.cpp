@@ -176,6 +176,8 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
            {"peers", "handed_staged"});
   w.single("clairfs_peer_returns", "counter", "Times a peer node given up for silence answered again.", j,
            {"peers", "returned"});
+  w.single("clairfs_peer_links", "gauge", "Peer nodes linked to, whose deaths are seen at once.", j,
+           {"peers", "links"});
   w.single("clairfs_peer_staged_bytes", "counter", "Bytes staged from peer nodes.", j, {"peers", "staged_bytes"});
   w.single("clairfs_peer_source_instead_bytes", "counter",
            "Bytes of files a peer keeps that staging read from SOURCE instead (the peer far slower).", j,

@@ -46,6 +46,7 @@ EngineStats ClairvoyantEngine::stats() const {
     p.timeouts = c.timeouts;
     p.failures = c.failures;
     p.returned = c.returned;
+    p.links = c.links;
     p.served_files = c.served;
     p.served_bytes = c.served_bytes;
     p.refused_to_peers = c.refused_to_peers;

@@ -115,6 +115,7 @@ nlohmann::json staging_json(const EngineStats& s) {
                   {"timeouts", p->timeouts},
                   {"failures", p->failures},
                   {"returned", p->returned},
+                  {"links", p->links},
                   {"served_files", p->served_files},
                   {"served_bytes", p->served_bytes},
                   {"refused_to_peers", p->refused_to_peers},

@@ -242,6 +242,7 @@ void PeerLinks::run() {
   const auto drop = [&](int fd) {
     epoll_ctl(s.epoll.get(), EPOLL_CTL_DEL, fd, nullptr);
     if (sockets.at(fd).role == Socket::kShowing) --pending;
+    if (sockets.at(fd).role == Socket::kLink) made_--;
     sockets.erase(fd);  // closes it
   };
   const auto linked = [&](Socket& k, int node) {

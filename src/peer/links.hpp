@@ -37,6 +37,7 @@ class LinkWatch {
   virtual bool closed(int node) const = 0;
   // How many links have closed so far: a change says to look at closed() again.
   virtual uint64_t closures() const = 0;
+  virtual int made() const = 0;  // links standing: made, and not closed since
 };
 
 class PeerLinks final : public LinkWatch {
@@ -63,7 +64,7 @@ class PeerLinks final : public LinkWatch {
   bool closed(int node) const override;  // its link closed without a goodbye: its daemon is gone
   uint64_t closures() const override;
   bool left(int node) const;                 // it said goodbye on its link
-  int made() const { return made_.load(); }  // links made so far (both ways)
+  int made() const override { return made_.load(); }  // (made either way, and not closed since)
 
  private:
   struct Shared;

@@ -59,8 +59,13 @@ void PeerLoop::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> b
 }
 
 PeerTransport::Counters PeerLoop::counters() const {
-  MutexLock lock(mutex_);
-  return counters_;
+  PeerTransport::Counters c;
+  {
+    MutexLock lock(mutex_);
+    c = counters_;
+  }
+  c.links = links_ ? static_cast<uint64_t>(links_->made()) : 0;
+  return c;
 }
 
 void PeerLoop::stop() {

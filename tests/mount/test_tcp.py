@@ -150,8 +150,10 @@ def test_two_epochs_over_tcp(c):
             traffic, EPOCHS, [(x["peers"]["requests"], x["peers"]["hits"], x["peers"]["refused"], x["peers"]["timeouts"],
                                x["source_traffic"]) for x in s]))
         said = subprocess.run([h.CLAIRFS, "status", mnts[0]], capture_output=True, text=True, timeout=30).stdout
-        h.check("node 0 of 3; 2 of the 2 others asked" in said and "to peers" in said and "no longer asked" not in said,
-                "status tells what the peers do: %s" % [line for line in said.splitlines() if "peers" in line])
+        h.check("node 0 of 3; 2 of the 2 others asked; linked to 2" in said and "to peers" in said and
+                "no longer asked" not in said and [x["peers"]["links"] for x in s] == [2] * NODES,
+                "status tells what the peers do, every node linked to the 2 others (%s): %s" % (
+                    [x["peers"]["links"] for x in s], [line for line in said.splitlines() if "peers" in line]))
         print(said)
         r2, took, log = umount(state)
         h.check(r2.returncode == 0 and not wait_clean(tmp, nvmes, timeout=10),
@@ -223,7 +225,7 @@ def test_caches_split_between_ram_and_nvme(c):
 def test_clean_ends_in_a_row(c):
     # Each run reads a little, as a short job would.
     net, tmp, src, want, total = c.net, c.tmp, c.src, c.want, c.total
-    clean, times, bounded = 0, [], 0
+    clean, times, bounded, deaths = 0, [], 0, []
     for k in range(CLEAN_RUNS):
         mnts, nvmes, state, r = launch(net, tmp, src, total)
         if r.returncode != 0:
@@ -235,6 +237,8 @@ def test_clean_ends_in_a_row(c):
         r2, took, log = umount(state)
         left = wait_clean(tmp, nvmes, timeout=5)
         bounded += log.count("not every node reached the end")
+        # (Each daemon says goodbye on its links as it leaves: none is taken for dead by the others.)
+        deaths += [line.strip()[:160] for line in log.splitlines() if "closed its link" in line]
         ok = r2.returncode == 0 and not left and not errors and sum(wrong) == 0 and took < 30
         clean += ok
         times.append(took)
@@ -243,6 +247,7 @@ def test_clean_ends_in_a_row(c):
             subprocess.run(["fusermount3", "-u", "-z"] + [m for m in mnts if h.is_mounted(m)], capture_output=True)
     h.check(clean == CLEAN_RUNS, "%d of %d jobs ended clean (umount %.1f-%.1f s; a node left before the others %d times)" % (
         clean, CLEAN_RUNS, min(times or [0]), max(times or [0]), bounded))
+    h.check(not deaths, "no node leaving on purpose was taken for dead by its links: %s" % deaths[:3])
 
 
 def test_a_node_killed_mid_epoch(c):
@@ -278,7 +283,7 @@ def test_a_node_killed_mid_epoch(c):
         h.check(not h.is_mounted(mnts[victim]), "the killed daemon's mount went with it (auto_unmount under a launcher)")
         said = [subprocess.run([h.CLAIRFS, "status", mnts[n]], capture_output=True, text=True, timeout=30).stdout
                 for n in range(NODES) if n != victim]
-        h.check(all("of the 2 others asked" in t and "no longer asked (left, failed or silent): node %d;" % victim in t
+        h.check(all("of the 2 others asked; linked to 1" in t and "no longer asked (left, failed or silent): node %d;" % victim in t
                     for t in said),
                 "the survivors' status names the dead node: %s" % [
                     [line for line in t.splitlines() if "asked" in line or "peers" in line] for t in said])

@@ -40,6 +40,7 @@ TEST(PeerLinks, ThreeNodesLinkEveryPairAndAGoodbyeIsNoDeath) {
   ASSERT_TRUE(within(5s, [&] { return a.made() == 2 && b.made() == 2 && c->made() == 2; }));
   c.reset();  // node 2 leaves: a goodbye on its links, then the close
   ASSERT_TRUE(within(2s, [&] { return a.left(2) && b.left(2); }));
+  EXPECT_TRUE(within(2s, [&] { return a.made() == 1 && b.made() == 1; }));  // each still linked to the other
   EXPECT_FALSE(a.closed(2));
   EXPECT_FALSE(b.closed(2));
   EXPECT_EQ(a.closures(), 0u);
@@ -86,6 +87,7 @@ TEST(PeerLinks, AKilledProcesssLinkIsSeenClosedWithinAFractionOfASecond) {
   EXPECT_LT(*took, 250ms);
   EXPECT_EQ(links.closures(), 1u);
   EXPECT_FALSE(links.left(1));
+  EXPECT_EQ(links.made(), 0);  // none standing
   for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 

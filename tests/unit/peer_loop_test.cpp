@@ -30,6 +30,7 @@ struct TestLinks final : LinkWatch {
   explicit TestLinks(int nodes) : gone(static_cast<size_t>(nodes)) {}
   bool closed(int node) const override { return gone[static_cast<size_t>(node)]; }
   uint64_t closures() const override { return count; }
+  int made() const override { return 2; }
   void close(int node) { gone[static_cast<size_t>(node)] = true, ++count; }
   std::vector<bool> gone;
   uint64_t count = 0;
