@@ -44,10 +44,11 @@ using Clock = std::chrono::steady_clock;
 constexpr char kAck = 'A';      // the higher node's answer to a hello it took: the link is made
 constexpr char kGoodbye = 'G';  // the daemon leaves: a close after it is no failure
 constexpr uint64_t kCardVersion = 1;
-// A card: version, port, token, address count, then two words an address: its family (AF_INET or
-// AF_INET6) in the first word's top 16 bits with an IPv4 address in its low 32, or an IPv6 address's
-// 16 bytes in both words.
+// A card: version, port, token, address count, then three words an address: its family (AF_INET or
+// AF_INET6), and an IPv4 address in the next word's low 32 bits (the third 0), or an IPv6 address's 16
+// bytes in the two.
 constexpr size_t kCardHead = 4;
+constexpr size_t kAddressWords = 3;
 constexpr size_t kMaxAddresses = 16;
 
 enum State : uint8_t { kNone, kLinked, kLeft, kClosed };
@@ -94,9 +95,9 @@ std::vector<Address> own_addresses(uint16_t port) {
 }
 
 void put(const Address& a, std::vector<uint64_t>& card) {
+  card.push_back(a.sa.ss_family);
   if (a.sa.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(a.sa);
-    card.push_back(uint64_t{AF_INET} << 48 | ntohl(in.sin_addr.s_addr));
+    card.push_back(ntohl(reinterpret_cast<const sockaddr_in&>(a.sa).sin_addr.s_addr));
     card.push_back(0);
   } else {
     uint64_t w[2];
@@ -109,27 +110,31 @@ void put(const Address& a, std::vector<uint64_t>& card) {
 // A card as another node wrote it; nullopt if it cannot be read.
 std::optional<Card> read_card(const std::vector<uint64_t>& w) {
   if (w.size() < kCardHead || w[0] != kCardVersion || w[1] == 0 || w[1] > 65535 || w[3] > kMaxAddresses ||
-      w.size() != kCardHead + 2 * w[3])
+      w.size() != kCardHead + kAddressWords * w[3])
     return std::nullopt;
   Card c;
   c.port = static_cast<uint16_t>(w[1]);
   c.token = w[2];
   for (size_t k = 0; k < w[3]; ++k) {
-    const uint64_t a = w[kCardHead + 2 * k], b = w[kCardHead + 2 * k + 1];
+    const uint64_t family = w[kCardHead + kAddressWords * k];
+    const uint64_t a = w[kCardHead + kAddressWords * k + 1], b = w[kCardHead + kAddressWords * k + 2];
     Address addr;
-    if (a >> 48 == AF_INET && b == 0) {
+    if (family == AF_INET) {
+      if (a > UINT32_MAX || b != 0) return std::nullopt;
       auto& in = reinterpret_cast<sockaddr_in&>(addr.sa);
       in.sin_family = AF_INET;
       in.sin_port = htons(c.port);
       in.sin_addr.s_addr = htonl(static_cast<uint32_t>(a));
       addr.len = sizeof(sockaddr_in);
-    } else {
+    } else if (family == AF_INET6) {
       auto& in6 = reinterpret_cast<sockaddr_in6&>(addr.sa);
       in6.sin6_family = AF_INET6;
       in6.sin6_port = htons(c.port);
       std::memcpy(&in6.sin6_addr, &a, sizeof a);
       std::memcpy(reinterpret_cast<char*>(&in6.sin6_addr) + sizeof a, &b, sizeof b);
       addr.len = sizeof(sockaddr_in6);
+    } else {
+      return std::nullopt;
     }
     c.addresses.push_back(addr);
   }
@@ -387,8 +392,9 @@ void PeerLinks::run() {
     }
   }
   // The end: a goodbye on every link, then the close.
+  // (Also where the hello went and the ack has not come: the other side may have taken it.)
   for (auto& [fd, k] : sockets) {
-    if (k.role != Socket::kLink) continue;
+    if (k.role != Socket::kLink && k.role != Socket::kHeard) continue;
     if (::send(fd, &kGoodbye, 1, MSG_NOSIGNAL) != 1)
       log_debug("no goodbye on the link to peer node " + std::to_string(k.node) + ": " + std::strerror(errno));
   }
