@@ -90,6 +90,13 @@ FileBytes ClairvoyantEngine::wait_for_staging(StagingCore::Turn& turn, EntryId i
   return landed.bytes;
 }
 
+FileBytes ClairvoyantEngine::from_successor(EntryId id, Origin* from) {
+  ClairvoyantEngine* next = successor_.load(std::memory_order_acquire);
+  if (!next) return nullptr;
+  StagingCore::Turn turn(next->state_);
+  return next->wait_for_staging(turn, id, from);
+}
+
 void ClairvoyantEngine::placed(StagingCore::Placed& p) {
   if (p.seen.open.expected) counters_.served_files(Origin::kPageCache, p.seen.open.presumed);
   if (!p.debug.empty()) log_debug(p.debug);
@@ -146,6 +153,7 @@ std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire(Clairvoyant
   if (stager_) stager_->finish();  // its reads in flight kept first: SOURCE sent them once
   stager_.reset();                 // no more staging, pushes or NVMe writes
   demand_.hand_to(next.demand_);
+  successor_.store(&next, std::memory_order_release);
   std::vector<std::pair<EntryId, FileBytes>> held;
   for (EntryId id : ram_.ids())
     if (FileBytes bytes = ram_.get(id)) held.emplace_back(id, std::move(bytes));
@@ -154,12 +162,18 @@ std::vector<std::pair<EntryId, FileBytes>> ClairvoyantEngine::retire(Clairvoyant
 
 void ClairvoyantEngine::free_ram() { state_.forget_ram(); }
 
+void ClairvoyantEngine::successor_gone() {
+  successor_.store(nullptr, std::memory_order_release);
+  demand_.hand_back();
+}
+
 // ---- Engine ----------------------------------------------------------------------------------------
 
 int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   Origin from = Origin::kRam;
   bool again = false;
   FileBytes data = note_open(id, pid, true, &from, &again);
+  if (!data) data = from_successor(id, &from);
   *handle = reinterpret_cast<uint64_t>(new OpenFile(id, pid, std::move(data), from));
   return 0;
 }
@@ -194,11 +208,13 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     bool again = false;
     data = note_open(id, pid, false, &from, &again);
     first = !again;  // counted once
+    if (!data) miss.emplace(demand_, id);
   } else {
     StagingCore::Turn turn(state_);
     data = state_.ram_copy(id, &from);
     if (!data) miss.emplace(demand_, id);
   }
+  if (!data && (data = from_successor(id, &from))) miss.reset();
   if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
   return demand_.read_unopened(id, pid, first, buf, size, offset, t0);
 }

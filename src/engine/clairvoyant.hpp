@@ -196,6 +196,8 @@ class ClairvoyantEngine final : public Engine {
   // goes to `next` to keep (DemandReader::hand_to), as do their files read on demand not yet kept here.
   std::vector<std::pair<EntryId, FileBytes>> retire(ClairvoyantEngine& next) EXCLUDES(state_.lock());
   void free_ram() EXCLUDES(state_.lock());
+  // The engine retire() was given failed to start: reads on demand are this one's own again.
+  void successor_gone();
   // retire() was called (asked by the thread that called it).
   bool retired() const { return !stager_; }
   // Files kept from the last plan's engine (EngineConfig::adopt).
@@ -216,6 +218,10 @@ class ClairvoyantEngine final : public Engine {
   // Waits for `id`'s staging read if one is in flight; its bytes (RAM's copy, or what the read brought),
   // or nullptr, and where they came from (kRam, kPeer).
   FileBytes wait_for_staging(StagingCore::Turn& turn, EntryId id, Origin* from) REQUIRES(state_.lock());
+  // A retired engine's miss: the next plan's engine may hold `id` or be staging it (its stager starts
+  // before it serves): its copy, or nullptr. Without it a reader in the switch read SOURCE for a file the
+  // new stager was reading (ASan's test_readers: 2 files of 1,500 read twice, 1 run in 4).
+  FileBytes from_successor(EntryId id, Origin* from) EXCLUDES(state_.lock());
   // A reader or a peer asked for something now (idle=).
   void touch() { state_.touch(); }
   void touch(std::chrono::steady_clock::time_point now) { state_.touch(now); }
@@ -235,6 +241,7 @@ class ClairvoyantEngine final : public Engine {
   DemandReader demand_;
   // A watch on the mount tells the opens (watching_opens): first reads are reads, nothing is presumed.
   std::atomic<bool> watched_{false};
+  std::atomic<ClairvoyantEngine*> successor_{nullptr};  // retire()'s `next`
   ReaderNews news_;                 // what placing opens changed, said and acted on after the lock
   uint64_t adopted_ = 0;            // files kept from the last plan's engine
   std::unique_ptr<Stager> stager_;  // last: it uses everything above

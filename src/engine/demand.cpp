@@ -87,6 +87,11 @@ void DemandReader::hand_to(DemandReader& next) {
   for (auto& [id, bytes] : left) next.adopt(id, std::move(bytes));
 }
 
+void DemandReader::hand_back() {
+  MutexLock lock(mutex_);
+  next_ = nullptr;
+}
+
 std::vector<std::pair<EntryId, FileBytes>> DemandReader::take_adopted() {
   MutexLock lock(mutex_);
   whole_ -= adopted_.size();

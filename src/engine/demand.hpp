@@ -78,6 +78,8 @@ class DemandReader {
   // neither engine, and staged again for its next use: SOURCE read it twice. Called once, before `next`'s
   // stager starts; `next` must not outlive this reader.
   void hand_to(DemandReader& next);
+  // `next` failed to start: what this one reads on demand is its own to keep again.
+  void hand_back();
   // Whether a reader is reading `id` from the stores itself right now (a whole-file miss being loaded, or
   // pieces read from SOURCE within the last second): a staging read of it would read it a second time.
   bool reading(EntryId id);

@@ -648,6 +648,7 @@ bool LearningEngine::switch_plan(uint64_t n, const Schedule& schedule, std::vect
     };
     e = std::make_unique<ClairvoyantEngine>(samples, *oracle, reader_, std::move(c));
   } catch (const std::exception& x) {
+    old->successor_gone();  // (it may have taken the old one's files before it failed)
     gave_up_ = old->retired();
     log_warning(
         words + ", but its plan could not start: " + x.what() +

@@ -963,6 +963,41 @@ TEST(Engine, AFileReadOnDemandThroughARetiredPlanIsKeptByTheNextAndSourceReadsIt
   EXPECT_EQ(source.bytes_read(), tree.total());
 }
 
+TEST(Engine, AReadThroughARetiredPlanTakesTheNextPlansStagingReadOfTheFile) {
+  // In the switch a reader is still served by the old plan's engine while the new one's stager, started
+  // before it serves, reads a file that reader asks for: the reader takes that read's bytes, and SOURCE
+  // reads the file once (ASan's test_readers over a slow SOURCE: 2 files of 1,500 read twice, 1 run in 4).
+  MemoryTree tree(sizes(60, 1000, 3000));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
+  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
+  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(8 << 10));
+  ASSERT_TRUE(wait_for(*old, [](const EngineStats& s) { return s.ram.files > 0 && s.staged.files == s.ram.files; }));
+  source.answer_late(std::chrono::milliseconds(300));  // the new stager's reads take a while
+  EngineConfig c = two_ranks(4 << 20);
+  c.ranks = {0, 1, 2};
+  std::vector<EntryId> adopted;
+  c.adopt = [&](ClairvoyantEngine& next) {
+    auto held = old->retire(next);
+    for (const auto& [id, bytes] : held) adopted.push_back(id);
+    return held;
+  };
+  ClairvoyantEngine next(tree.manifest, job, source, c);
+  // The new stager's first read, under way (answered 300 ms after it was asked).
+  for (int i = 0; i < 200 && source.fetching_files().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(source.fetching_files().empty());
+  const EntryId first = source.fetching_files().front();
+  EXPECT_EQ(source.reads_of(first), 0u);
+  EXPECT_EQ(read_file(*old, first), tree.bytes(first));  // (the old engine serves until the switch)
+  ASSERT_TRUE(wait_for(next, [&](const EngineStats&) {   // the staging read answered
+    const std::vector<EntryId> f = source.fetching_files();
+    return std::find(f.begin(), f.end(), first) == f.end();
+  }));
+  EXPECT_EQ(source.reads_of(first), 1u);
+  old->free_ram();
+}
+
 TEST(Engine, APlanStartedAfterTheEpochsEndIsPlacedByItsOpensAndFollowsTheNextEpoch) {
   // seed=auto found the seed on the first 265 opens, but its engine started only once the job had read its
   // whole epoch 0 and half of epoch 1 (a fast job, the learning niced): it is placed by those 265, catches

@@ -107,6 +107,12 @@ class MemorySource final : public SourceStore {
   uint64_t bytes_read() const { return bytes_; }
   // The most bytes the stager's reads asked for at once (asked, not yet answered).
   uint64_t peak_fetching() const { return peak_fetching_; }
+  uint64_t fetching() const { return fetching_; }  // asked by the stager's reads, not yet answered
+  // The files of those reads, in the order they were asked.
+  std::vector<EntryId> fetching_files() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fetching_files_;
+  }
   uint64_t reads_of(EntryId id) const {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = reads_.find(id);
@@ -117,11 +123,19 @@ class MemorySource final : public SourceStore {
   void start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) override {
     // Answered through the loop like a real completion: on the loop's thread, at its next turn.
     auto post = io.external([done](int64_t rc) { done(static_cast<int>(rc)); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fetching_files_.push_back(id);
+    }
     const uint64_t now = fetching_ += buf->size();
     for (uint64_t peak = peak_fetching_; now > peak && !peak_fetching_.compare_exchange_weak(peak, now);) {
     }
     auto answer = [this, id, buf, post] {
       const int rc = copy(id, buf->data(), buf->size(), 0, true);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fetching_files_.erase(std::find(fetching_files_.begin(), fetching_files_.end(), id));
+      }
       fetching_ -= buf->size();
       post(rc);
     };
@@ -196,6 +210,7 @@ class MemorySource final : public SourceStore {
   mutable std::mutex mutex_;
   std::unordered_set<EntryId> changed_files_;
   std::unordered_map<EntryId, uint64_t> reads_;
+  std::vector<EntryId> fetching_files_;
   std::atomic<uint64_t> bytes_{0}, changed_count_{0}, fetching_{0}, peak_fetching_{0};
   std::atomic<bool> fail_{false};
   std::atomic<int64_t> stall_ms_{0};
