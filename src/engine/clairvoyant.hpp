@@ -214,9 +214,8 @@ class ClairvoyantEngine final : public Engine {
   // moved far enough. Returns the RAM copy, if any (after waiting for a staging read of it in flight),
   // and where it came from (kRam or kPeer). *again: a reader without a handle read its last file again.
   FileBytes note_open(EntryId id, pid_t pid, bool handle, Origin* from, bool* again) EXCLUDES(state_.lock());
-  // Waits while a staging read of `id` is in flight (kWaitForStaging at most).
-  // Waits for `id`'s staging read if one is in flight; its bytes (RAM's copy, or what the read brought),
-  // or nullptr, and where they came from (kRam, kPeer).
+  // Waits for `id`'s staging read if one is in flight (kWaitForStaging at most); its bytes (RAM's copy, or what the
+  // read brought), or nullptr, and where they came from (kRam, kPeer).
   FileBytes wait_for_staging(StagingCore::Turn& turn, EntryId id, Origin* from) REQUIRES(state_.lock());
   // A retired engine's miss: the next plan's engine may hold `id` or be staging it (its stager starts
   // before it serves): its copy, or nullptr. Without it a reader in the switch read SOURCE for a file the

@@ -157,7 +157,7 @@ struct PeerLinks::Shared {
   std::atomic<bool> stop{false};
 };
 
-PeerLinks::PeerLinks(int node, int nodes) : node_(node), nodes_(nodes), shared_(std::make_shared<Shared>()) {
+PeerLinks::PeerLinks(int node, int nodes) : node_(node), nodes_(nodes), shared_(std::make_unique<Shared>()) {
   Shared& s = *shared_;
   s.state.reset(new std::atomic<uint8_t>[static_cast<size_t>(nodes)]);
   for (int i = 0; i < nodes; ++i) s.state[static_cast<size_t>(i)] = kNone;

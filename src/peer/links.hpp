@@ -72,7 +72,7 @@ class PeerLinks final : public LinkWatch {
 
   const int node_;
   const int nodes_;
-  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<Shared> shared_;  // what the thread and the callers share (the thread joins first)
   std::atomic<int> made_{0};
   std::thread thread_;
 };
