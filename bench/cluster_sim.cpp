@@ -1,8 +1,9 @@
 // Benchmark: the peers' one cache at cluster scale, simulated with the engine's own code — the oracle
 // (each rank's order), plan_owners (who keeps each file for all), and for every node the daemon's staging
 // core, its verbs called as its stager calls them (core_driver.hpp: staging and NVMe writes take no time;
-// RAM and NVMe budgets `cache` R or R+N, each × the node's share of the data set, NVMe in 4 KiB blocks;
-// RAM first, copies up to NVMe by next use, as the daemon makes them).
+// RAM and NVMe budgets `cache` R or R+N, each × the node's share of the data set, NVMe's copies packed:
+// their bytes, room asked in 4 KiB blocks; RAM first, copies up to NVMe by next use, as the daemon makes
+// them).
 //
 // Nodes are driven one after another, each through every epoch, with time as the readers' step (all
 // ranks move in step); what a node fetches (a file not held when it is staged or read) is then
@@ -195,12 +196,12 @@ int main(int argc, char** argv) {
       const Cache cache = cache_of(cache_item);
       const double share = static_cast<double>(total) / static_cast<double>(nodes);
       const auto ram = static_cast<uint64_t>(cache.ram * share), nvme = static_cast<uint64_t>(cache.nvme * share);
-      uint64_t over = 0;  // what the first readers cannot hold (NVMe's blocks aside)
+      uint64_t over = 0;  // what the first readers cannot hold
       for (uint64_t n = 0; n < nodes; ++n) over += first_kept[n] > ram + nvme ? first_kept[n] - ram - nvme : 0;
       // The keepers as the daemons choose them, knowing each other's room.
       clairfs::Keepers keepers = clairfs::plan_owners(
           m, oracle, 0, ranks_of_node, static_cast<int>(nodes),
-          std::vector<uint64_t>(nodes, hand_over ? clairfs::keeper_room(m, ram, nvme) : UINT64_MAX));
+          std::vector<uint64_t>(nodes, hand_over ? clairfs::keeper_room(m, ram, nvme, 1) : UINT64_MAX));
       const std::vector<uint16_t>& owner = keepers.owner;
       std::vector<std::vector<EntryId>> handed(nodes);
       uint64_t handed_bytes = 0;

@@ -102,8 +102,9 @@ class CountedRam final : public clairfs::StagedRam {
   Gone gone_;
 };
 
-// NVMe as the core admits copies to it, in 4 KiB blocks, each copy written the moment it is admitted.
-// gone(id) is told of each copy let go.
+// NVMe as the core admits copies to it, each copy written the moment it is admitted. Copies are packed
+// (tiers/nvme.hpp): one takes its bytes, though its room is asked as whole 4 KiB blocks, as the tier
+// reserves it. gone(id) is told of each copy let go.
 class CountedNvme final : public clairfs::StagedNvme {
  public:
   CountedNvme(const clairfs::Manifest& m, uint64_t capacity, Gone gone)
@@ -113,14 +114,14 @@ class CountedNvme final : public clairfs::StagedNvme {
   uint64_t capacity() const override { return capacity_; }
   bool reserve(uint64_t bytes) override {
     if (used_ + blocks(bytes) > capacity_) return false;
-    used_ += blocks(bytes);
+    used_ += bytes;
     return true;
   }
   uint64_t erase(EntryId id) override {
     if (!may_hold(id)) return 0;
     held_[id] = 0;
     const uint64_t size = m_.entry(id).size;
-    used_ -= blocks(size);
+    used_ -= size;
     gone_(id);
     return size;
   }

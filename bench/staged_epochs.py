@@ -10,8 +10,8 @@ one's in the same rotation. Prints medians of R runs and the pushes and refused 
 With --nvme DIR the mount has an NVMe tier in DIR and RAM for a few files (--ram, 1 MiB; the default
 page-cache window, a quarter of that): epoch 0 is read first by one reader (staged through RAM, each file
 written to the tier on its way), then, with the page caches dropped, epoch 1 (the tier's copies read back
-a RAM's worth ahead) against the tier's own copies of the same files read straight from DIR's device in a
-seeded random order, cold too.
+a RAM's worth ahead) against the same files copied to DIR's device (once, left in DIR/clairfs-bench-copies)
+read straight from there in the same order, cold too.
 
     bench/staged_epochs.py BUILD [--files 5200] [--classes 4] [--mean-kb 110] [--reps 3] [--threads 1] [--baseline OTHER]
                                  [--nvme DIR [--ram SIZE]] [--start-untold]
@@ -19,6 +19,7 @@ seeded random order, cold too.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def drop_caches():
 
 def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
     """Files/s of epochs 0 and 1 through a fresh mount, and its page-cache counters before reading. With
-    `nvme`: epoch 0 read by one reader (filling the tier), epoch 1 cold, then the tier's copies cold."""
+    `nvme`: epoch 0 read by one reader (filling the tier), epoch 1 cold, then the same files on DIR's device cold."""
     # start_batch=0: the job says it starts at its epoch's beginning, so that everything is staged before
     # the first read (a mount not told so stages one batch per worker until the job's first opens show
     # where it starts: a job resumed mid-epoch skips the batches it did; --start-untold measures that).
@@ -83,16 +84,17 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
         if not nvme:
             return [read_files(build, mnt, order, threads) for order in orders], orders, pagecache
         pagecache["nvme_files"] = s["nvme"]["files"]
-        copies = s["nvme"]["dir"]
-        listed = "%s/copies" % work
-        with open(listed, "w") as out:
-            out.write("".join(name + "\n" for name in os.listdir(copies)
-                              if len(name) == 8 and all(c in "0123456789abcdef" for c in name)))
+        # The tier packs its copies into slabs: the same files as files of their own on DIR's device
+        # (copied there once) stand for reading them straight from the disk, in epoch 1's order.
+        copies = os.path.join(nvme, "clairfs-bench-copies")
+        if not os.path.isdir(copies):
+            shutil.copytree(data, copies + ".part")
+            os.rename(copies + ".part", copies)
         drop_caches()
         got = read_files(build, mnt, orders[1], threads)
         drop_caches()
-        r = subprocess.run([build + "/bench/read_files", copies, "--list", listed, "--threads", str(threads),
-                            "--seed", "1"], capture_output=True, text=True, check=True)
+        r = subprocess.run([build + "/bench/read_files", copies, "--list", orders[1], "--threads", str(threads),
+                            "--seed", "0", "--in-order"], capture_output=True, text=True, check=True)
         out = json.loads(r.stdout)
         assert out["errors"] == 0, out
         with open(mnt + "/.clairfs/stats") as f:
@@ -134,7 +136,7 @@ def main():
         systems.append(("baseline", os.path.abspath(a.baseline) + "/clairfs"))
     rates = {}
     counters = {}
-    against = ("tmpfs", "the NVMe copies, cold" if a.nvme else "tmpfs")
+    against = ("tmpfs", "the files on DIR's device, cold" if a.nvme else "tmpfs")
     for rep in range(a.reps):
         for name, clairfs in systems[rep % len(systems):] + systems[:rep % len(systems)]:
             got, orders, counters[name] = mounted_run(clairfs, build, data, mnt, work, a.threads, a.nvme, a.ram)

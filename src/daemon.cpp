@@ -126,7 +126,7 @@ uint64_t keeper_room_of(const Options& o, const Manifest& manifest) {
   if (o.nvme.empty()) return keeper_room(manifest, o.ram, 0);
   struct statvfs fs {};
   const NvmeSpace nvme = nvme_space(::statvfs(o.nvme.c_str(), &fs) == 0 ? &fs : nullptr, o.nvme_size);
-  return keeper_room(manifest, o.ram, nvme.capacity, nvme.block);
+  return keeper_room(manifest, o.ram, nvme.capacity, nvme_packs(o.nvme) ? 1 : nvme.block);
 }
 
 }  // namespace

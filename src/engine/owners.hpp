@@ -28,7 +28,7 @@ Keepers plan_owners(const Manifest& manifest, const Oracle& oracle, uint64_t fir
                     const std::vector<uint64_t>& room = {});
 
 // The bytes of the data set's files that `ram` bytes of RAM and `nvme` of NVMe hold: NVMe's by the share
-// of its blocks (`block` bytes each, NvmeSpace) the samples fill.
+// of its blocks (`block` bytes each, NvmeSpace; 1 where the tier packs its copies) the samples fill.
 uint64_t keeper_room(const Manifest& manifest, uint64_t ram, uint64_t nvme, uint64_t block = 4096);
 
 }  // namespace clairfs

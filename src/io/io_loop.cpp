@@ -24,16 +24,16 @@ void IoLoop::open(int dir_fd, std::string path, Done done) {
   ring_.submit_open(dir_fd, std::move(path), tag);
 }
 
-void IoLoop::read(int fd, char* buf, size_t len, Done done) {
+void IoLoop::read(int fd, char* buf, size_t len, Done done, uint64_t offset) {
   const uint64_t tag = next_tag_++;
   waiting_.emplace(tag, std::move(done));
-  ring_.submit(fd, buf, len, tag);
+  ring_.submit(fd, buf, len, tag, offset);
 }
 
-void IoLoop::write(int fd, const char* buf, size_t len, Done done) {
+void IoLoop::write(int fd, const char* buf, size_t len, Done done, uint64_t offset) {
   const uint64_t tag = next_tag_++;
   waiting_.emplace(tag, std::move(done));
-  ring_.submit_write(fd, buf, len, tag);
+  ring_.submit_write(fd, buf, len, tag, offset);
 }
 
 IoLoop::Done IoLoop::external(Done done) {

@@ -33,8 +33,8 @@ class IoLoop {
   // Ring operations, as Ring's (results the same). REQUIRES: ring_room() > 0, or accept the kernel
   // queueing beyond the ring's depth (see Ring).
   void open(int dir_fd, std::string path, Done done);
-  void read(int fd, char* buf, size_t len, Done done);
-  void write(int fd, const char* buf, size_t len, Done done);
+  void read(int fd, char* buf, size_t len, Done done, uint64_t offset = 0);
+  void write(int fd, const char* buf, size_t len, Done done, uint64_t offset = 0);
 
   // An operation another thread completes: the returned function, called once from any thread with the
   // result, has `done` run on the loop's thread at its next turn.

@@ -43,6 +43,7 @@ struct Request {
   char* buf = nullptr;
   size_t len = 0;
   size_t done = 0;
+  uint64_t offset = 0;  // in the file, of buf[0]
   unsigned tries = 0;  // opens
   uint64_t tag = 0;
   enum class Op { kRead, kWrite, kOpen } op = Op::kRead;
@@ -71,9 +72,9 @@ struct Ring::Impl {
     if (r.op == Request::Op::kOpen)
       io_uring_prep_openat2(sqe, r.fd, r.path.c_str(), &r.how);
     else if (r.op == Request::Op::kWrite)
-      io_uring_prep_write(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), static_cast<__u64>(r.done));
+      io_uring_prep_write(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), r.offset + r.done);
     else
-      io_uring_prep_read(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), static_cast<__u64>(r.done));
+      io_uring_prep_read(sqe, r.fd, r.buf + r.done, piece(r.len - r.done), r.offset + r.done);
     io_uring_sqe_set_data64(sqe, id);
     // Straight to the kernel's workers: tried inline first, an open or read of a FUSE or network file
     // that then blocks would hold up the submitting thread, and with it every other request.
@@ -103,20 +104,22 @@ void Ring::start(uint64_t id) {
   ++in_flight_;
 }
 
-void Ring::submit(int fd, char* buf, size_t len, uint64_t tag) {
+void Ring::submit(int fd, char* buf, size_t len, uint64_t tag, uint64_t offset) {
   Request r;
   r.fd = fd;
   r.buf = buf;
   r.len = len;
+  r.offset = offset;
   r.tag = tag;
   start(impl_->add(std::move(r)));
 }
 
-void Ring::submit_write(int fd, const char* buf, size_t len, uint64_t tag) {
+void Ring::submit_write(int fd, const char* buf, size_t len, uint64_t tag, uint64_t offset) {
   Request r;
   r.fd = fd;
   r.buf = const_cast<char*>(buf);  // only ever written from
   r.len = len;
+  r.offset = offset;
   r.tag = tag;
   r.op = Request::Op::kWrite;
   start(impl_->add(std::move(r)));

@@ -32,12 +32,12 @@ class Ring {
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
 
-  // Queues a read of `len` bytes at offset 0 of `fd` into `buf`. REQUIRES: in_flight() < depth();
+  // Queues a read of `len` bytes at `offset` of `fd` into `buf`. REQUIRES: in_flight() < depth();
   // fd and buf stay valid until the completion is reaped.
-  void submit(int fd, char* buf, size_t len, uint64_t tag);
-  // Queues a write of `len` bytes from `buf` at offset 0 of `fd`; the completion's result is the bytes
+  void submit(int fd, char* buf, size_t len, uint64_t tag, uint64_t offset = 0);
+  // Queues a write of `len` bytes from `buf` at `offset` of `fd`; the completion's result is the bytes
   // written (less than asked only if the device took no more) or -errno (-ENOSPC: full). REQUIRES: as submit.
-  void submit_write(int fd, const char* buf, size_t len, uint64_t tag);
+  void submit_write(int fd, const char* buf, size_t len, uint64_t tag, uint64_t offset = 0);
   // Queues an open of `path` (relative, < PATH_MAX) beneath `dir_fd` for reading, following no symlink
   // and never leaving dir_fd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS). REQUIRES: room as above.
   void submit_open(int dir_fd, std::string path, uint64_t tag);

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -31,7 +32,38 @@ NvmeSpace nvme_space(const struct statvfs* fs, uint64_t capacity) {
   return s;
 }
 
-NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity) : manifest_(manifest) {
+namespace {
+
+// Whether holes can be punched in files of the directory: a two-block file has its first punched.
+bool can_punch(int dir, uint64_t block) {
+  const char* name = "probe";
+  UniqueFd fd(::openat(dir, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return false;
+  const std::vector<char> zeros(2 * block, 0);
+  const bool ok = ::pwrite(fd.get(), zeros.data(), zeros.size(), 0) == static_cast<ssize_t>(zeros.size()) &&
+                  ::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(block)) == 0;
+  ::unlinkat(dir, name, 0);
+  return ok;
+}
+
+}  // namespace
+
+bool nvme_packs(const std::string& dir) {
+  std::string tmpl = dir + "/" + cache_folder_prefix() + "probe.XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) return false;
+  bool packs = false;
+  if (UniqueFd fd(::open(buf.data(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW)); fd) {
+    struct statvfs sv {};
+    packs = can_punch(fd.get(), nvme_space(::fstatvfs(fd.get(), &sv) == 0 ? &sv : nullptr, 0).block);
+  }
+  ::rmdir(buf.data());
+  return packs;
+}
+
+NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity, Packing packing)
+    : manifest_(manifest) {
   std::string tmpl = dir + "/" + cache_folder_prefix() + std::to_string(::getpid()) + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
@@ -50,6 +82,10 @@ NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t ca
   struct statvfs sv {};
   const NvmeSpace space = nvme_space(::fstatvfs(dir_.get(), &sv) == 0 ? &sv : nullptr, capacity);
   block_ = space.block;
+  packs_ = packing == Packing::kWhereItCan && can_punch(dir_.get(), block_);
+  if (!packs_ && packing == Packing::kWhereItCan)
+    log_info("NVMe directory " + path_ +
+             ": its file system cannot punch holes; a file a copy (each takes whole blocks)");
   MutexLock lock(mutex_);
   capacity_ = space.capacity;
 }
@@ -60,15 +96,15 @@ uint64_t NvmeTier::capacity() const {
 }
 
 NvmeTier::~NvmeTier() {
-  // Only our own directory (it holds only the files we made, named by entry id).
+  // Only our own directory (it holds only the slabs we made).
   (void)remove_cache_folder(path_);
 }
 
 uint64_t NvmeTier::checksum(const char* data, size_t size) { return XXH3_64bits(data, size); }
 
-std::string NvmeTier::name(EntryId id) {
-  char s[16];
-  std::snprintf(s, sizeof s, "%08x", id);
+std::string NvmeTier::slab_name(uint32_t number) {
+  char s[24];
+  std::snprintf(s, sizeof s, "slab.%08x", number);
   return s;
 }
 
@@ -95,55 +131,159 @@ void NvmeTier::unreserve(uint64_t bytes) {
   reserved_ -= on_disk(bytes);
 }
 
-int NvmeTier::create(EntryId id) {
-  const int fd = ::openat(dir_.get(), name(id).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  return fd < 0 ? -errno : fd;
+uint64_t NvmeTier::append(Slab& slab, uint64_t size) {
+  // Right after the last extent when it is still there and ends inside a block (that block is counted
+  // already); else at the next block: a block whose extent was let go may have been punched, and the
+  // reservation (whole blocks) holds only if a copy shares no block but with a neighbour still there.
+  uint64_t offset = slab.tail;
+  const bool shares = offset % block_ != 0 && !slab.extents.empty() &&
+                      slab.extents.rbegin()->first + slab.extents.rbegin()->second == offset;
+  if (!shares) offset = (offset + block_ - 1) / block_ * block_;
+  const uint64_t blocks = (offset + size + block_ - 1) / block_ - offset / block_ - (shares ? 1 : 0);
+  slab.extents.emplace(offset, size);
+  slab.tail = offset + size;
+  slab.blocks += blocks;
+  held_bytes_ += blocks * block_;
+  return offset;
 }
 
-void NvmeTier::commit(EntryId id, uint64_t size, uint64_t sum) {
-  MutexLock lock(mutex_);
-  reserved_ -= on_disk(size);
-  auto [it, fresh] = held_.try_emplace(id, Held{size, sum});
-  if (!fresh) {
-    held_bytes_ -= on_disk(it->second.size);
-    it->second = Held{size, sum};
+int NvmeTier::place(uint64_t size, Place* out) {
+  *out = Place{};
+  if (size == 0) return 0;
+  bool fresh = false;
+  uint32_t emptied = kNoSlab;
+  {
+    MutexLock lock(mutex_);
+    auto it = slabs_.find(current_);
+    if (!packs_ || it == slabs_.end() || it->second.tail >= kSlabBytes) {
+      // The slab before is removed once nothing is in it; being current no longer keeps it.
+      if (it != slabs_.end() && it->second.extents.empty()) {
+        emptied = current_;
+        slabs_.erase(it);
+      }
+      current_ = next_slab_++;
+      fresh = true;
+    }
+    out->slab = current_;
+    out->offset = append(slabs_[current_], size);
   }
-  held_bytes_ += on_disk(size);
+  if (emptied != kNoSlab) ::unlinkat(dir_.get(), slab_name(emptied).c_str(), 0);
+  // Opened for each write, as a file a copy was: a descriptor held open for writing would keep the
+  // file system from being remounted read-only while the mount runs.
+  const int flags = O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (fresh ? O_CREAT | O_EXCL : 0);
+  out->fd = std::make_shared<UniqueFd>(::openat(dir_.get(), slab_name(out->slab).c_str(), flags, 0600));
+  if (*out->fd) return 0;
+  const int error = -errno;
+  // Its place let go, and a slab that cannot be opened no longer taken for current: the next copy starts one.
+  uint64_t first = 0, end = 0;
+  bool removed = false;
+  {
+    MutexLock lock(mutex_);
+    if (current_ == out->slab) current_ = kNoSlab;
+    removed = release(out->slab, out->offset, &first, &end);
+  }
+  give_back(out->slab, removed, first, end);
+  *out = Place{};
+  return error;
 }
 
-NvmeTier::Abandoned NvmeTier::abandon(EntryId id, uint64_t size, int error) {
-  ::unlinkat(dir_.get(), name(id).c_str(), 0);
-  MutexLock lock(mutex_);
-  reserved_ -= on_disk(size);
-  // Not writable any more (remounted read-only, permissions taken away): further writes would fail too.
-  if (error == -EROFS || error == -EACCES || error == -EPERM) {
-    const bool now = admitting_;
-    admitting_ = false;
-    return now ? Abandoned::kStopped : Abandoned::kRetried;
+void NvmeTier::commit(EntryId id, const Place& at, uint64_t size, uint64_t sum) {
+  uint32_t old_slab = kNoSlab;
+  uint64_t old_offset = 0, first = 0, end = 0;
+  bool removed = false;
+  {
+    MutexLock lock(mutex_);
+    reserved_ -= on_disk(size);
+    auto [it, fresh] = held_.try_emplace(id, Held{size, sum, at.slab, at.offset});
+    if (!fresh) {
+      old_slab = it->second.slab;
+      old_offset = it->second.offset;
+      if (old_slab != kNoSlab) removed = release(old_slab, old_offset, &first, &end);
+      it->second = Held{size, sum, at.slab, at.offset};
+    }
   }
-  // Full: the disk holds less than the capacity said (or others filled it). What is held fits.
-  if (error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG) {
-    capacity_ = std::min(capacity_, held_bytes_ + reserved_);
-    return Abandoned::kLowered;
+  if (old_slab != kNoSlab) give_back(old_slab, removed, first, end);
+}
+
+bool NvmeTier::release(uint32_t number, uint64_t offset, uint64_t* first, uint64_t* end) {
+  *first = *end = 0;
+  auto s = slabs_.find(number);
+  if (s == slabs_.end()) return false;
+  Slab& slab = s->second;
+  auto it = slab.extents.find(offset);
+  if (it == slab.extents.end()) return false;
+  uint64_t lo = it->first / block_, hi = (it->first + it->second + block_ - 1) / block_;
+  if (it != slab.extents.begin()) {
+    const auto prev = std::prev(it);
+    if ((prev->first + prev->second + block_ - 1) / block_ > lo) ++lo;  // its first block is the one before's last
   }
-  return Abandoned::kRetried;
+  if (const auto next = std::next(it); next != slab.extents.end() && next->first / block_ < hi) --hi;
+  const uint64_t freed = hi > lo ? hi - lo : 0;
+  slab.extents.erase(it);
+  slab.blocks -= freed;
+  held_bytes_ -= freed * block_;
+  *first = lo;
+  *end = lo + freed;
+  if (!slab.extents.empty() || (number == current_ && packs_)) return false;
+  slabs_.erase(s);
+  return true;
+}
+
+void NvmeTier::give_back(uint32_t number, bool removed, uint64_t first, uint64_t end) {
+  if (removed) {
+    ::unlinkat(dir_.get(), slab_name(number).c_str(), 0);
+    return;
+  }
+  if (end <= first || !packs_) return;
+  UniqueFd fd(::openat(dir_.get(), slab_name(number).c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd)
+    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first * block_),
+                      static_cast<off_t>((end - first) * block_));
+}
+
+NvmeTier::Abandoned NvmeTier::abandon(const Place& at, uint64_t size, int error) {
+  uint64_t first = 0, end = 0;
+  bool removed = false;
+  Abandoned what = Abandoned::kRetried;
+  {
+    MutexLock lock(mutex_);
+    if (at.slab != kNoSlab) removed = release(at.slab, at.offset, &first, &end);
+    reserved_ -= on_disk(size);
+    if (error == -EROFS || error == -EACCES || error == -EPERM) {
+      // Not writable any more (remounted read-only, permissions taken away): further writes would fail too.
+      what = admitting_ ? Abandoned::kStopped : Abandoned::kRetried;
+      admitting_ = false;
+    } else if (error == 0 || error == -ENOSPC || error == -EDQUOT || error == -EFBIG) {
+      // Full: the disk holds less than the capacity said (or others filled it). What is held fits.
+      capacity_ = std::min(capacity_, held_bytes_ + reserved_);
+      what = Abandoned::kLowered;
+    }
+  }
+  if (at.slab != kNoSlab) give_back(at.slab, removed, first, end);
+  return what;
 }
 
 uint64_t NvmeTier::erase(EntryId id) {
-  uint64_t freed = 0;
+  Held held{};
+  uint64_t first = 0, end = 0, before = 0;
+  bool removed = false;
   {
     MutexLock lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return 0;
-    freed = on_disk(it->second.size);
-    held_bytes_ -= freed;
+    held = it->second;
     held_.erase(it);
+    before = held_bytes_;
+    if (held.slab != kNoSlab) removed = release(held.slab, held.offset, &first, &end);
+    before -= held_bytes_;
   }
-  ::unlinkat(dir_.get(), name(id).c_str(), 0);
-  return freed;
+  if (held.slab != kNoSlab) give_back(held.slab, removed, first, end);
+  return before;
 }
 
-void NvmeTier::damaged(EntryId id, const char* instead) {
+void NvmeTier::damaged(EntryId id, const Held& read, const char* instead) {
+  const auto now = copy_of(id);
+  if (!now || now->slab != read.slab || now->offset != read.offset) return;  // let go under the read: only gone
   checksum_failures_++;
   log_warning("NVMe copy of '" + manifest_.path(id) + "' is damaged; " + instead);
   erase(id);
@@ -161,43 +301,56 @@ void NvmeTier::unreadable(EntryId id, int error, const char* instead) {
 int NvmeTier::fetch(EntryId id, const Buffer& buf) {
   const auto held = copy_of(id);
   if (!held) return -ENOENT;
-  UniqueFd fd(::openat(dir_.get(), name(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (held->size != buf->size()) {
+    damaged(id, *held, "not served, SOURCE is read instead");
+    return -EIO;
+  }
+  if (held->size == 0) return 0;
+  UniqueFd fd(::openat(dir_.get(), slab_name(held->slab).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
     unreadable(id, -errno, "not served, read elsewhere");
     return -EIO;
   }
-  if (held->size != buf->size() || pread_full(fd.get(), buf->data(), buf->size(), 0) != static_cast<ssize_t>(buf->size()) ||
+  if (pread_full(fd.get(), buf->data(), buf->size(), static_cast<off_t>(held->offset)) !=
+          static_cast<ssize_t>(buf->size()) ||
       checksum(buf->data(), buf->size()) != held->checksum) {
-    damaged(id, "not served, SOURCE is read instead");
+    damaged(id, *held, "not served, SOURCE is read instead");
     return -EIO;
   }
   return 0;
 }
 
 void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
-  if (!copy_of(id)) return done(-ENOENT);
-  io.open(dir_.get(), name(id), [this, &io, id, buf, done](int64_t opened) {
+  const auto held = copy_of(id);
+  if (!held) return done(-ENOENT);
+  if (held->size != buf->size()) {
+    damaged(id, *held, "staged from SOURCE instead");
+    return done(-EIO);
+  }
+  if (held->size == 0) return done(0);
+  io.open(dir_.get(), slab_name(held->slab), [this, &io, id, copy = *held, buf, done](int64_t opened) {
     if (opened < 0) {
       unreadable(id, static_cast<int>(opened), "staged from elsewhere");
       return done(-EIO);
     }
     auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
-    io.read(fd->get(), buf->data(), buf->size(), [this, id, buf, fd, done](int64_t result) {
-      const auto held = copy_of(id);
-      if (result != static_cast<int64_t>(buf->size()) || !held || held->size != buf->size() ||
-          checksum(buf->data(), buf->size()) != held->checksum) {
-        damaged(id, "staged from SOURCE instead");
-        return done(-EIO);
-      }
-      done(0);
-    });
+    io.read(
+        fd->get(), buf->data(), buf->size(),
+        [this, id, copy, buf, fd, done](int64_t result) {
+          if (result != static_cast<int64_t>(buf->size()) || checksum(buf->data(), buf->size()) != copy.checksum) {
+            damaged(id, copy, "staged from SOURCE instead");
+            return done(-EIO);
+          }
+          done(0);
+        },
+        copy.offset);
   });
 }
 
-void NvmeTier::write_failed(EntryId id, uint64_t size, int error) {
+void NvmeTier::write_failed(const Place& at, uint64_t size, int error) {
   write_failures_++;
   const std::string why = error ? std::string(std::strerror(-error)) : std::string("short write");
-  switch (abandon(id, size, error)) {
+  switch (abandon(at, size, error)) {
     case Abandoned::kStopped:
       log_warning("NVMe directory " + path_ + ": " + why + "; no more files admitted, the rest keeps working");
       break;
@@ -212,24 +365,30 @@ void NvmeTier::write_failed(EntryId id, uint64_t size, int error) {
 
 void NvmeTier::start_offer(IoLoop& io, EntryId id, FileBytes bytes, Done done) {
   const uint64_t size = bytes->size();
-  const int created = create(id);
-  if (created < 0) {
-    write_failed(id, size, created);
-    return done(created);
+  Place at;
+  if (const int placed = place(size, &at); placed < 0) {
+    write_failed(at, size, placed);
+    return done(placed);
   }
-  auto fd = std::make_shared<UniqueFd>(created);
   const uint64_t sum = checksum(bytes->data(), size);
-  io.write(fd->get(), bytes->data(), size, [this, id, bytes, fd, sum, done](int64_t result) {
-    *fd = UniqueFd();
-    if (result != static_cast<int64_t>(bytes->size())) {
-      const int error = result < 0 ? static_cast<int>(result) : 0;
-      write_failed(id, bytes->size(), error);
-      return done(error ? error : -ENOSPC);
-    }
-    commit(id, bytes->size(), sum);
+  if (size == 0) {
+    commit(id, at, size, sum);
     writes_++;
-    done(0);
-  });
+    return done(0);
+  }
+  io.write(
+      at.fd->get(), bytes->data(), size,
+      [this, id, bytes, at, sum, done](int64_t result) {
+        if (result != static_cast<int64_t>(bytes->size())) {
+          const int error = result < 0 ? static_cast<int>(result) : 0;
+          write_failed(at, bytes->size(), error);
+          return done(error ? error : -ENOSPC);
+        }
+        commit(id, at, bytes->size(), sum);
+        writes_++;
+        done(0);
+      },
+      at.offset);
 }
 
 uint64_t NvmeTier::used() const {
@@ -240,6 +399,11 @@ uint64_t NvmeTier::used() const {
 uint64_t NvmeTier::files() const {
   MutexLock lock(mutex_);
   return held_.size();
+}
+
+uint64_t NvmeTier::slabs() const {
+  MutexLock lock(mutex_);
+  return slabs_.size();
 }
 
 }  // namespace clairfs

@@ -343,14 +343,15 @@ TEST(Engine, DamagedNvmeCopiesAreReadFromSourceInstead) {
   MemoryTree tree(sizes(100, 1000, 3000));
   NvmeRun run(tree);
   ASSERT_TRUE(run.staged);
-  // Damage every copy on the disk.
+  // Damage every copy on the disk (copies are packed into slabs: a mark every 512 bytes hits each).
   size_t damaged = 0;
   for (const auto& folder : std::filesystem::directory_iterator(run.dir))
     for (const auto& f : std::filesystem::directory_iterator(folder.path())) {
       std::fstream out(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-      out.seekp(0);
-      out.write("XXXX", 4);
-      ++damaged;
+      for (uint64_t at = 0; at + 4 <= f.file_size(); at += 512, ++damaged) {
+        out.seekp(static_cast<std::streamoff>(at));
+        out.write("XXXX", 4);
+      }
     }
   ASSERT_GT(damaged, 50u);
   EXPECT_EQ(read_epoch(*run.engine, tree, run.streams(1)[0]), 0u);
