@@ -49,7 +49,8 @@ bool can_punch(int dir, uint64_t block) {
 }  // namespace
 
 bool nvme_packs(const std::string& dir) {
-  std::string tmpl = dir + "/" + cache_folder_prefix() + "probe.XXXXXX";
+  // Named as the tier's folder is, so that one left behind (the daemon killed here) is a stale cache.
+  std::string tmpl = dir + "/" + cache_folder_prefix() + std::to_string(::getpid()) + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) return false;
