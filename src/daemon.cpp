@@ -303,6 +303,12 @@ void start_engine(const Options& o, MpiWorld* world, Daemon& d) {
         if (!c.handed.empty())
           log_info("keeping " + std::to_string(c.handed.size()) + " files for the other nodes that another node " +
                    "reads first (it has no room left for them): read from SOURCE at the start");
+        if (keepers.unkept != 0)
+          log_warning(std::to_string(keepers.unkept) + " files (" +
+                      human_bytes(static_cast<double>(keepers.unkept_bytes)) +
+                      ") are past every node's room (ram= and nvme_size= together hold less than the data set): no "
+                      "node keeps them, their readers read them from SOURCE in each epoch");
+        c.unkept = keepers.unkept;
         c.owner = std::move(keepers.owner);
         c.peer_wait = std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout * 1000) + 2000);
       }

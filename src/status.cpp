@@ -87,6 +87,9 @@ void print_peers(const nlohmann::json& p) {
     std::printf(
         "                %llu files kept here that another node reads first (no room left there): %llu staged\n",
         static_cast<unsigned long long>(handed), static_cast<unsigned long long>(get(p, {"handed_staged"})));
+  if (const uint64_t unkept = get(p, {"unkept"}))
+    std::printf("  unkept        %llu files past every node's room: no node keeps them, their readers read SOURCE\n",
+                static_cast<unsigned long long>(unkept));
 }
 
 // One screen of status from the stats `j`. Throws nlohmann::json::exception on stats of another shape.

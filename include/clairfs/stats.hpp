@@ -30,7 +30,7 @@ struct NvmeStats {
 struct PeerStats {
   int node = 0, nodes = 0;
   uint64_t staged_files = 0, staged_bytes = 0, demand_files = 0;
-  uint64_t requests = 0, hits = 0, refused = 0, deferred = 0, handed = 0, handed_staged = 0;
+  uint64_t requests = 0, hits = 0, refused = 0, deferred = 0, handed = 0, handed_staged = 0, unkept = 0;
   uint64_t source_instead = 0, source_instead_bytes = 0, timeouts = 0, failures = 0, returned = 0, links = 0;
   uint64_t served_files = 0, served_bytes = 0, refused_to_peers = 0;
   double peer_seconds_per_file = 0, source_seconds_per_file = 0;

@@ -174,6 +174,9 @@ std::string metrics_text(const nlohmann::json& j, const std::string& mountpoint)
   w.single("clairfs_peer_handed_staged_files", "counter",
            "Files staged here for peer nodes that another node reads first (it had no room for them).", j,
            {"peers", "handed_staged"});
+  w.single("clairfs_peer_unkept_files", "gauge",
+           "Files past every node's room: no node keeps them for the others, their readers read SOURCE.", j,
+           {"peers", "unkept"});
   w.single("clairfs_peer_returns", "counter", "Times a peer node given up for silence answered again.", j,
            {"peers", "returned"});
   w.single("clairfs_peer_links", "gauge", "Peer nodes linked to, whose deaths are seen at once.", j,

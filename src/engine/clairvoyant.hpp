@@ -95,6 +95,7 @@ struct EngineConfig {
   PeerTransport* peers = nullptr;  // the other nodes' daemons; nullptr: alone
   std::vector<uint16_t> owner;     // per entry: the node that keeps it for all (empty: alone)
   std::vector<EntryId> handed;     // files it keeps that another node reads first (Keepers::handed)
+  uint64_t unkept = 0;             // files no node has room to keep (Keepers::unkept), for the stats
   std::chrono::milliseconds peer_wait{7000};  // a read waiting on a peer gives up after this
   // After this long without a read (an open, a read, a peer's request) RAM and pushed pages are given back
   // and staging waits for the next read (idle=); zero: never.

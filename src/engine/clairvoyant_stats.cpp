@@ -41,6 +41,7 @@ EngineStats ClairvoyantEngine::stats() const {
     p.deferred = counters_.peer_deferrals.load();
     p.handed = config_.handed.size();
     p.handed_staged = counters_.handed_staged.load();
+    p.unkept = config_.unkept;
     p.source_instead = counters_.source_over_peer.load();
     p.source_instead_bytes = counters_.source_over_peer_bytes.load();
     p.timeouts = c.timeouts;

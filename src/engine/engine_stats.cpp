@@ -110,6 +110,7 @@ nlohmann::json staging_json(const EngineStats& s) {
                   {"deferred", p->deferred},
                   {"handed", p->handed},
                   {"handed_staged", p->handed_staged},
+                  {"unkept", p->unkept},
                   {"source_instead", p->source_instead},
                   {"source_instead_bytes", p->source_instead_bytes},
                   {"timeouts", p->timeouts},

@@ -302,6 +302,11 @@ def test_a_node_killed_mid_epoch(c):
                     for t in said),
                 "the survivors' status names the dead node: %s" % [
                     [line for line in t.splitlines() if "asked" in line or "peers" in line] for t in said])
+        # The caches hold 0.45 of the data set in all: the files past every node's room are no node's.
+        unkept = [x["peers"]["unkept"] for x in s]
+        h.check(all(u > len(want) // 3 for u in unkept) and all("past every node's room" in t for t in said),
+                "files no node has room to keep, in the stats %s and the status: %s" % (
+                    unkept, [[line for line in t.splitlines() if "unkept" in line] for t in said]))
         r2, took, log = umount(state)
         named = re.findall(r"clairfs cleanup on \S+: (.*)", r2.stderr)
         h.check(r2.returncode == 1 and len(named) == 1 and "nvme%d/" % victim in named[0],

@@ -223,8 +223,7 @@ namespace clairfs {
 namespace {
 
 // Each file is kept for the others by the node that reads it first, unless that one has no room left
-// for it: then by the node with the most room left, the same on every node; with room nowhere, by its
-// first reader.
+// for it: then by the node with the most room left, the same on every node; with room nowhere, by none.
 TEST(Keepers, FilesPastTheirFirstReadersRoomGoToANodeWithRoomLeft) {
   std::vector<uint64_t> sizes(200);
   for (size_t i = 0; i < sizes.size(); ++i) sizes[i] = 1000 + 37 * (i % 13);
@@ -261,7 +260,26 @@ TEST(Keepers, FilesPastTheirFirstReadersRoomGoToANodeWithRoomLeft) {
 
   const Keepers none = plan_owners(m, oracle, 0, ranks, 4, std::vector<uint64_t>(4, 1));
   EXPECT_TRUE(none.handed.empty());
-  EXPECT_EQ(none.owner, first.owner);
+  EXPECT_EQ(none.unkept, m.samples().size());
+  for (EntryId id : m.samples()) EXPECT_EQ(none.owner[id], kNoKeeper);
+
+  // Room for half of each node's share: each keeps the first half it reads, and the rest is no one's.
+  std::vector<uint64_t> half(4);
+  for (size_t n = 0; n < 4; ++n) half[n] = share[n] / 2;
+  const Keepers h = plan_owners(m, oracle, 0, ranks, 4, half);
+  std::vector<uint64_t> held(4, 0);
+  uint64_t unkept = 0;
+  for (EntryId id : m.samples()) {
+    if (h.owner[id] == kNoKeeper) {
+      unkept += m.entry(id).size;
+      continue;
+    }
+    EXPECT_EQ(h.owner[id], first.owner[id]);
+    held[h.owner[id]] += m.entry(id).size;
+  }
+  for (size_t n = 0; n < 4; ++n) EXPECT_LE(held[n], half[n]) << "node " << n;
+  EXPECT_EQ(unkept, h.unkept_bytes);
+  EXPECT_GT(h.unkept_bytes, tree.total() * 45 / 100);
 }
 
 // NVMe's room in files' bytes: what its blocks hold of these files.
