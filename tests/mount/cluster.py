@@ -217,11 +217,13 @@ class SlowSource:
             return json.load(f)
 
 
-def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, first=0, slowest=None):
+def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, first=0, slowest=None, drop_pages=False):
     """One reader per node reads its rank's order (node n plays rank n) for epochs first .. epochs-1, the
     first `limit` files of each if given, all ranks in step as DDP keeps them (a barrier per epoch). The
     victim's reader stops at epoch `kill_at`. Returns the threads (started) and per-node lists wrong,
-    opened, and the errors met; `slowest`, a list, gets per node the longest one file took (s)."""
+    opened, and the errors met; `slowest`, a list, gets per node the longest one file took (s). With
+    `drop_pages`, each file's pages are dropped once it is read, as on a node whose memory its job takes
+    (the hosts here share one page cache, which would keep what the nodes' budgets do not)."""
     nodes = len(mnts)
     barrier = threading.Barrier(nodes if victim is None else nodes - 1)
     wrong, opened, errors = [0] * nodes, [0] * nodes, []
@@ -258,7 +260,11 @@ def read_in_step(mnts, want, epochs, kill_at=None, victim=None, limit=None, firs
                 for rel in rels:
                     time.sleep(0.0005)  # a little compute
                     t0 = time.monotonic()
-                    wrong[n] += h.digest(os.path.join(mnts[n], rel)) != want[rel]
+                    path = os.path.join(mnts[n], rel)
+                    wrong[n] += h.digest(path) != want[rel]
+                    if drop_pages:
+                        with open(path, "rb") as f:
+                            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
                     if slowest is not None:
                         slowest[n] = max(slowest[n], time.monotonic() - t0)
                     opened[n] += 1
