@@ -26,8 +26,9 @@ struct Keepers {
 // SOURCE anyway); a file nobody reads then goes to node id mod nodes. ranks_of_node[n]: node n's ranks.
 // With `room` (per node: the bytes of files its RAM and NVMe hold, keeper_room; empty: no bound), the
 // files past their first reader's room (in its reading order) go to the node with the most room left
-// that can take them, if any (`handed`), and to none (kNoKeeper) if no node has room for them. Sizes must be known (not
-// for a manifest whose attributes are still being read). Throws std::runtime_error beyond 65,535 nodes.
+// that can take them, if any (`handed`), and to none (kNoKeeper) if no node has room for them. Sizes
+// must be known (not for a manifest whose attributes are still being read). Throws std::runtime_error
+// beyond 65,535 nodes.
 Keepers plan_owners(const Manifest& manifest, const Oracle& oracle, uint64_t first_epoch,
                     const std::vector<std::vector<uint64_t>>& ranks_of_node, int nodes,
                     const std::vector<uint64_t>& room = {});
