@@ -867,6 +867,29 @@ EngineConfig two_ranks(uint64_t ram) {
   return c;
 }
 
+// A re-plan: `files` files of 1-3 KB, the mount planned for 2 ranks, the job reading as 3.
+struct Replan {
+  explicit Replan(size_t files)
+      : tree(sizes(files, 1000, 3000)),
+        source(tree),
+        mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2)),
+        job(tree.manifest.samples().size(), torch_schedule(3, 16, 2)) {}
+  // The mounted plan's engine, with `ram` bytes of RAM.
+  std::unique_ptr<ClairvoyantEngine> old_engine(uint64_t ram) {
+    return std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(ram));
+  }
+  // The job's plan's engine config, as the re-plan makes it (the test sets how it adopts).
+  static EngineConfig next_config() {
+    EngineConfig c = two_ranks(4 << 20);
+    c.ranks = {0, 1, 2};
+    return c;
+  }
+
+  MemoryTree tree;
+  MemorySource source;
+  const Oracle mounted, job;
+};
+
 TEST(Engine, AJobOfAnotherWorldSizeIsFoundByEachWorkersFirstBatch) {
   MemoryTree tree(sizes(600, 100, 200));
   MemorySource source(tree);
@@ -906,16 +929,15 @@ TEST(Engine, WorkersOfBatchesOfOneReadAsTheirWorldSizeNotTheirStride) {
 }
 
 TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
-  MemoryTree tree(sizes(300, 1000, 3000));
-  MemorySource source(tree);
-  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
-  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
-  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(4 << 20));
+  Replan p(300);
+  const MemoryTree& tree = p.tree;
+  MemorySource& source = p.source;
+  const Oracle& job = p.job;
+  auto old = p.old_engine(4 << 20);
   ASSERT_TRUE(wait_for(*old, [&](const EngineStats& s) { return s.ram.files == tree.files(); }));
   for (uint64_t r = 0; r < 3; ++r) read_as_workers(*old, tree, job, r, 0, 32);
   uint64_t seen = 0;
-  EngineConfig c = two_ranks(4 << 20);
-  c.ranks = {0, 1, 2};
+  EngineConfig c = Replan::next_config();
   c.opened_before = old->readers().opens_as(3, 0, &seen);
   c.adopt = [&](ClairvoyantEngine& next) { return old->retire(next); };
   ClairvoyantEngine next(tree.manifest, job, source, c);
@@ -935,13 +957,11 @@ TEST(Engine, AFileReadOnDemandThroughARetiredPlanIsKeptByTheNextAndSourceReadsIt
   // still served by the old plan's engine reads a file it had not staged; the new plan's engine keeps
   // that copy rather than staging the file again for its next use (test_readers' world_size=auto over a
   // slow SOURCE read 6-8 files twice so).
-  MemoryTree tree(sizes(60, 1000, 3000));
-  MemorySource source(tree);
-  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
-  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
-  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(8 << 10));
-  EngineConfig c = two_ranks(4 << 20);
-  c.ranks = {0, 1, 2};
+  Replan p(60);
+  const MemoryTree& tree = p.tree;
+  MemorySource& source = p.source;
+  auto old = p.old_engine(8 << 10);
+  EngineConfig c = Replan::next_config();
   EntryId late = kNoEntry;
   c.adopt = [&](ClairvoyantEngine& next) {
     auto held = old->retire(next);
@@ -956,7 +976,7 @@ TEST(Engine, AFileReadOnDemandThroughARetiredPlanIsKeptByTheNextAndSourceReadsIt
     }
     return held;
   };
-  ClairvoyantEngine next(tree.manifest, job, source, c);
+  ClairvoyantEngine next(tree.manifest, p.job, source, c);
   old->free_ram();
   ASSERT_NE(late, kNoEntry);  // the old engine had not staged every file
   ASSERT_TRUE(wait_for(next, [&](const EngineStats& s) { return s.ram.files == tree.files(); }));
@@ -968,22 +988,20 @@ TEST(Engine, AReadThroughARetiredPlanTakesTheNextPlansStagingReadOfTheFile) {
   // In the switch a reader is still served by the old plan's engine while the new one's stager, started
   // before it serves, reads a file that reader asks for: the reader takes that read's bytes, and SOURCE
   // reads the file once (ASan's test_readers over a slow SOURCE: 2 files of 1,500 read twice, 1 run in 4).
-  MemoryTree tree(sizes(60, 1000, 3000));
-  MemorySource source(tree);
-  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
-  const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
-  auto old = std::make_unique<ClairvoyantEngine>(tree.manifest, mounted, source, two_ranks(8 << 10));
+  Replan p(60);
+  const MemoryTree& tree = p.tree;
+  MemorySource& source = p.source;
+  auto old = p.old_engine(8 << 10);
   ASSERT_TRUE(wait_for(*old, [](const EngineStats& s) { return s.ram.files > 0 && s.staged.files == s.ram.files; }));
   source.answer_late(std::chrono::milliseconds(300));  // the new stager's reads take a while
-  EngineConfig c = two_ranks(4 << 20);
-  c.ranks = {0, 1, 2};
+  EngineConfig c = Replan::next_config();
   std::vector<EntryId> adopted;
   c.adopt = [&](ClairvoyantEngine& next) {
     auto held = old->retire(next);
     for (const auto& [id, bytes] : held) adopted.push_back(id);
     return held;
   };
-  ClairvoyantEngine next(tree.manifest, job, source, c);
+  ClairvoyantEngine next(tree.manifest, p.job, source, c);
   // The new stager's first read, under way (answered 300 ms after it was asked).
   for (int i = 0; i < 200 && source.fetching_files().empty(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
