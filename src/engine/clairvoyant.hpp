@@ -115,6 +115,9 @@ struct EngineConfig {
   // Where a process's parent is found (a DataLoader's workers read for their parent's rank); nullptr: in
   // /proc, when first asked (0 for a process gone by then). Tests make up the parents.
   std::function<pid_t(pid_t)> parent_of;
+  // Where a thread's process is found (threads of one process that share its reading are one reader to
+  // the world size found from opens); nullptr: in /proc, when first asked (the thread itself if gone).
+  std::function<pid_t(pid_t)> process_of;
   // The files the engine of the mount's last plan held in RAM (a re-plan, LearningEngine): taken once
   // the opens above are placed, before staging starts, and kept as RAM allows (adopt); given the new
   // engine, to which the old one's reads on demand go from then on (ClairvoyantEngine::retire).

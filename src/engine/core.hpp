@@ -377,10 +377,12 @@ struct StagingCore final : Admission {
     MutexLock lock(mutex_);
     tracker.set_world(world_size, std::move(ranks), per_worker);
   }
-  // How a process's parent is found (a DataLoader worker's: the rank's training process).
-  void set_parent_lookup(std::function<pid_t(pid_t)> lookup) EXCLUDES(mutex_) {
+  // How a process's parent is found (a DataLoader worker's: the rank's training process), and a thread's
+  // process.
+  void set_parent_lookup(std::function<pid_t(pid_t)> parent, std::function<pid_t(pid_t)> process) EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
-    tracker.set_parent_lookup(std::move(lookup));
+    tracker.set_parent_lookup(std::move(parent));
+    tracker.set_process_lookup(std::move(process));
   }
   // A handle of `id` closed: its pages may go once the last is.
   void handle_closed(EntryId id) EXCLUDES(mutex_) {

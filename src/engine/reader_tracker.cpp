@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -34,6 +35,16 @@ pid_t parent_from_proc(pid_t pid) {
   long ppid = 0;
   rest >> state >> ppid;
   return static_cast<pid_t>(ppid);
+}
+
+pid_t process_from_proc(pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Tgid:", 0) != 0) continue;
+    const long tgid = std::strtol(line.c_str() + 5, nullptr, 10);
+    return tgid > 0 ? static_cast<pid_t>(tgid) : tid;
+  }
+  return tid;
 }
 
 ReaderTracker::ReaderTracker(const Manifest& manifest, Planner& planner, uint64_t ranks, const TimeSource& time)
@@ -146,6 +157,11 @@ void ReaderTracker::note_world(Seen& seen, pid_t pid) {
   const uint64_t served = training_ranks_.size();
   if (!step || served == 0) return;
   const uint64_t pos = *step * world_size_ + training_ranks_[seen.open.key % served];
+  if (process_positions_.size() > kMaxReaders) process_positions_.clear();
+  const pid_t process = process_of(pid);
+  std::vector<uint64_t>& positions = process_positions_[process];
+  if (positions.size() >= kProcessPositions) positions.erase(positions.begin());
+  positions.push_back(pos);
   if (strides_.size() > kMaxReaders) strides_.clear();
   Strides& s = strides_[pid];
   if (s.decided) return;
@@ -162,6 +178,7 @@ void ReaderTracker::note_world(Seen& seen, pid_t pid) {
   std::vector<uint8_t>().swap(s.by_distance);  // (its memory: `most` is gone with it)
   if (4 * times < 3 * kWorldEvidence || distance % per_worker_ != 0) return;
   const uint64_t world = distance / per_worker_;
+  if (!one_share(process, world, pos % world)) return;  // its process opens others' shares too
   if (readers_as_.size() > kMaxReaders) readers_as_.clear();
   readers_as_[pid] = {world, pos % world, parent_of(pid), planner_.epoch_of(seen.open.key).value_or(0)};
   if (world == world_size_) return;
@@ -196,6 +213,20 @@ std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_as(uint64_t world, u
 
 std::vector<std::pair<EntryId, pid_t>> ReaderTracker::opens_other(uint64_t after, uint64_t* last) const {
   return opens_of([&](pid_t pid) { return planner_.reads_other(pid); }, after, last);
+}
+
+bool ReaderTracker::one_share(pid_t process, uint64_t world, uint64_t rank) const {
+  const auto it = process_positions_.find(process);
+  if (it == process_positions_.end()) return true;
+  return std::all_of(it->second.begin(), it->second.end(), [&](uint64_t p) { return p % world == rank; });
+}
+
+pid_t ReaderTracker::process_of(pid_t pid) {
+  if (!process_lookup_ || pid <= 0) return pid;
+  if (processes_.size() > kMaxReaders) processes_.clear();
+  auto [it, fresh] = processes_.try_emplace(pid, pid);
+  if (fresh) it->second = process_lookup_(pid);
+  return it->second;
 }
 
 pid_t ReaderTracker::parent_of(pid_t pid) {

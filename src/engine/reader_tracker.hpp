@@ -26,6 +26,8 @@ namespace clairfs {
 
 // A process's parent, from /proc/PID/stat; 0 if it is gone.
 pid_t parent_from_proc(pid_t pid);
+// A thread's process (its thread group), from /proc/TID/status; the thread itself if it is gone.
+pid_t process_from_proc(pid_t tid);
 
 class ReaderTracker {
  public:
@@ -98,6 +100,8 @@ class ReaderTracker {
   // Where a process's parent is found (for the planner: a DataLoader's workers read for their parent's
   // rank); by default none is.
   void set_parent_lookup(std::function<pid_t(pid_t)> lookup) { parent_lookup_ = std::move(lookup); }
+  // Where a thread's process is found (the opener told is a thread); by default each is its own.
+  void set_process_lookup(std::function<pid_t(pid_t)> lookup) { process_lookup_ = std::move(lookup); }
 
   // Samples queued for reading ahead (readers off the plan reading in sample order), oldest first.
   std::vector<EntryId>& readahead() { return readahead_; }
@@ -164,12 +168,23 @@ class ReaderTracker {
     bool decided = false;
   };
   std::unordered_map<pid_t, Strides> strides_;
+  // Per process: the shuffle positions of its threads' latest placed opens (up to kProcessPositions). A
+  // rank of world size W only opens positions of its own residue mod W, whichever of its threads opens
+  // them; threads of one process that take turns at one order (a thread pool) may each open every other
+  // position for a while, but between them open the others too, and are no rank of world size 2.
+  static constexpr size_t kProcessPositions = 64;
+  std::unordered_map<pid_t, std::vector<uint64_t>> process_positions_;
+  // Whether every position `process` opened lately lies in residue `rank` mod `world`.
+  bool one_share(pid_t process, uint64_t world, uint64_t rank) const;
   void note_world(Seen& seen, pid_t pid);
   std::vector<std::pair<EntryId, pid_t>> opens_of(const std::function<bool(pid_t)>& keep, uint64_t after,
                                                   uint64_t* last) const;
   std::function<pid_t(pid_t)> parent_lookup_;
   std::unordered_map<pid_t, pid_t> parents_;  // looked up once per process
   pid_t parent_of(pid_t pid);
+  std::function<pid_t(pid_t)> process_lookup_;
+  std::unordered_map<pid_t, pid_t> processes_;  // looked up once per thread
+  pid_t process_of(pid_t pid);
   std::vector<EntryId> readahead_;
 };
 

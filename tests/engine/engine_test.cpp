@@ -61,6 +61,7 @@ EngineConfig config(uint64_t ram) {
   c.tolerance = 16;
   c.loader_window = 4;
   c.depth = 8;
+  c.process_of = [](pid_t pid) { return pid; };  // the made-up readers are processes of their own, whatever /proc says
   return c;
 }
 
@@ -895,21 +896,26 @@ TEST(Engine, AJobOfAnotherWorldSizeIsFoundByEachWorkersFirstBatch) {
   MemorySource source(tree);
   const Oracle mounted(tree.manifest.samples().size(), torch_schedule(2, 16, 2));
   const Oracle job(tree.manifest.samples().size(), torch_schedule(3, 16, 2));
-  int told = 0;
-  EngineConfig c = two_ranks(1 << 20);
-  c.on_world = [&] { ++told; };
-  ClairvoyantEngine e(tree.manifest, mounted, source, c);
-  for (uint64_t r = 0; r < 3; ++r) read_as_workers(e, tree, job, r, 0, 32);
-  const auto as = e.readers().readers_as();
-  ASSERT_EQ(as.size(), 6u);  // each worker, after a batch
-  for (const auto& [pid, reads] : as) {
-    EXPECT_EQ(reads.world, 3u) << pid;
-    EXPECT_EQ(reads.rank, static_cast<uint64_t>(pid - 1000) / 10) << pid;
+  // Each worker a process of its own (a DataLoader's), or a thread of its rank's process (pid 1000 + 10 × rank).
+  for (const bool threads : {false, true}) {
+    SCOPED_TRACE(threads ? "workers are threads of their rank's process" : "workers are processes");
+    int told = 0;
+    EngineConfig c = two_ranks(1 << 20);
+    c.on_world = [&] { ++told; };
+    if (threads) c.process_of = [](pid_t tid) { return static_cast<pid_t>(tid / 10 * 10); };
+    ClairvoyantEngine e(tree.manifest, mounted, source, c);
+    for (uint64_t r = 0; r < 3; ++r) read_as_workers(e, tree, job, r, 0, 32);
+    const auto as = e.readers().readers_as();
+    ASSERT_EQ(as.size(), 6u);  // each worker, after a batch
+    for (const auto& [pid, reads] : as) {
+      EXPECT_EQ(reads.world, 3u) << pid;
+      EXPECT_EQ(reads.rank, static_cast<uint64_t>(pid - 1000) / 10) << pid;
+    }
+    EXPECT_EQ(told, 6);
+    uint64_t last = 0;
+    EXPECT_EQ(e.readers().opens_as(3, 0, &last).size(), 6u * 16);
+    EXPECT_EQ(last, 6u * 16);
   }
-  EXPECT_EQ(told, 6);
-  uint64_t last = 0;
-  EXPECT_EQ(e.readers().opens_as(3, 0, &last).size(), 6u * 16);
-  EXPECT_EQ(last, 6u * 16);
 }
 
 TEST(Engine, WorkersOfBatchesOfOneReadAsTheirWorldSizeNotTheirStride) {
@@ -926,6 +932,40 @@ TEST(Engine, WorkersOfBatchesOfOneReadAsTheirWorldSizeNotTheirStride) {
   ASSERT_EQ(as.size(), 8u);
   for (const auto& [pid, reads] : as) EXPECT_EQ(reads.world, 2u) << pid;
   EXPECT_EQ(told, 0);
+}
+
+// Threads of one process taking turns at one rank's order (a thread pool reading a shared list): for a
+// while two of them alternate, each opening every other item, as a rank of world_size=2 would. They are
+// one reader: no other world size is found. `process_of`: where a thread's process is found.
+// Returns how often another world size was told, and the world sizes the threads were found to read as.
+std::pair<int, std::set<uint64_t>> worlds_of_alternating_threads(std::function<pid_t(pid_t)> process_of) {
+  MemoryTree tree(sizes(400, 100, 200));
+  MemorySource source(tree);
+  const Oracle mounted(tree.manifest.samples().size(), torch_schedule(1, 16, 2));
+  int told = 0;
+  EngineConfig c = config(1 << 20);
+  c.on_world = [&] { ++told; };
+  c.process_of = std::move(process_of);
+  ClairvoyantEngine e(tree.manifest, mounted, source, c);
+  const std::vector<uint32_t> seq = mounted.epoch(0).rank_sequence(0);
+  for (size_t k = 0; k < 200; ++k) {
+    const pid_t thread = static_cast<pid_t>(3001 + (k < 60 ? k % 2 : k % 4));  // 3001 and 3002, then all four
+    const EntryId id = tree.manifest.samples()[seq[k]];
+    EXPECT_EQ(read_file(e, id, nullptr, thread), tree.bytes(id));
+  }
+  std::set<uint64_t> worlds;
+  for (const auto& [pid, reads] : e.readers().readers_as()) worlds.insert(reads.world);
+  return {told, worlds};
+}
+
+TEST(Engine, ThreadsOfOneProcessTakingTurnsAtItsOrderAreNoRanksOfAnotherWorldSize) {
+  const auto [told, worlds] = worlds_of_alternating_threads([](pid_t) { return pid_t{3000}; });
+  EXPECT_EQ(told, 0);
+  EXPECT_EQ(worlds.count(2), 0u);
+  // What that guards against: each thread judged alone, the two read as ranks of world_size=2.
+  const auto [told_alone, worlds_alone] = worlds_of_alternating_threads([](pid_t tid) { return tid; });
+  EXPECT_GT(told_alone, 0);
+  EXPECT_EQ(worlds_alone.count(2), 1u);
 }
 
 TEST(Engine, ARetiredPlanHandsItsFilesToTheNextAndSourceIsNotReadAgain) {
