@@ -299,37 +299,38 @@ void NvmeTier::unreadable(EntryId id, int error, const char* instead) {
   erase(id);
 }
 
-int NvmeTier::fetch(EntryId id, const Buffer& buf) {
-  const auto held = copy_of(id);
-  if (!held) return -ENOENT;
-  if (held->size != buf->size()) {
-    damaged(id, *held, "not served, SOURCE is read instead");
+int NvmeTier::copy_to_read(EntryId id, const Buffer& buf, const char* instead, Held* held) {
+  const auto copy = copy_of(id);
+  if (!copy) return -ENOENT;
+  if (copy->size != buf->size()) {
+    damaged(id, *copy, instead);
     return -EIO;
   }
-  if (held->size == 0) return 0;
-  UniqueFd fd(::openat(dir_.get(), slab_name(held->slab).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  *held = *copy;
+  return copy->size == 0 ? 0 : 1;
+}
+
+int NvmeTier::fetch(EntryId id, const Buffer& buf) {
+  Held held;
+  if (const int rc = copy_to_read(id, buf, "not served, SOURCE is read instead", &held); rc <= 0) return rc;
+  UniqueFd fd(::openat(dir_.get(), slab_name(held.slab).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
     unreadable(id, -errno, "not served, read elsewhere");
     return -EIO;
   }
-  if (pread_full(fd.get(), buf->data(), buf->size(), static_cast<off_t>(held->offset)) !=
+  if (pread_full(fd.get(), buf->data(), buf->size(), static_cast<off_t>(held.offset)) !=
           static_cast<ssize_t>(buf->size()) ||
-      checksum(buf->data(), buf->size()) != held->checksum) {
-    damaged(id, *held, "not served, SOURCE is read instead");
+      checksum(buf->data(), buf->size()) != held.checksum) {
+    damaged(id, held, "not served, SOURCE is read instead");
     return -EIO;
   }
   return 0;
 }
 
 void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
-  const auto held = copy_of(id);
-  if (!held) return done(-ENOENT);
-  if (held->size != buf->size()) {
-    damaged(id, *held, "staged from SOURCE instead");
-    return done(-EIO);
-  }
-  if (held->size == 0) return done(0);
-  io.open(dir_.get(), slab_name(held->slab), [this, &io, id, copy = *held, buf, done](int64_t opened) {
+  Held copy;
+  if (const int rc = copy_to_read(id, buf, "staged from SOURCE instead", &copy); rc <= 0) return done(rc);
+  io.open(dir_.get(), slab_name(copy.slab), [this, &io, id, copy, buf, done](int64_t opened) {
     if (opened < 0) {
       unreadable(id, static_cast<int>(opened), "staged from elsewhere");
       return done(-EIO);

@@ -153,6 +153,9 @@ class NvmeTier final : public Store, public StagedNvme {
   // A copy found damaged (short, unreadable, or its checksum differs): removed, counted, logged.
   // Not when the copy was let go meanwhile (its blocks punched out under the read): then it is only gone.
   void damaged(EntryId id, const Held& read, const char* instead);
+  // Before a read of `id`'s copy into `buf`: 1 and *held the copy to read; 0 if it is empty (nothing to
+  // read); -ENOENT if there is none; -EIO if its size is not the file's (let go as damaged, `instead` said).
+  int copy_to_read(EntryId id, const Buffer& buf, const char* instead, Held* held);
   // A copy still in the index that could not be opened: forgotten, counted, the first one logged.
   void unreadable(EntryId id, int error, const char* instead);
   // A write failed with `error` (-errno, or 0 for a short write).
