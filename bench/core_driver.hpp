@@ -179,8 +179,8 @@ Totals drive(const clairfs::Manifest& m, const clairfs::StreamSource& src, const
   StepClock clock;
   StagingCore core(m, ec.ranks, planner_config(m, ec), src, pc, window_config(ec, mean),
                    StagingConfig{ec.bytes_in_flight, cfg.handed}, ram, nvme_ref, counters, false, clock);
-  core.set_parent_lookup([](pid_t) { return pid_t{0}; },
-                         [](pid_t pid) { return pid; });  // each rank's opens from a process of its own
+  core.set_lookups([](pid_t) { return pid_t{0}; },
+                   [](pid_t pid) { return pid; });  // each rank's opens from a process of its own
   core.plan_up_to(kNever);
 
   // The steps each epoch starts at (the planner's: an epoch is as long as its longest sequence).

@@ -54,8 +54,8 @@ ClairvoyantEngine::ClairvoyantEngine(Parts, const Manifest& manifest, StreamSour
       chain_({nvme_.get(), peers_.get()}, source, &state_),
       demand_(manifest_, chain_, source, counters_, [this] { state_.wake_stager(); }),
       news_(served_ranks(config_), config_.replans, config_.on_world, config_.on_other_order) {
-  state_.set_parent_lookup(config_.parent_of ? config_.parent_of : parent_from_proc,
-                           config_.process_of ? config_.process_of : process_from_proc);
+  state_.set_lookups(config_.parent_of ? config_.parent_of : parent_from_proc,
+                     config_.process_of ? config_.process_of : process_from_proc);
 }
 
 void ClairvoyantEngine::begin() {

@@ -379,7 +379,7 @@ struct StagingCore final : Admission {
   }
   // How a process's parent is found (a DataLoader worker's: the rank's training process), and a thread's
   // process.
-  void set_parent_lookup(std::function<pid_t(pid_t)> parent, std::function<pid_t(pid_t)> process) EXCLUDES(mutex_) {
+  void set_lookups(std::function<pid_t(pid_t)> parent, std::function<pid_t(pid_t)> process) EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     tracker.set_parent_lookup(std::move(parent));
     tracker.set_process_lookup(std::move(process));
