@@ -380,6 +380,9 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   const LogReopener reopener;  // SIGHUP, for log rotation; never an end
   const int rc = session->serve(ending, [&d] { d.serving->low_on_memory(); });
+  // The attributes' fill ends first (stopped if still at it): its thread, below the others in priority,
+  // may not have said it was done yet, and the daemon's last words are these.
+  d.fill.reset();
   log_notice(rc == 0 ? "the mount ended; the daemon exits" : "the mount ended in an error; the daemon exits with status 1");
   // The cleanup below (unmount, the cache folder, goodbyes to peers) is not cut short by a second signal:
   // it stays pending, and the process ends by itself.
