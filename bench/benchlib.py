@@ -43,24 +43,41 @@ def unmount(mnt, proc=None, lazy=False):
     time.sleep(0.2)
 
 
-def daemon_peak(mnt):
-    """Peak resident memory (VmHWM) of the clairfs daemon serving `mnt` (a program named clairfs...
-    with `mnt` among its arguments), in bytes, or 0 if there is none."""
+def daemon_pid(mnt):
+    """The pid of the clairfs daemon serving `mnt` (a program named clairfs... with `mnt` among its
+    arguments), or None if there is none."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 args = f.read().split(b"\0")
-            if not (os.path.basename(args[0]).startswith(b"clairfs") and mnt.encode() in args):
-                continue
-            with open("/proc/%s/status" % pid) as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
         except OSError:
             continue
+        if os.path.basename(args[0]).startswith(b"clairfs") and mnt.encode() in args:
+            return int(pid)
+    return None
+
+
+def daemon_peak(mnt):
+    """Peak resident memory (VmHWM) of the clairfs daemon serving `mnt`, in bytes, or 0 if there is none."""
+    pid = daemon_pid(mnt)
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, TypeError):
+        pass
     return 0
+
+
+def cpu_seconds(pid):
+    """CPU time (user and system) process `pid` has taken so far, all its threads (io_uring's workers
+    among them) and those that ended."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class SlowSource:

@@ -3,7 +3,8 @@
 folders as large as ImageNet's by default: 1,300 files), a mount with the default options, a seed and
 start_batch=0 (the job starts at its epoch's beginning: --start-untold leaves it out), the tree listed by names first as ImageFolder does (os.walk), reading started once every file is staged
 and all the mount will push is pushed, then one reader opening, reading and closing every file of rank
-0's epoch 0 and epoch 1 in their orders (bench/read_files). The same orders are read from the tmpfs copy
+0's epoch 0 and epoch 1 in their orders (bench/read_files), the daemon's CPU time meanwhile counted (all its
+threads, io_uring's workers among them). The same orders are read from the tmpfs copy
 right after: files/s of each epoch, clairfs ÷ tmpfs, with --baseline OTHER_BUILD's clairfs beside this
 one's in the same rotation. Prints medians of R runs and the pushes and refused pushes of the last run.
 
@@ -28,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import cached_dataset, unmount  # noqa: E402
+from benchlib import cached_dataset, cpu_seconds, daemon_pid, unmount  # noqa: E402
 
 START_UNTOLD = False  # --start-untold
 
@@ -39,6 +40,16 @@ def read_files(build, root, order, threads):
     out = json.loads(r.stdout)
     assert out["errors"] == 0, out
     return out["files_per_s"], out["bytes"] / out["seconds"] / 1e9
+
+
+def read_mount(build, mnt, order, threads):
+    """read_files through the mount, and the daemon's CPU time meanwhile in µs a file."""
+    pid = daemon_pid(mnt)
+    before = cpu_seconds(pid)
+    got = read_files(build, mnt, order, threads)
+    with open(order) as f:
+        files = sum(1 for _ in f)
+    return got + ((cpu_seconds(pid) - before) / files * 1e6,)
 
 
 def drop_caches():
@@ -69,7 +80,7 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
         if nvme:
             # (the tier filled on the way: one reader, as more outrun the staging and the writes of the files
             # they read on demand, and far fewer reach the tier)
-            first = read_files(build, mnt, orders[0], 1)
+            first = read_mount(build, mnt, orders[0], 1)
         deadline, last, since = time.monotonic() + 120, None, time.monotonic()
         while time.monotonic() < deadline:
             with open(mnt + "/.clairfs/stats") as f:
@@ -82,7 +93,7 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
             time.sleep(0.1)
         pagecache = dict(s["pagecache"])
         if not nvme:
-            return [read_files(build, mnt, order, threads) for order in orders], orders, pagecache
+            return [read_mount(build, mnt, order, threads) for order in orders], orders, pagecache
         pagecache["nvme_files"] = s["nvme"]["files"]
         # The tier packs its copies into slabs: the same files as files of their own on DIR's device
         # (copied there once) stand for reading them straight from the disk, in epoch 1's order.
@@ -91,7 +102,7 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
             shutil.copytree(data, copies + ".part")
             os.rename(copies + ".part", copies)
         drop_caches()
-        got = read_files(build, mnt, orders[1], threads)
+        got = read_mount(build, mnt, orders[1], threads)
         drop_caches()
         r = subprocess.run([build + "/bench/read_files", copies, "--list", orders[1], "--threads", str(threads),
                             "--seed", "0", "--in-order"], capture_output=True, text=True, check=True)
@@ -145,8 +156,10 @@ def main():
                 rates.setdefault((name, epoch), []).append(got[epoch][0])
                 rates.setdefault((name + " tmpfs", epoch), []).append(tmpfs[epoch][0])
                 rates.setdefault((name, epoch, "GB/s"), []).append(got[epoch][1])
-            print("rep %d %s: epoch 0 %.0f (%s %.0f), epoch 1 %.0f (%s %.0f) files/s" % (
-                rep, name, got[0][0], against[0], tmpfs[0][0], got[1][0], against[1], tmpfs[1][0]), file=sys.stderr)
+                rates.setdefault((name, epoch, "cpu"), []).append(got[epoch][2])
+            print("rep %d %s: epoch 0 %.0f (%s %.0f), epoch 1 %.0f (%s %.0f) files/s; the daemon's CPU %.0f, %.0f µs a file"
+                  % (rep, name, got[0][0], against[0], tmpfs[0][0], got[1][0], against[1], tmpfs[1][0], got[0][2],
+                     got[1][2]), file=sys.stderr)
     os.rmdir(mnt)
     for name in os.listdir(work):
         os.unlink(os.path.join(work, name))
@@ -154,13 +167,15 @@ def main():
 
     med = {k: statistics.median(v) for k, v in rates.items()}
     last = "NVMe files (last run)" if a.nvme else "pushes, refused (last run)"
-    print("| system | epoch 0 files/s (GB/s) | ÷ %s | epoch 1 files/s (GB/s) | ÷ %s | %s |" % (against + (last,)))
-    print("|---|---:|---:|---:|---:|---|")
+    print("| system | epoch 0 files/s (GB/s) | ÷ %s | epoch 1 files/s (GB/s) | ÷ %s | the daemon's CPU a file, "
+          "epochs 0, 1 | %s |" % (against + (last,)))
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, _ in systems:
         c = counters[name]
-        print("| %s | %.0f (%.2f) | **%.2f×** | %.0f (%.2f) | **%.2f×** | %s |" % (
+        print("| %s | %.0f (%.2f) | **%.2f×** | %.0f (%.2f) | **%.2f×** | %.0f, %.0f µs | %s |" % (
             name, med[(name, 0)], med[(name, 0, "GB/s")], med[(name, 0)] / med[(name + " tmpfs", 0)],
             med[(name, 1)], med[(name, 1, "GB/s")], med[(name, 1)] / med[(name + " tmpfs", 1)],
+            med[(name, 0, "cpu")], med[(name, 1, "cpu")],
             "%d; served %s" % (c["nvme_files"], c["served"]) if a.nvme else "%d, %d" % (c["pushes"],
                                                                                      c["push_failures"])))
 

@@ -13,11 +13,12 @@
 #include <memory>
 #include <vector>
 
+#include "clairfs/bytes.hpp"
 #include "clairfs/types.hpp"
 
 namespace clairfs {
 
-using PeerBytes = std::shared_ptr<const std::vector<char>>;
+using PeerBytes = std::shared_ptr<const Bytes>;
 
 class PeerTransport {
  public:
@@ -37,7 +38,7 @@ class PeerTransport {
   // -ETIMEDOUT (no answer in time; that peer is then asked nothing more until it is heard from again), -EHOSTDOWN (the
   // peer left or is not asked any more), -ECANCELED (shutting down).
   using Done = std::function<void(int64_t)>;
-  virtual void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) = 0;
+  virtual void fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, Done done) = 0;
 
   // True if `owner` may be asked (it has not left or failed, and is not silent: given up for a ping or
   // a fetch not answered in time, until it is heard from again).

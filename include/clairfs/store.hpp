@@ -25,14 +25,15 @@
 #include <optional>
 #include <vector>
 
+#include "clairfs/bytes.hpp"
 #include "clairfs/types.hpp"
 
 namespace clairfs {
 
 class IoLoop;  // io/io_loop.hpp: the stager's ring and the completions it runs
 
-using FileBytes = std::shared_ptr<const std::vector<char>>;
-using Buffer = std::shared_ptr<std::vector<char>>;
+using FileBytes = std::shared_ptr<const Bytes>;
+using Buffer = std::shared_ptr<Bytes>;
 
 class Store {
  public:

@@ -167,7 +167,7 @@ FileBytes DemandReader::nvme_copy(EntryId id) {
   return buf;
 }
 
-ssize_t DemandReader::copy(EntryId id, const std::vector<char>& bytes, char* buf, size_t size, off_t offset) {
+ssize_t DemandReader::copy(EntryId id, const Bytes& bytes, char* buf, size_t size, off_t offset) {
   const size_t start = std::min(bytes.size(), static_cast<size_t>(offset));
   const size_t n = std::min(size, bytes.size() - start);
   std::memcpy(buf, bytes.data() + start, n);

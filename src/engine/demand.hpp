@@ -95,7 +95,7 @@ class DemandReader {
 
  private:
   // Copies the piece of `bytes` at `offset`; the file's last piece ends RecentLoads' hold on it.
-  ssize_t copy(EntryId id, const std::vector<char>& bytes, char* buf, size_t size, off_t offset);
+  ssize_t copy(EntryId id, const Bytes& bytes, char* buf, size_t size, off_t offset);
   void adopt(EntryId id, FileBytes bytes);
   // A buffer of `size` bytes from the allowance, waiting a little for room if there is none; nullptr if
   // none came.

@@ -305,9 +305,9 @@ void Stager::answered(EntryId id, bool held) {
 }
 
 void Stager::stage(const Pick& pick) {
-  std::shared_ptr<std::vector<char>> buf;
+  std::shared_ptr<Bytes> buf;
   try {
-    buf = std::make_shared<std::vector<char>>(manifest_.entry(pick.id()).size);
+    buf = std::make_shared<Bytes>(manifest_.entry(pick.id()).size);
   } catch (const std::bad_alloc&) {
     // ram= is more than this process may allocate (an address-space limit, overcommit off): the file is
     // left to SOURCE like a failed read, and RAM is given back.

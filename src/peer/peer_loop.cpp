@@ -37,7 +37,7 @@ PeerLoop::PeerLoop(Wire& wire, const Manifest& manifest, PeersConfig config, con
 
 bool PeerLoop::usable(int owner) const { return owner >= 0 && owner < nodes_ && !gone_[static_cast<size_t>(owner)]; }
 
-void PeerLoop::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, PeerTransport::Done done) {
+void PeerLoop::fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, PeerTransport::Done done) {
   if (!usable(owner) || buf->size() > kMaxPeerFile || buf->empty()) {
     done(-EHOSTDOWN);
     return;
@@ -388,7 +388,7 @@ void PeerLoop::take_late_answers(Clock::time_point now) {
       bool broken = false;
       if (wire_.waiting(f.owner, f.tag, &bytes, &broken)) {
         try {
-          f.buf = std::make_shared<std::vector<char>>(bytes);
+          f.buf = std::make_shared<Bytes>(bytes);
           f.recv = wire_.receive(f.buf->data(), bytes, f.owner, f.tag);
         } catch (const std::bad_alloc&) {  // taken at a later look
         }
@@ -479,7 +479,7 @@ void WirePeers::start(Lookup lookup) {
   thread_ = std::thread([this, lookup = std::move(lookup)]() mutable { run(std::move(lookup)); });
 }
 
-void WirePeers::fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) {
+void WirePeers::fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, Done done) {
   loop_.fetch(owner, id, std::move(buf), std::move(done));
 }
 

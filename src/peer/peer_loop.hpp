@@ -74,7 +74,7 @@ class PeerLoop {
   // Any thread: PeerTransport's calls.
   int node() const { return node_; }
   int nodes() const { return nodes_; }
-  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, PeerTransport::Done done) EXCLUDES(mutex_);
+  void fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, PeerTransport::Done done) EXCLUDES(mutex_);
   bool usable(int owner) const;
   PeerTransport::Counters counters() const EXCLUDES(mutex_);
   // The next turn is the last (stopping() says so); a nap ends.
@@ -112,7 +112,7 @@ class PeerLoop {
   struct Fetch {
     int owner = 0;
     EntryId id = 0;
-    std::shared_ptr<std::vector<char>> buf;
+    std::shared_ptr<Bytes> buf;
     PeerTransport::Done done;
     int tag = 0;
     Wire::Op recv = Wire::kNone;
@@ -202,7 +202,7 @@ class WirePeers final : public PeerTransport {
   int node() const override { return loop_.node(); }
   int nodes() const override { return loop_.nodes(); }
   void start(Lookup lookup) override;
-  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override;
+  void fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, Done done) override;
   bool usable(int owner) const override { return loop_.usable(owner); }
   Counters counters() const override { return loop_.counters(); }
   void stop() override;

@@ -64,7 +64,7 @@ void StoreChain::try_from(IoLoop& io, EntryId id, size_t index, Buffer buf, Foun
     // A peer may yet write into the buffer it was given: the next store reads into a fresh one.
     Buffer fresh;
     try {
-      fresh = std::make_shared<std::vector<char>>(buf->size());
+      fresh = std::make_shared<Bytes>(buf->size());
     } catch (const std::bad_alloc&) {  // the process may allocate no more: this try fails like a read
       done(Found{-ENOMEM, s->origin(), since, buf});
       return;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -63,8 +64,9 @@ bool nvme_packs(const std::string& dir) {
   return packs;
 }
 
-NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity, Packing packing)
-    : manifest_(manifest) {
+NvmeTier::NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity, Packing packing,
+                   uint64_t slab_bytes)
+    : manifest_(manifest), slab_bytes_(slab_bytes) {
   std::string tmpl = dir + "/" + cache_folder_prefix() + std::to_string(::getpid()) + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
@@ -97,6 +99,10 @@ uint64_t NvmeTier::capacity() const {
 }
 
 NvmeTier::~NvmeTier() {
+  {
+    MutexLock lock(mutex_);
+    readers_.clear();
+  }
   // Only our own directory (it holds only the slabs we made).
   (void)remove_cache_folder(path_);
 }
@@ -156,7 +162,7 @@ int NvmeTier::place(uint64_t size, Place* out) {
   {
     MutexLock lock(mutex_);
     auto it = slabs_.find(current_);
-    if (!packs_ || it == slabs_.end() || it->second.tail >= kSlabBytes) {
+    if (!packs_ || it == slabs_.end() || it->second.tail >= slab_bytes_) {
       // The slab before is removed once nothing is in it; being current no longer keeps it.
       if (it != slabs_.end() && it->second.extents.empty()) {
         emptied = current_;
@@ -232,6 +238,14 @@ bool NvmeTier::release(uint32_t number, uint64_t offset, uint64_t* first, uint64
 
 void NvmeTier::give_back(uint32_t number, bool removed, uint64_t first, uint64_t end) {
   if (removed) {
+    std::shared_ptr<UniqueFd> reader;  // closed outside the lock (a read in flight may still hold it)
+    {
+      MutexLock lock(mutex_);
+      if (auto it = readers_.find(number); it != readers_.end()) {
+        reader = std::move(it->second);
+        readers_.erase(it);
+      }
+    }
     ::unlinkat(dir_.get(), slab_name(number).c_str(), 0);
     return;
   }
@@ -282,6 +296,29 @@ uint64_t NvmeTier::erase(EntryId id) {
   return before;
 }
 
+std::shared_ptr<UniqueFd> NvmeTier::reader(uint32_t number) {
+  std::shared_ptr<UniqueFd> fd;
+  {
+    MutexLock lock(mutex_);
+    auto it = readers_.find(number);
+    if (it == readers_.end()) return nullptr;
+    fd = it->second;
+  }
+  // Removed from the disk by someone else (a node's cleanup, the folder deleted): not read through the
+  // descriptor, which would keep its blocks, but opened again, which fails as before the cache.
+  struct stat st {};
+  if (::fstat(fd->get(), &st) == 0 && st.st_nlink > 0) return fd;
+  MutexLock lock(mutex_);
+  if (auto it = readers_.find(number); it != readers_.end() && it->second == fd) readers_.erase(it);
+  return nullptr;  // (the descriptor closed as `fd` goes, outside the lock)
+}
+
+void NvmeTier::keep_reader(uint32_t number, const std::shared_ptr<UniqueFd>& fd) {
+  if (!packs_) return;
+  MutexLock lock(mutex_);
+  if (readers_.size() < kReaders && slabs_.count(number)) readers_.emplace(number, fd);
+}
+
 void NvmeTier::damaged(EntryId id, const Held& read, const char* instead) {
   const auto now = copy_of(id);
   if (!now || now->slab != read.slab || now->offset != read.offset) return;  // let go under the read: only gone
@@ -313,12 +350,17 @@ int NvmeTier::copy_to_read(EntryId id, const Buffer& buf, const char* instead, H
 int NvmeTier::fetch(EntryId id, const Buffer& buf) {
   Held held;
   if (const int rc = copy_to_read(id, buf, "not served, SOURCE is read instead", &held); rc <= 0) return rc;
-  UniqueFd fd(::openat(dir_.get(), slab_name(held.slab).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  std::shared_ptr<UniqueFd> fd = reader(held.slab);
   if (!fd) {
-    unreadable(id, -errno, "not served, read elsewhere");
-    return -EIO;
+    fd = std::make_shared<UniqueFd>(
+        ::openat(dir_.get(), slab_name(held.slab).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!*fd) {
+      unreadable(id, -errno, "not served, read elsewhere");
+      return -EIO;
+    }
+    keep_reader(held.slab, fd);
   }
-  if (pread_full(fd.get(), buf->data(), buf->size(), static_cast<off_t>(held.offset)) !=
+  if (pread_full(fd->get(), buf->data(), buf->size(), static_cast<off_t>(held.offset)) !=
           static_cast<ssize_t>(buf->size()) ||
       checksum(buf->data(), buf->size()) != held.checksum) {
     damaged(id, held, "not served, SOURCE is read instead");
@@ -330,12 +372,7 @@ int NvmeTier::fetch(EntryId id, const Buffer& buf) {
 void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
   Held copy;
   if (const int rc = copy_to_read(id, buf, "staged from SOURCE instead", &copy); rc <= 0) return done(rc);
-  io.open(dir_.get(), slab_name(copy.slab), [this, &io, id, copy, buf, done](int64_t opened) {
-    if (opened < 0) {
-      unreadable(id, static_cast<int>(opened), "staged from elsewhere");
-      return done(-EIO);
-    }
-    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
+  auto read = [this, &io, id, copy, buf, done](std::shared_ptr<UniqueFd> fd) {
     io.read(
         fd->get(), buf->data(), buf->size(),
         [this, id, copy, buf, fd, done](int64_t result) {
@@ -346,6 +383,16 @@ void NvmeTier::start_fetch(IoLoop& io, EntryId id, Buffer buf, Done done) {
           done(0);
         },
         copy.offset);
+  };
+  if (auto fd = reader(copy.slab)) return read(std::move(fd));
+  io.open(dir_.get(), slab_name(copy.slab), [this, id, copy, done, read](int64_t opened) {
+    if (opened < 0) {
+      unreadable(id, static_cast<int>(opened), "staged from elsewhere");
+      return done(-EIO);
+    }
+    auto fd = std::make_shared<UniqueFd>(static_cast<int>(opened));
+    keep_reader(copy.slab, fd);
+    read(std::move(fd));
   });
 }
 

@@ -80,7 +80,9 @@ class NvmeTier final : public Store, public StagedNvme {
   enum class Packing { kWhereItCan, kNever };
   // Creates the tier's directory inside `dir`. Throws NvmeError with one line if `dir` is not a writable
   // directory. REQUIRES: manifest outlives the tier (it names files in log lines).
-  NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity, Packing packing = Packing::kWhereItCan);
+  // `slab_bytes`: a slab's size at most (kSlabBytes; tests make it small).
+  NvmeTier(const Manifest& manifest, const std::string& dir, uint64_t capacity, Packing packing = Packing::kWhereItCan,
+           uint64_t slab_bytes = kSlabBytes);
   ~NvmeTier() override;  // removes its files and its directory
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
@@ -174,18 +176,28 @@ class NvmeTier final : public Store, public StagedNvme {
   bool release(uint32_t number, uint64_t offset, uint64_t* first, uint64_t* end) REQUIRES(mutex_);
   // Gives the disk of a released extent back to the file system (outside the lock).
   void give_back(uint32_t number, bool removed, uint64_t first, uint64_t end);
+  // A descriptor slab `number` is read through, opened once (nullptr: none yet, or the slab was removed
+  // from the disk by someone else since), and one kept for it. A packed slab holds many copies, and each
+  // read of one opened it again: an open and a close a file. Not kept where copies are not packed (a slab
+  // a copy, each read once an epoch), nor beyond kReaders slabs, nor for a slab the tier removed meanwhile.
+  std::shared_ptr<UniqueFd> reader(uint32_t number) EXCLUDES(mutex_);
+  void keep_reader(uint32_t number, const std::shared_ptr<UniqueFd>& fd) EXCLUDES(mutex_);
+  static constexpr size_t kReaders = 256;
 
   const Manifest& manifest_;
   std::string path_;
   UniqueFd dir_;
   uint64_t block_ = 4096;  // the file system's block size (statvfs f_bsize)
   bool packs_ = true;      // holes can be punched
+  const uint64_t slab_bytes_;
   uint64_t capacity_ GUARDED_BY(mutex_);
   std::atomic<uint64_t> writes_{0}, write_failures_{0}, checksum_failures_{0}, read_failures_{0};
   std::atomic<bool> unreadable_logged_{false};
   mutable Mutex mutex_;
   std::unordered_map<EntryId, Held> held_ GUARDED_BY(mutex_);
   std::unordered_map<uint32_t, Slab> slabs_ GUARDED_BY(mutex_);
+  // Dropped before its slab is removed (an open descriptor would keep the file's blocks).
+  std::unordered_map<uint32_t, std::shared_ptr<UniqueFd>> readers_ GUARDED_BY(mutex_);
   uint32_t next_slab_ GUARDED_BY(mutex_) = 1;
   uint32_t current_ GUARDED_BY(mutex_) = kNoSlab;  // the slab copies are appended to
   uint64_t held_bytes_ GUARDED_BY(mutex_) = 0;     // the blocks the slabs' extents cover, in bytes

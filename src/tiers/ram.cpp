@@ -46,7 +46,7 @@ void RamTier::unreserve(uint64_t bytes) {
   reserved_ -= std::min(reserved_, charge(bytes));
 }
 
-RamTier::Small RamTier::make_small(const std::vector<char>& bytes) {
+RamTier::Small RamTier::make_small(const Bytes& bytes) {
   const auto size = static_cast<uint32_t>(bytes.size());
   Small s(static_cast<char*>(::operator new(sizeof size + size)));
   std::memcpy(s.get(), &size, sizeof size);
@@ -79,7 +79,7 @@ FileBytes RamTier::get(EntryId id) const {
   MutexLock lock(mutex_);
   if (auto it = small_.find(id); it != small_.end()) {
     const char* at = it->second.get() + sizeof(uint32_t);
-    return std::make_shared<const std::vector<char>>(at, at + small_size(it->second));
+    return std::make_shared<const Bytes>(at, at + small_size(it->second));
   }
   auto it = large_.find(id);
   return it == large_.end() ? nullptr : it->second;
@@ -155,7 +155,7 @@ struct DemandAllowance::Release {
   std::shared_ptr<Shared> shared;
   uint64_t size;
   bool counted;
-  void operator()(std::vector<char>* bytes) const {
+  void operator()(Bytes* bytes) const {
     if (counted) shared->give_back(size);
     delete bytes;
   }
@@ -168,30 +168,29 @@ void DemandAllowance::Shared::give_back(uint64_t size) {
   freed.notify_all();
 }
 
-std::shared_ptr<std::vector<char>> DemandAllowance::allocate(uint64_t size) {
+std::shared_ptr<Bytes> DemandAllowance::allocate(uint64_t size) {
   uint64_t now = shared_->used.load();
   do {
     if (size > limit_ || now > limit_ - size) return nullptr;
   } while (!shared_->used.compare_exchange_weak(now, now + size));
-  std::unique_ptr<std::vector<char>> bytes;
+  std::unique_ptr<Bytes> bytes;
   try {
-    bytes = std::make_unique<std::vector<char>>(size);
+    bytes = std::make_unique<Bytes>(size);
   } catch (const std::bad_alloc&) {  // the process may not have more (an address-space limit): as over the limit
     shared_->give_back(size);
     return nullptr;
   }
   // Should the control block fail to allocate, shared_ptr calls the deleter, which gives the share back.
-  return std::shared_ptr<std::vector<char>>(bytes.release(), Release{shared_, size, true});
+  return std::shared_ptr<Bytes>(bytes.release(), Release{shared_, size, true});
 }
 
-std::shared_ptr<std::vector<char>> DemandAllowance::allocate_by(uint64_t size, Clock::time_point deadline,
-                                                                bool* waited) {
+std::shared_ptr<Bytes> DemandAllowance::allocate_by(uint64_t size, Clock::time_point deadline, bool* waited) {
   *waited = false;
   if (auto bytes = allocate(size); bytes || size > limit_) return bytes;
   *waited = true;
   Shared& s = *shared_;
   s.waiting++;
-  std::shared_ptr<std::vector<char>> bytes;
+  std::shared_ptr<Bytes> bytes;
   // (allocate() is tried without the mutex: should the buffer's control block fail to allocate, its
   // deleter gives the share back, which takes the mutex.)
   while (!(bytes = allocate(size)) && Clock::now() < deadline) {

@@ -97,7 +97,7 @@ class RamTier final : public StagedRam {
 
  private:
   struct Lingering {
-    std::weak_ptr<const std::vector<char>> bytes;
+    std::weak_ptr<const Bytes> bytes;
     uint64_t size;
   };
   // A small file: one allocation, its size in the first 4 bytes, then its bytes.
@@ -105,7 +105,7 @@ class RamTier final : public StagedRam {
     void operator()(char* p) const { ::operator delete(p); }
   };
   using Small = std::unique_ptr<char, SmallDelete>;
-  static Small make_small(const std::vector<char>& bytes);
+  static Small make_small(const Bytes& bytes);
   static uint32_t small_size(const Small& s);
 
   void settle() REQUIRES(mutex_);  // Stops counting lingering files that have been freed.
@@ -128,10 +128,10 @@ class DemandAllowance {
   explicit DemandAllowance(uint64_t limit) : limit_(limit), shared_(std::make_shared<Shared>()) {}
 
   // A zeroed buffer of `size` bytes counted against the limit, or nullptr if it would pass the limit.
-  std::shared_ptr<std::vector<char>> allocate(uint64_t size);
+  std::shared_ptr<Bytes> allocate(uint64_t size);
   // The same, waiting until `deadline` for buffers to be freed or handed over when there is no room now
   // (nullptr at once if `size` is over the limit; *waited says whether it waited).
-  std::shared_ptr<std::vector<char>> allocate_by(uint64_t size, Clock::time_point deadline, bool* waited);
+  std::shared_ptr<Bytes> allocate_by(uint64_t size, Clock::time_point deadline, bool* waited);
   // `bytes` are now counted elsewhere (inserted into the RAM tier): their share is given back now.
   // No effect on buffers that did not come from allocate() or were handed over already.
   // REQUIRES: one thread hands over a given buffer (the stager).

@@ -46,7 +46,7 @@ class LoopbackNet {
     std::lock_guard<std::mutex> lock(mutex_);
     lookups_[node] = std::move(lookup);
   }
-  void send(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, PeerTransport::Done done) {
+  void send(int owner, EntryId id, std::shared_ptr<Bytes> buf, PeerTransport::Done done) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(Request{owner, id, std::move(buf), std::move(done)});
@@ -59,7 +59,7 @@ class LoopbackNet {
   struct Request {
     int owner;
     EntryId id;
-    std::shared_ptr<std::vector<char>> buf;
+    std::shared_ptr<Bytes> buf;
     PeerTransport::Done done;
   };
   void run() {
@@ -103,7 +103,7 @@ class LoopbackPeer final : public PeerTransport {
   int node() const override { return node_; }
   int nodes() const override { return net_.nodes(); }
   void start(Lookup lookup) override { net_.set_lookup(node_, std::move(lookup)); }
-  void fetch(int owner, EntryId id, std::shared_ptr<std::vector<char>> buf, Done done) override {
+  void fetch(int owner, EntryId id, std::shared_ptr<Bytes> buf, Done done) override {
     requests_++;
     net_.send(owner, id, std::move(buf), std::move(done));
   }

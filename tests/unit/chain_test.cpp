@@ -21,7 +21,7 @@ struct ChainTest : ::testing::Test {
 
   // Fetches `id` whole; returns the bytes ("" on an error, left in *rc) and where they came from.
   std::string fetch(EntryId id, Origin* from, int* rc) {
-    auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(id).size);
+    auto buf = std::make_shared<Bytes>(tree.manifest.entry(id).size);
     *rc = chain.find(id, buf, from);
     return *rc == 0 ? std::string(buf->begin(), buf->end()) : std::string();
   }
@@ -30,7 +30,7 @@ struct ChainTest : ::testing::Test {
     IoLoop io(8);
     Store::Found out;
     bool finished = false;
-    auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(id).size);
+    auto buf = std::make_shared<Bytes>(tree.manifest.entry(id).size);
     const auto t0 = std::chrono::steady_clock::now();
     chain.start_find(io, id, buf, Store::Route{Origin::kNvme}, [&](const Store::Found& r) {
       out = r;
@@ -115,13 +115,13 @@ TEST_F(ChainTest, TheChainPassesOnWhatAStoreReturnsSoEachStoreChecksItsOwnBytes)
 TEST_F(ChainTest, AsOneStoreTheChainAnswersFromTheFirstThatHasTheFile) {
   Store& store = chain;
   EXPECT_TRUE(store.may_hold(tree.file(0)));
-  auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(0)).size);
+  auto buf = std::make_shared<Bytes>(tree.manifest.entry(tree.file(0)).size);
   EXPECT_EQ(store.fetch(tree.file(0), buf), 0);
   EXPECT_EQ(std::string(buf->begin(), buf->end()), tree.bytes(tree.file(0)));
   nvme.set(FaultyStore::Fault::kFail, -EIO);
   IoLoop io(8);
   int rc = 1;
-  auto buf1 = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(1)).size);
+  auto buf1 = std::make_shared<Bytes>(tree.manifest.entry(tree.file(1)).size);
   store.start_fetch(io, tree.file(1), buf1, [&](int r) { rc = r; });
   for (int i = 0; i < 1000 && rc == 1; ++i) io.run(10ms);
   EXPECT_EQ(rc, 0);
@@ -171,12 +171,12 @@ struct CopyUpTest : ::testing::Test {
   CopyUpTest() : tree({100, 200, 300, 400}), source(tree), chain({&keeper}, source, &rule), io(8) {}
   FileBytes bytes(size_t i) {
     const std::string b = tree.bytes(tree.file(i));
-    return std::make_shared<const std::vector<char>>(b.begin(), b.end());
+    return std::make_shared<const Bytes>(b.begin(), b.end());
   }
   // Stages file i through the chain as the stager does, answering that a copy is for the use at `keep`
   // (none: no copy); whether it was found.
   bool stage(StoreChain& through, size_t i, Store::Keep keep) {
-    auto buf = std::make_shared<std::vector<char>>(tree.manifest.entry(tree.file(i)).size);
+    auto buf = std::make_shared<Bytes>(tree.manifest.entry(tree.file(i)).size);
     int rc = 1;
     through.start_find(io, tree.file(i), buf, Store::Route{Origin::kNvme}, [&](const Store::Found& f) {
       rc = f.rc;

@@ -94,7 +94,7 @@ TEST(Core, RamAndItsIndexChangeTogether) {
   StagingCore::Turn turn(c.core);
   for (EntryId id = 2; id < 12; ++id) {
     ASSERT_TRUE(c.core.make_ram_room(100, id - 2, false)) << id;  // (keys: the first epoch's uses)
-    c.core.keep_in_ram(id, std::make_shared<const std::vector<char>>(100, 'x'), id - 2, false, Origin::kSource);
+    c.core.keep_in_ram(id, std::make_shared<const Bytes>(100, 'x'), id - 2, false, Origin::kSource);
   }
   EXPECT_EQ(c.ram.files(), 10u);
   EXPECT_FALSE(c.core.make_ram_room(100, 50, false));        // full, of files needed sooner
@@ -148,7 +148,7 @@ TEST(Core, AFileWhoseUseWasPassedWhileItWasReadGoesToNvmeForItsNextUse) {
   }
   ASSERT_EQ(picks.size(), 2u);
   c.open(0, 0, 1);  // item(0, 0) opened while its staging read is in flight
-  const auto bytes = std::make_shared<const std::vector<char>>(100);
+  const auto bytes = std::make_shared<const Bytes>(100);
   StagingCore::Turn turn(c.core);
   // Epoch 1 reads the items in reverse: item(0, 0) is its last (key 1,199), item(0, 1) the one before.
   EXPECT_EQ(c.core.staged(picks[0], bytes, Origin::kSource), 2 * kFiles - 1);
@@ -183,7 +183,7 @@ TEST(Core, IdleGivesRamBackOnceOnTheCoresClockAndTheNextOpenEndsIt) {
   StagingCore::Turn turn(c.core);
   for (EntryId id = 2; id < 5; ++id) {
     ASSERT_TRUE(c.core.make_ram_room(100, id - 2, false));
-    c.core.keep_in_ram(id, std::make_shared<const std::vector<char>>(100, 'x'), id - 2, false, Origin::kSource);
+    c.core.keep_in_ram(id, std::make_shared<const Bytes>(100, 'x'), id - 2, false, Origin::kSource);
   }
   c.core.touch();
   c.clock.advance(seconds(1));

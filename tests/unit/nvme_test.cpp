@@ -35,8 +35,9 @@ struct NvmeTest : ::testing::Test {
     tier.reset();
     std::filesystem::remove_all(dir);
   }
-  void make(NvmeTier::Packing packing = NvmeTier::Packing::kWhereItCan, uint64_t capacity = 64 << 20) {
-    tier = std::make_unique<NvmeTier>(tree.manifest, dir, capacity, packing);
+  void make(NvmeTier::Packing packing = NvmeTier::Packing::kWhereItCan, uint64_t capacity = 64 << 20,
+            uint64_t slab_bytes = NvmeTier::kSlabBytes) {
+    tier = std::make_unique<NvmeTier>(tree.manifest, dir, capacity, packing, slab_bytes);
   }
   // Offers file i (its room reserved first); true once written.
   bool offer(size_t i) {
@@ -44,17 +45,17 @@ struct NvmeTest : ::testing::Test {
     const std::string& b = tree.bytes(id);
     if (!tier->reserve(b.size())) return false;
     int rc = 1;
-    tier->start_offer(io, id, std::make_shared<const std::vector<char>>(b.begin(), b.end()), [&](int r) { rc = r; });
+    tier->start_offer(io, id, std::make_shared<const Bytes>(b.begin(), b.end()), [&](int r) { rc = r; });
     for (int k = 0; k < 1000 && rc == 1; ++k) io.run(10ms);
     return rc == 0;
   }
   std::string fetch(size_t i, int* rc) {
-    auto buf = std::make_shared<std::vector<char>>(tree.bytes(tree.file(i)).size());
+    auto buf = std::make_shared<Bytes>(tree.bytes(tree.file(i)).size());
     *rc = tier->fetch(tree.file(i), buf);
     return std::string(buf->begin(), buf->end());
   }
   std::string start_fetch(size_t i, int* rc) {
-    auto buf = std::make_shared<std::vector<char>>(tree.bytes(tree.file(i)).size());
+    auto buf = std::make_shared<Bytes>(tree.bytes(tree.file(i)).size());
     *rc = 1;
     tier->start_fetch(io, tree.file(i), buf, [rc](int r) { *rc = r; });
     for (int k = 0; k < 1000 && *rc == 1; ++k) io.run(10ms);
@@ -72,6 +73,18 @@ struct NvmeTest : ::testing::Test {
   size_t slab_files() const {
     size_t n = 0;
     for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) n += f.is_regular_file();
+    return n;
+  }
+
+  // This process's descriptors of the tier's slabs (`removed`: of slabs no longer in the directory).
+  size_t open_slabs(bool removed) const {
+    size_t n = 0;
+    for (const auto& f : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(f.path(), ec).string();
+      if (!ec && target.rfind(tier->path() + "/slab.", 0) == 0)
+        n += !removed || target.find(" (deleted)") != std::string::npos;
+    }
     return n;
   }
 
@@ -182,6 +195,46 @@ TEST_F(NvmeTest, ASlabGoneFromTheDiskIsLeftForANewOne) {
   EXPECT_EQ(rc, -EIO);
   EXPECT_EQ(tier->read_failures(), 1u);
   EXPECT_FALSE(tier->copy_of(tree.file(1)));
+}
+
+// The reads of a slab's copies share one descriptor, opened at the first, and it is closed when the slab
+// is removed (held open, the removed slab would keep its blocks).
+TEST_F(NvmeTest, ASlabIsOpenedOnceForItsReadsAndClosedWhenItIsRemoved) {
+  make(NvmeTier::Packing::kWhereItCan, 64 << 20, 16 << 10);
+  for (size_t i = 0; i < 40; ++i) ASSERT_TRUE(offer(i));
+  const uint64_t slabs = tier->slabs();
+  ASSERT_GE(slabs, 4u);  // 1.8-3.3 KB copies, 16 KiB slabs
+  EXPECT_EQ(open_slabs(false), 0u);
+  for (size_t i = 0; i < 40; ++i) {
+    int rc = 1;
+    EXPECT_EQ(i % 2 ? fetch(i, &rc) : start_fetch(i, &rc), tree.bytes(tree.file(i)));
+    EXPECT_EQ(rc, 0);
+  }
+  EXPECT_EQ(open_slabs(false), slabs);
+  for (size_t i = 0; i < 40; ++i) tier->erase(tree.file(i));
+  EXPECT_EQ(slab_files(), 1u);  // the slab copies go to next stays
+  EXPECT_EQ(open_slabs(true), 0u);
+  EXPECT_EQ(open_slabs(false), 1u);
+  EXPECT_EQ(disk(), 0u);
+}
+
+// A slab someone else removed (a node's cleanup) is not read through the descriptor kept for it, which
+// would keep its blocks: its copies fail as unreadable, and the descriptor is closed.
+TEST_F(NvmeTest, ASlabRemovedBySomeoneElseIsNotReadThroughItsDescriptor) {
+  make();
+  for (size_t i = 0; i < 5; ++i) ASSERT_TRUE(offer(i));
+  int rc = 1;
+  EXPECT_EQ(start_fetch(0, &rc), tree.bytes(tree.file(0)));
+  ASSERT_EQ(open_slabs(false), 1u);
+  const auto held = tier->copy_of(tree.file(1));
+  ASSERT_TRUE(held);
+  ASSERT_EQ(::unlink((tier->path() + "/" + NvmeTier::slab_name(held->slab)).c_str()), 0);
+  start_fetch(1, &rc);
+  EXPECT_EQ(rc, -EIO);
+  fetch(2, &rc);
+  EXPECT_EQ(rc, -EIO);
+  EXPECT_EQ(tier->read_failures(), 2u);
+  EXPECT_EQ(open_slabs(false), 0u);
 }
 
 TEST_F(NvmeTest, TheCapacityHoldsAsCopiesAreReservedWholeBlocks) {

@@ -20,7 +20,7 @@ using Clock = PeerLoop::Clock;
 
 // What a fetch ended with: its result and its buffer.
 struct Asked {
-  std::shared_ptr<std::vector<char>> buf;
+  std::shared_ptr<Bytes> buf;
   std::optional<int64_t> result;
   std::string bytes() const { return std::string(buf->begin(), buf->end()); }
 };
@@ -52,7 +52,7 @@ struct PeerLoopTest : ::testing::Test {
       loops.back()->begin([this, n](EntryId id) -> PeerBytes {
         if (!holds[static_cast<size_t>(n)]) return nullptr;
         const std::string& b = tree.bytes(id);
-        return std::make_shared<const std::vector<char>>(b.begin(), b.end());
+        return std::make_shared<const Bytes>(b.begin(), b.end());
       });
     }
   }
@@ -67,7 +67,7 @@ struct PeerLoopTest : ::testing::Test {
   }
   std::shared_ptr<Asked> fetch(int from, int owner, size_t file) {
     auto a = std::make_shared<Asked>();
-    a->buf = std::make_shared<std::vector<char>>(tree.bytes(tree.file(file)).size());
+    a->buf = std::make_shared<Bytes>(tree.bytes(tree.file(file)).size());
     node(from).fetch(owner, tree.file(file), a->buf, [a](int64_t r) { a->result = r; });
     return a;
   }
@@ -312,10 +312,10 @@ TEST(WirePeers, TwoNodesOnTheirOwnThreadsServeEachOther) {
                                                 [&ended, n](bool failed) { ended[static_cast<size_t>(n)] = !failed; }));
     peers.back()->start([&tree](EntryId id) {
       const std::string& b = tree.bytes(id);
-      return std::make_shared<const std::vector<char>>(b.begin(), b.end());
+      return std::make_shared<const Bytes>(b.begin(), b.end());
     });
   }
-  auto buf = std::make_shared<std::vector<char>>(5000);
+  auto buf = std::make_shared<Bytes>(5000);
   std::promise<int64_t> done;
   peers[0]->fetch(1, tree.file(1), buf, [&done](int64_t r) { done.set_value(r); });
   auto result = done.get_future();

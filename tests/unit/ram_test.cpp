@@ -14,7 +14,7 @@
 namespace clairfs {
 namespace {
 
-FileBytes bytes(size_t n) { return std::make_shared<const std::vector<char>>(n, 'x'); }
+FileBytes bytes(size_t n) { return std::make_shared<const Bytes>(n, 'x'); }
 
 uint64_t C(uint64_t n) { return RamTier::charge(n); }  // what a file of n bytes counts
 constexpr uint64_t L = RamTier::kSmallFile;            // files above this are shared, not copied
@@ -33,7 +33,7 @@ TEST(RamTierTest, BudgetIsAHardLimit) {
     EXPECT_EQ(ram.used(), C(a));
     EXPECT_EQ(ram.files(), 1u);
     EXPECT_EQ(ram.bookkeeping(), C(a) - a);
-    EXPECT_EQ(*ram.get(1), std::vector<char>(a, 'x'));
+    EXPECT_EQ(*ram.get(1), Bytes(a, 'x'));
     EXPECT_FALSE(ram.reserve(C(b) + 16));
     EXPECT_EQ(ram.erase(1), a);
     EXPECT_EQ(ram.erase(1), 0u);
@@ -59,10 +59,10 @@ TEST(RamTierTest, ABudgetLoweredBelowWhatIsHeldGoesBackUpToWhatItWasMadeWith) {
 TEST(RamTierTest, SmallFilesComeBackByteForByte) {
   RamTier ram(1 << 20);
   for (EntryId id = 0; id <= 300; ++id) {
-    std::vector<char> v(id * 13 + (id == 300 ? L - 300 * 13 : 0));  // up to kSmallFile exactly
+    Bytes v(id * 13 + (id == 300 ? L - 300 * 13 : 0));  // up to kSmallFile exactly
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<char>(i * 7 + id);
     ASSERT_TRUE(ram.reserve(v.size()));
-    ram.insert(id, std::make_shared<const std::vector<char>>(v));
+    ram.insert(id, std::make_shared<const Bytes>(v));
   }
   for (EntryId id = 0; id <= 300; ++id) {
     FileBytes got = ram.get(id);
@@ -231,7 +231,7 @@ TEST(DemandAllowanceTest, BuffersCountUntilFreedOrHandedOver) {
   held.reset();
   EXPECT_EQ(demand.used(), 0u);
   // Other buffers are not its business.
-  DemandAllowance::hand_over(std::make_shared<std::vector<char>>(10));
+  DemandAllowance::hand_over(std::make_shared<Bytes>(10));
   EXPECT_EQ(demand.used(), 0u);
   // A buffer may outlive the allowance.
   FileBytes late;

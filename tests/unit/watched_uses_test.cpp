@@ -13,7 +13,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = WatchedUses::Clock;
 
-FileBytes bytes(char c) { return std::make_shared<const std::vector<char>>(3, c); }
+FileBytes bytes(char c) { return std::make_shared<const Bytes>(3, c); }
 
 struct WatchedUsesTest : ::testing::Test {
   WatchedUses uses;
