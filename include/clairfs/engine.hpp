@@ -13,11 +13,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
+#include "clairfs/bytes.hpp"
 #include "clairfs/stats.hpp"
 #include "clairfs/types.hpp"
 
 namespace clairfs {
+
+// A read's answer left where the engine holds it (a file's RAM copy) instead of copied into the caller's
+// buffer: the front-end replies from there, and holds `bytes` until the reply is sent.
+struct HeldPiece {
+  std::shared_ptr<const Bytes> bytes;
+  const char* at = nullptr;  // the piece read, inside *bytes
+};
 
 class Engine {
  public:
@@ -36,8 +45,10 @@ class Engine {
 
   // A read of regular file `id` that the kernel opened without asking (FUSE no-open mode: open was
   // answered ENOSYS once, and from then on the kernel opens every file itself and never releases).
-  // The read at offset 0 counts as the file's open. Returns like read().
-  virtual ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) = 0;
+  // The read at offset 0 counts as the file's open. Returns like read(). Where `held` is given and the
+  // engine holds the file whole in memory, it may leave the bytes there (*held says where) and not
+  // write `buf`: one copy of them fewer (the kernel's into its pages is the other).
+  virtual ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) = 0;
 
   // Opens and closes the kernel makes without asking (no-open mode), as a watch on the mount sees them
   // (fuse/open_watch.hpp), each with the opener's process. From watching_opens() on, they are the

@@ -191,7 +191,7 @@ void ClairvoyantEngine::release(uint64_t handle) {
   delete file;
 }
 
-ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
+ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) {
   const auto t0 = state_.now();
   touch(t0);
   bool first = offset == 0;  // the kernel reads a file from its start
@@ -216,8 +216,8 @@ ssize_t ClairvoyantEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_
     if (!data) miss.emplace(demand_, id);
   }
   if (!data && (data = from_successor(id, &from))) miss.reset();
-  if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset);
-  return demand_.read_unopened(id, pid, first, buf, size, offset, t0);
+  if (data) return demand_.read_unopened_held(id, data, from, first, buf, size, offset, held);
+  return demand_.read_unopened(id, pid, first, buf, size, offset, t0, held);
 }
 
 // ---- opens seen by a watch on the mount --------------------------------------------------------------

@@ -167,10 +167,16 @@ FileBytes DemandReader::nvme_copy(EntryId id) {
   return buf;
 }
 
-ssize_t DemandReader::copy(EntryId id, const Bytes& bytes, char* buf, size_t size, off_t offset) {
+ssize_t DemandReader::copy(EntryId id, const FileBytes& data, char* buf, size_t size, off_t offset, HeldPiece* held) {
+  const Bytes& bytes = *data;
   const size_t start = std::min(bytes.size(), static_cast<size_t>(offset));
   const size_t n = std::min(size, bytes.size() - start);
-  std::memcpy(buf, bytes.data() + start, n);
+  if (held) {
+    held->bytes = data;
+    held->at = bytes.data() + start;
+  } else {
+    std::memcpy(buf, bytes.data() + start, n);
+  }
   // At the file's last piece RecentLoads need not hold it any longer (a RAM copy held there after RAM
   // evicted it would count against the RAM budget until it went).
   if (start + n == bytes.size()) recent_.forget(id);
@@ -178,17 +184,17 @@ ssize_t DemandReader::copy(EntryId id, const Bytes& bytes, char* buf, size_t siz
 }
 
 ssize_t DemandReader::read_unopened_held(EntryId id, const FileBytes& data, Origin from, bool first, char* buf,
-                                         size_t size, off_t offset) {
+                                         size_t size, off_t offset, HeldPiece* held) {
   if (first) counters_.served_file(from);
   // More pieces to come: they must not find the file gone if RAM evicts it now that it is passed.
   if (offset == 0 && data->size() > size && data->size() <= kRecentFileMax) recent_.put(id, data, from);
-  const ssize_t n = copy(id, *data, buf, size, offset);
+  const ssize_t n = copy(id, data, buf, size, offset, held);
   counters_.served_bytes(from, static_cast<uint64_t>(n));
   return n;
 }
 
 ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset,
-                                    Clock::time_point t0) {
+                                    Clock::time_point t0, HeldPiece* held) {
   // At or past its end (the kernel's pages end there; a reader of direct I/O may ask): nothing to load.
   if (offset > 0 && static_cast<uint64_t>(offset) >= manifest_.entry(id).size) return 0;
   FileBytes data;
@@ -203,7 +209,7 @@ ssize_t DemandReader::read_unopened(EntryId id, pid_t pid, bool first, char* buf
     // its first pages, or RAM let it go) is no other use — it was counted twice, as SOURCE's and again
     // as the page cache's once its reader passed it.
     if (first) counters_.served_file(from);
-    const ssize_t n = copy(id, *data, buf, size, offset);
+    const ssize_t n = copy(id, data, buf, size, offset, held);
     if (from != Origin::kSource) counters_.served_bytes(from, static_cast<uint64_t>(n));  // SOURCE's: counted whole
     return n;
   }

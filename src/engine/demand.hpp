@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "clairfs/engine.hpp"
 #include "clairfs/manifest.hpp"
 #include "clairfs/store.hpp"
 #include "engine/counters.hpp"
@@ -64,10 +65,12 @@ class DemandReader {
   FileBytes nvme_copy(EntryId id);
 
   // Without a handle: the read at `offset` of a file RAM does not hold (`first`: it is the file's open).
-  ssize_t read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset, Clock::time_point t0);
+  // Both: a piece read from bytes held whole is left there when `held` is given (Engine::read_unopened).
+  ssize_t read_unopened(EntryId id, pid_t pid, bool first, char* buf, size_t size, off_t offset, Clock::time_point t0,
+                        HeldPiece* held);
   // Without a handle, of a file RAM holds (`data`, from `from`: kRam or kPeer).
   ssize_t read_unopened_held(EntryId id, const FileBytes& data, Origin from, bool first, char* buf, size_t size,
-                             off_t offset);
+                             off_t offset, HeldPiece* held);
 
   // Files read whole on demand since the last call, for the stager to keep.
   std::vector<std::pair<EntryId, FileBytes>> take_adopted();
@@ -94,8 +97,9 @@ class DemandReader {
   const DemandAllowance& allowance() const { return allowance_; }
 
  private:
-  // Copies the piece of `bytes` at `offset`; the file's last piece ends RecentLoads' hold on it.
-  ssize_t copy(EntryId id, const Bytes& bytes, char* buf, size_t size, off_t offset);
+  // Copies the piece of `bytes` at `offset` (or points `held` at it); the file's last piece ends
+  // RecentLoads' hold on it.
+  ssize_t copy(EntryId id, const FileBytes& bytes, char* buf, size_t size, off_t offset, HeldPiece* held);
   void adopt(EntryId id, FileBytes bytes);
   // A buffer of `size` bytes from the allowance, waiting a little for room if there is none; nullptr if
   // none came.

@@ -17,7 +17,7 @@ class DirectEngine final : public Engine {
     return source_.read(handle, buf, size, offset);
   }
   void release(uint64_t handle) override { source_.release(handle); }
-  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override {
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece*) override {
     return source_.read_unopened(id, pid, buf, size, offset);
   }
   EngineStats stats() const override { return source_.stats(); }

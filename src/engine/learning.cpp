@@ -266,7 +266,7 @@ void LearningEngine::release(uint64_t handle) {
   engine_of(handle)->release(handle & ~kTagBits);
 }
 
-ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) {
+ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) {
   uint64_t plan = 0;
   if (ClairvoyantEngine* e = current(&plan)) {
     // A use told to an earlier plan's engine and read first now (the plan changed in between) is the
@@ -277,7 +277,7 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
           e->take_unread_open(id);
           break;
         }
-    return e->read_unopened(id, pid, buf, size, offset);
+    return e->read_unopened(id, pid, buf, size, offset, held);
   }
   if (offset == 0) {
     // The first read of a file is its open; the same reader reading its file from the start again is not.
@@ -291,7 +291,7 @@ ssize_t LearningEngine::read_unopened(EntryId id, pid_t pid, char* buf, size_t s
     }
     if (fresh) {
       if (!watched_.load(std::memory_order_acquire))
-        if (ClairvoyantEngine* e = keep(id, pid)) return e->read_unopened(id, pid, buf, size, offset);
+        if (ClairvoyantEngine* e = keep(id, pid)) return e->read_unopened(id, pid, buf, size, offset, held);
       ++source_files_;
     }
   }

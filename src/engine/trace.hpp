@@ -22,8 +22,8 @@ class TraceEngine final : public Engine {
   }
   void release(uint64_t handle) override { inner_.release(handle); }
   // Not traced: a trace needs every open, so trace= keeps the kernel sending them (progress=opens).
-  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset) override {
-    return inner_.read_unopened(id, pid, buf, size, offset);
+  ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) override {
+    return inner_.read_unopened(id, pid, buf, size, offset, held);
   }
   void low_on_memory() override { inner_.low_on_memory(); }
   void caller(pid_t pid, uid_t uid) override { inner_.caller(pid, uid); }

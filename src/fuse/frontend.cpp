@@ -372,9 +372,10 @@ struct Handlers {
   static void reply_read(fuse_req_t req, size_t size, ReadInto read_into) {
     std::unique_ptr<char[]> own;
     char* const buf = thread_memory ? thread_memory->read_bytes(size) : (own.reset(new char[size]), own.get());
-    const ssize_t n = read_into(buf);
+    HeldPiece held;  // (the bytes it points into kept until the reply is written)
+    const ssize_t n = read_into(buf, &held);
     if (n < 0) return reply_error(req, static_cast<int>(-n));
-    fuse_reply_buf(req, buf, static_cast<size_t>(n));
+    fuse_reply_buf(req, held.at ? held.at : buf, static_cast<size_t>(n));
   }
 
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -386,7 +387,7 @@ struct Handlers {
       const std::shared_ptr<const ControlFile> file = *reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
       return reply_control_read(req, *file, size, off);
     }
-    reply_read(req, size, [&](char* buf) { return fe.engine_.read(fi->fh, buf, size, off); });
+    reply_read(req, size, [&](char* buf, HeldPiece*) { return fe.engine_.read(fi->fh, buf, size, off); });
   }
 
   // A read of a file the kernel opened itself (no-open mode): no handle, so by inode.
@@ -400,7 +401,9 @@ struct Handlers {
     if (!valid(fe, ino)) return reply_error(req, ESTALE);
     if (!S_ISREG(fe.manifest_.mode(id_of(ino)))) return reply_error(req, EISDIR);
     const pid_t pid = fuse_req_ctx(req)->pid;
-    reply_read(req, size, [&](char* buf) { return fe.engine_.read_unopened(id_of(ino), pid, buf, size, off); });
+    reply_read(req, size, [&](char* buf, HeldPiece* held) {
+      return fe.engine_.read_unopened(id_of(ino), pid, buf, size, off, held);
+    });
   }
 
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

@@ -113,17 +113,21 @@ size_t read_epoch(ClairvoyantEngine& e, const MemoryTree& tree, const std::vecto
 }
 
 // The same without opens (FUSE no-open mode: the first read is the open), each file read whole by `pid`
-// in pieces of 1024 bytes.
+// in pieces of 1024 bytes: every other piece as the front-end reads, letting the engine leave the bytes
+// where it holds them (`held`: how many pieces it did), the others copied.
 size_t read_epoch_unopened(ClairvoyantEngine& e, const MemoryTree& tree, const std::vector<EntryId>& order,
-                           pid_t pid = 100) {
+                           pid_t pid = 100, size_t* held = nullptr) {
   size_t wrong = 0;
   char buf[1024];
   for (EntryId id : order) {
     std::string got;
     for (off_t off = 0;;) {
-      const ssize_t n = e.read_unopened(id, pid, buf, sizeof buf, off);
+      HeldPiece piece;
+      const bool in_place = (id + static_cast<EntryId>(off / 1024)) % 2 == 0;
+      const ssize_t n = e.read_unopened(id, pid, buf, sizeof buf, off, in_place ? &piece : nullptr);
       if (n <= 0) break;
-      got.append(buf, static_cast<size_t>(n));
+      got.append(piece.at ? piece.at : buf, static_cast<size_t>(n));
+      if (held && piece.at) ++*held;
       off += n;
     }
     wrong += got != tree.bytes(id);
@@ -152,6 +156,20 @@ TEST(Engine, RightOrderIsStagedAheadAndSourceIsReadOnce) {
   EXPECT_EQ(s.mispredicted_opens, 0u);
   EXPECT_EQ(source.bytes_read(), tree.total());  // each file once, by the stager
   for (size_t i = 0; i < tree.files(); ++i) EXPECT_EQ(source.reads_of(tree.file(i)), 1u);
+}
+
+// Without opens, a piece of a file held whole (a RAM copy, or one just read whole on demand) is answered
+// from where it is (the front-end replies from there: one copy fewer), right byte for byte, and the
+// copy stays whole for the reads after it.
+TEST(Engine, APieceOfARamCopyIsAnsweredFromWhereItIs) {
+  MemoryTree tree(sizes(60, 1000, 5000));
+  MemorySource source(tree);
+  const auto streams = one_rank(tree);
+  ClairvoyantEngine e(tree.manifest, streams, source, config(1 << 20));
+  size_t held = 0;
+  for (uint64_t epoch = 0; epoch < 2; ++epoch)
+    EXPECT_EQ(read_epoch_unopened(e, tree, streams(epoch)[0], 100, &held), 0u);
+  EXPECT_GT(held, tree.files());  // every other piece of 1-5 KB files over two epochs: ~1.5 a file
 }
 
 TEST(Engine, AnotherOrderLosesTheRankAndBytesStayRight) {
@@ -783,7 +801,7 @@ TEST(Engine, AReadPastTheStartBeforeTheWatchTellsTheOpenIsOneUse) {
     const EntryId id = streams(0)[0][0];
     char buf[4096];
     for (off_t off = 4096; off < 12288; off += 4096)  // the rest in two reads (the kernel's readahead)
-      ASSERT_EQ(e.read_unopened(id, 100, buf, sizeof buf, off), 4096);
+      ASSERT_EQ(e.read_unopened(id, 100, buf, sizeof buf, off, nullptr), 4096);
     e.opened(id, 100);
     e.closed(id, 100);
     EXPECT_EQ(files_served(e), 1u) << "ram=" << ram << ": " << to_json(e.stats())["tiers"];
@@ -830,9 +848,9 @@ TEST(Engine, WithoutOpensAReadPastTheStartIsNoUseOfItsOwn) {
   c.no_open = true;
   ClairvoyantEngine e(tree.manifest, streams, source, c);
   char buf[4096];
-  ASSERT_EQ(e.read_unopened(streams(0)[0][0], 100, buf, sizeof buf, 4096), 4096);
+  ASSERT_EQ(e.read_unopened(streams(0)[0][0], 100, buf, sizeof buf, 4096, nullptr), 4096);
   EXPECT_EQ(files_served(e), 0u) << to_json(e.stats())["tiers"];
-  ASSERT_EQ(e.read_unopened(streams(0)[0][1], 100, buf, sizeof buf, 0), 4096);
+  ASSERT_EQ(e.read_unopened(streams(0)[0][1], 100, buf, sizeof buf, 0, nullptr), 4096);
   EXPECT_EQ(files_served(e), 1u) << to_json(e.stats())["tiers"];
 }
 
