@@ -37,17 +37,17 @@ class Engine {
   virtual int open(EntryId id, pid_t pid, uint64_t* handle) = 0;
 
   // Reads up to `size` bytes at `offset` into `buf`; returns the byte count (short only at end of file)
-  // or -errno.
-  virtual ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) = 0;
+  // or -errno. Where `held` is given and the engine holds the file whole in memory, it may leave the
+  // bytes there (*held says where) and not write `buf`: one copy of them fewer (the kernel's into its
+  // pages is the other).
+  virtual ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) = 0;
 
   // Ends a handle from open(). Never fails.
   virtual void release(uint64_t handle) = 0;
 
   // A read of regular file `id` that the kernel opened without asking (FUSE no-open mode: open was
   // answered ENOSYS once, and from then on the kernel opens every file itself and never releases).
-  // The read at offset 0 counts as the file's open. Returns like read(). Where `held` is given and the
-  // engine holds the file whole in memory, it may leave the bytes there (*held says where) and not
-  // write `buf`: one copy of them fewer (the kernel's into its pages is the other).
+  // The read at offset 0 counts as the file's open. Returns like read(), `held` as there.
   virtual ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) = 0;
 
   // Opens and closes the kernel makes without asking (no-open mode), as a watch on the mount sees them

@@ -179,9 +179,9 @@ int ClairvoyantEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   return 0;
 }
 
-ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+ssize_t ClairvoyantEngine::read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) {
   touch();
-  return reinterpret_cast<OpenFile*>(handle)->read(demand_, buf, size, offset);
+  return reinterpret_cast<OpenFile*>(handle)->read(demand_, buf, size, offset, held);
 }
 
 void ClairvoyantEngine::release(uint64_t handle) {

@@ -143,7 +143,7 @@ class ClairvoyantEngine final : public Engine {
   ~ClairvoyantEngine() override;
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
-  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
+  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) override;
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) override;
   void watching_opens() override EXCLUDES(state_.lock());

@@ -244,7 +244,7 @@ void OpenFile::load(DemandReader& demand, Clock::time_point t0) {
   ready_.store(true, std::memory_order_release);
 }
 
-ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offset) {
+ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offset, HeldPiece* held) {
   const auto t0 = Clock::now();
   EngineCounters& counters = demand.counters();
   if (from_ram_ && !read_any_.exchange(true)) counters.served_file(from_);
@@ -256,7 +256,12 @@ ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offse
     const auto& data = *data_;
     if (static_cast<uint64_t>(offset) >= data.size()) return 0;
     const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
-    std::memcpy(buf, data.data() + offset, n);
+    if (held) {
+      held->bytes = data_;
+      held->at = data.data() + offset;
+    } else {
+      std::memcpy(buf, data.data() + offset, n);
+    }
     if (from_ != Origin::kSource) counters.served_bytes(from_, n);  // SOURCE's: counted whole by the load
     return static_cast<ssize_t>(n);
   }

@@ -134,7 +134,7 @@ class OpenFile {
   // `ram`: the file's RAM copy at the open (nullptr if none); `from` where that came from (kRam, kPeer).
   OpenFile(EntryId id, pid_t pid, FileBytes ram, Origin from);
   EntryId id() const { return id_; }
-  ssize_t read(DemandReader& demand, char* buf, size_t size, off_t offset);
+  ssize_t read(DemandReader& demand, char* buf, size_t size, off_t offset, HeldPiece* held);
   // The handle's end: a SOURCE handle goes; a file no read reached was served by the page cache.
   void close(DemandReader& demand);
 

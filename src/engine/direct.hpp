@@ -13,7 +13,7 @@ class DirectEngine final : public Engine {
   explicit DirectEngine(SourceTier& source) : source_(source) {}
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override { return source_.open(id, pid, handle); }
-  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override {
+  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece*) override {
     return source_.read(handle, buf, size, offset);
   }
   void release(uint64_t handle) override { source_.release(handle); }

@@ -252,13 +252,13 @@ int LearningEngine::open(EntryId id, pid_t pid, uint64_t* handle) {
   return rc;
 }
 
-ssize_t LearningEngine::read(uint64_t handle, char* buf, size_t size, off_t offset) {
+ssize_t LearningEngine::read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) {
   if (handle & kSourceHandle) {
     const ssize_t n = reader_.read(handle & ~kSourceHandle, buf, size, offset);
     if (n > 0) source_bytes_ += static_cast<uint64_t>(n);
     return n;
   }
-  return engine_of(handle)->read(handle & ~kTagBits, buf, size, offset);
+  return engine_of(handle)->read(handle & ~kTagBits, buf, size, offset, held);
 }
 
 void LearningEngine::release(uint64_t handle) {

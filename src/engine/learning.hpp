@@ -123,7 +123,7 @@ class LearningEngine final : public Engine {
   ~LearningEngine() override;
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
-  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override;
+  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) override;
   void release(uint64_t handle) override;
   ssize_t read_unopened(EntryId id, pid_t pid, char* buf, size_t size, off_t offset, HeldPiece* held) override;
   // Watched opens are learned from (a first read is then only a read), and go to the engine once it runs.

@@ -17,8 +17,8 @@ class TraceEngine final : public Engine {
   TraceEngine(Engine& inner, const Manifest& manifest, const std::string& file);
 
   int open(EntryId id, pid_t pid, uint64_t* handle) override;
-  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset) override {
-    return inner_.read(handle, buf, size, offset);
+  ssize_t read(uint64_t handle, char* buf, size_t size, off_t offset, HeldPiece* held) override {
+    return inner_.read(handle, buf, size, offset, held);
   }
   void release(uint64_t handle) override { inner_.release(handle); }
   // Not traced: a trace needs every open, so trace= keeps the kernel sending them (progress=opens).

@@ -387,7 +387,7 @@ struct Handlers {
       const std::shared_ptr<const ControlFile> file = *reinterpret_cast<std::shared_ptr<const ControlFile>*>(fi->fh);
       return reply_control_read(req, *file, size, off);
     }
-    reply_read(req, size, [&](char* buf, HeldPiece*) { return fe.engine_.read(fi->fh, buf, size, off); });
+    reply_read(req, size, [&](char* buf, HeldPiece* held) { return fe.engine_.read(fi->fh, buf, size, off, held); });
   }
 
   // A read of a file the kernel opened itself (no-open mode): no handle, so by inode.
