@@ -34,6 +34,20 @@ constexpr auto kRoomWait = std::chrono::milliseconds(200);
 constexpr auto kRoomWake = std::chrono::milliseconds(20);  // the stager woken again this often meanwhile
 constexpr auto kNoRoomBackoff = std::chrono::seconds(2);
 
+// The piece of `data` (a file held whole) at `offset`, at most `size` bytes (none past its end): left
+// where it is for `held` when given, else copied into `buf`. Returns its length.
+size_t piece_of(const FileBytes& data, char* buf, size_t size, off_t offset, HeldPiece* held) {
+  const size_t start = std::min(data->size(), static_cast<size_t>(offset));
+  const size_t n = std::min(size, data->size() - start);
+  if (held) {
+    held->bytes = data;
+    held->at = data->data() + start;
+  } else {
+    std::memcpy(buf, data->data() + start, n);
+  }
+  return n;
+}
+
 }  // namespace
 
 DemandReader::DemandReader(const Manifest& manifest, Store& stores, SourceStore& source, EngineCounters& counters,
@@ -168,18 +182,10 @@ FileBytes DemandReader::nvme_copy(EntryId id) {
 }
 
 ssize_t DemandReader::copy(EntryId id, const FileBytes& data, char* buf, size_t size, off_t offset, HeldPiece* held) {
-  const Bytes& bytes = *data;
-  const size_t start = std::min(bytes.size(), static_cast<size_t>(offset));
-  const size_t n = std::min(size, bytes.size() - start);
-  if (held) {
-    held->bytes = data;
-    held->at = bytes.data() + start;
-  } else {
-    std::memcpy(buf, bytes.data() + start, n);
-  }
+  const size_t n = piece_of(data, buf, size, offset, held);
   // At the file's last piece RecentLoads need not hold it any longer (a RAM copy held there after RAM
   // evicted it would count against the RAM budget until it went).
-  if (start + n == bytes.size()) recent_.forget(id);
+  if (std::min(data->size(), static_cast<size_t>(offset)) + n == data->size()) recent_.forget(id);
   return static_cast<ssize_t>(n);
 }
 
@@ -253,15 +259,8 @@ ssize_t OpenFile::read(DemandReader& demand, char* buf, size_t size, off_t offse
     if (!tried_) load(demand, t0);
   }
   if (data_) {
-    const auto& data = *data_;
-    if (static_cast<uint64_t>(offset) >= data.size()) return 0;
-    const size_t n = std::min(size, data.size() - static_cast<size_t>(offset));
-    if (held) {
-      held->bytes = data_;
-      held->at = data.data() + offset;
-    } else {
-      std::memcpy(buf, data.data() + offset, n);
-    }
+    if (static_cast<uint64_t>(offset) >= data_->size()) return 0;
+    const size_t n = piece_of(data_, buf, size, offset, held);
     if (from_ != Origin::kSource) counters.served_bytes(from_, n);  // SOURCE's: counted whole by the load
     return static_cast<ssize_t>(n);
   }

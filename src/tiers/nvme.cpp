@@ -99,10 +99,6 @@ uint64_t NvmeTier::capacity() const {
 }
 
 NvmeTier::~NvmeTier() {
-  {
-    MutexLock lock(mutex_);
-    readers_.clear();
-  }
   // Only our own directory (it holds only the slabs we made).
   (void)remove_cache_folder(path_);
 }

@@ -127,7 +127,8 @@ class DemandAllowance {
   using Clock = std::chrono::steady_clock;
   explicit DemandAllowance(uint64_t limit) : limit_(limit), shared_(std::make_shared<Shared>()) {}
 
-  // A zeroed buffer of `size` bytes counted against the limit, or nullptr if it would pass the limit.
+  // A buffer of `size` bytes (not zeroed: include/clairfs/bytes.hpp) counted against the limit, or nullptr
+  // if it would pass the limit.
   std::shared_ptr<Bytes> allocate(uint64_t size);
   // The same, waiting until `deadline` for buffers to be freed or handed over when there is no room now
   // (nullptr at once if `size` is over the limit; *waited says whether it waited).
