@@ -384,9 +384,7 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
   // Files the kernel holds no inode for (listed before their attributes were read, or never listed) are
   // looked up by the daemon ahead of their readers, so that they can be pushed (fuse/introducer.hpp).
-  // Not on a node with peers yet: there, with half the data set in all the nodes' caches, SOURCE was read
-  // 2.05–2.11× over 3 epochs where 2.01× is the bound (test_tcp's split runs; cause not traced).
-  if (pushes && !d.peers && Introducer::possible()) {
+  if (pushes && Introducer::possible()) {
     introducer.emplace(o.mountpoint_abs, *d.manifest,
                        [&pc = d.page_cache](EntryId id, bool held) { pc.tried(id, held); });
     d.page_cache.introduce_by(&*introducer);
