@@ -88,8 +88,7 @@ class SlowSource:
         self.stats_file = self.mnt + ".json"
         self.proc = subprocess.Popen(
             [build + "/bench/slowfs", data, self.mnt, "--open-latency-ms", str(p.latency_ms), "--bandwidth-mbps",
-             str(p.bandwidth_mbps), "--max-inflight", str(p.inflight), "--stats", self.stats_file,
-             "--lookup-latency-ms", str(getattr(p, "lookup_ms", 0))],
+             str(p.bandwidth_mbps), "--max-inflight", str(p.inflight), "--stats", self.stats_file],
             stdout=subprocess.PIPE, text=True)
         self.proc.stdout.readline()
         wait_mounted(self.mnt)

@@ -8,12 +8,9 @@
 //     client cache is too small for the data set.
 // Names and attributes are answered from memory (scanned at start): the stand-in charges data and opens,
 // which is what a training job's reads cost. It counts opens and bytes served and writes them as JSON to
-// --stats FILE when unmounted, so a run can report how much came from SOURCE. With --lookup-latency-ms,
-// each lookup (a file's first stat) waits too, as a metadata server's round trip: a client's scan of
-// the attributes then takes time, as on a parallel file system.
+// --stats FILE when unmounted, so a run can report how much came from SOURCE.
 //
 //   slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] [--max-inflight 16] [--stats FILE]
-//          [--lookup-latency-ms 0]
 // Runs in the foreground; prints "ready" once mounted.
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -145,9 +142,8 @@ void write_stats() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr,
-                 "usage: slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] "
-                 "[--max-inflight 16] [--stats FILE] [--lookup-latency-ms 0]\n");
+    std::fprintf(stderr, "usage: slowfs SOURCE MOUNTPOINT [--open-latency-ms 2] [--bandwidth-mbps 100] "
+                         "[--max-inflight 16] [--stats FILE]\n");
     return 2;
   }
   for (int i = 3; i + 1 < argc; i += 2) {
@@ -156,8 +152,6 @@ int main(int argc, char** argv) {
     else if (a == "--bandwidth-mbps") g_config.bandwidth = std::stod(argv[i + 1]) * 1e6;
     else if (a == "--max-inflight") g_config.max_inflight = std::stoi(argv[i + 1]);
     else if (a == "--stats") g_config.stats = argv[i + 1];
-    else if (a == "--lookup-latency-ms")
-      tree_server::g_lookup_latency_s = std::stod(argv[i + 1]) / 1000;
     else {
       std::fprintf(stderr, "slowfs: unknown flag %s\n", a.c_str());
       return 2;

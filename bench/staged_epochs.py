@@ -14,12 +14,8 @@ written to the tier on its way), then, with the page caches dropped, epoch 1 (th
 a RAM's worth ahead) against the same files copied to DIR's device (once, left in DIR/clairfs-bench-copies)
 read straight from there in the same order, cold too.
 
-With --source-lookup-ms MS the mount's SOURCE is the tmpfs tree behind bench/slowfs whose lookups take MS
-(nothing else slowed): the mount reads the files' attributes after it is up, one lookup at a time in a
-folder, as from a parallel file system's metadata server, and the job's listing comes before most are read.
-
     bench/staged_epochs.py BUILD [--files 5200] [--classes 4] [--mean-kb 110] [--reps 3] [--threads 1] [--baseline OTHER]
-                                 [--nvme DIR [--ram SIZE]] [--start-untold] [--source-lookup-ms MS]
+                                 [--nvme DIR [--ram SIZE]] [--start-untold]
 """
 import argparse
 import json
@@ -33,10 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import SlowSource, cached_dataset, cpu_seconds, daemon_pid, unmount  # noqa: E402
+from benchlib import cached_dataset, cpu_seconds, daemon_pid, unmount  # noqa: E402
 
 START_UNTOLD = False  # --start-untold
-LOOKUP_MS = 0  # --source-lookup-ms
 
 
 def read_files(build, root, order, threads):
@@ -72,14 +67,7 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
     options = "seed=3,batch_size=32,epochs=2" + ("" if START_UNTOLD else ",start_batch=0")
     if nvme:
         options += ",ram=%s,nvme=%s" % (ram, nvme)
-    slow = SlowSource(build, data, work, argparse.Namespace(latency_ms=0, bandwidth_mbps=100000, inflight=64,
-                                                             lookup_ms=LOOKUP_MS)) if LOOKUP_MS else None
-    try:
-        subprocess.run([clairfs, slow.mnt if slow else data, mnt, "-o", options], check=True)
-    except subprocess.CalledProcessError:
-        if slow:
-            slow.close()
-        raise
+    subprocess.run([clairfs, data, mnt, "-o", options], check=True)
     try:
         for _ in os.walk(mnt):  # ImageFolder's listing: names and types, no stat of the files
             pass
@@ -97,9 +85,6 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
         while time.monotonic() < deadline:
             with open(mnt + "/.clairfs/stats") as f:
                 s = json.load(f)
-            if "ram" not in s:  # (the engine starts once the attributes are read)
-                time.sleep(0.1)
-                continue
             now = (s["ram"]["files"], s["pagecache"]["pushes"], s.get("nvme", {}).get("files", 0))
             if now != last:
                 last, since = now, time.monotonic()
@@ -132,8 +117,6 @@ def mounted_run(clairfs, build, data, mnt, work, threads, nvme=None, ram="1M"):
         return [first, got], orders, pagecache
     finally:
         unmount(mnt)
-        if slow:
-            slow.close()
 
 
 def main():
@@ -150,11 +133,9 @@ def main():
     ap.add_argument("--ram", default="1M", help="with --nvme: the mount's RAM budget")
     ap.add_argument("--start-untold", action="store_true",
                     help="mount without start_batch=0: one batch staged until the job's first opens")
-    ap.add_argument("--source-lookup-ms", type=float, default=0,
-                    help="SOURCE behind bench/slowfs whose lookups take this long")
     a = ap.parse_args()
-    global START_UNTOLD, LOOKUP_MS
-    START_UNTOLD, LOOKUP_MS = a.start_untold, a.source_lookup_ms
+    global START_UNTOLD
+    START_UNTOLD = a.start_untold
     build = os.path.abspath(a.build)
     data = "%s/%d-%d-%g" % (a.data, a.files, a.classes, a.mean_kb)
     cached_dataset(data, "--files", a.files, "--classes", a.classes, "--mean-kb", a.mean_kb)
@@ -179,8 +160,10 @@ def main():
             print("rep %d %s: epoch 0 %.0f (%s %.0f), epoch 1 %.0f (%s %.0f) files/s; the daemon's CPU %.0f, %.0f µs a file"
                   % (rep, name, got[0][0], against[0], tmpfs[0][0], got[1][0], against[1], tmpfs[1][0], got[0][2],
                      got[1][2]), file=sys.stderr)
-    os.rmdir(mnt)  # (unmounted: fails if not, before anything below it is removed)
-    shutil.rmtree(work)  # the orders, and the slow SOURCE's empty mount points and counts
+    os.rmdir(mnt)
+    for name in os.listdir(work):
+        os.unlink(os.path.join(work, name))
+    os.rmdir(work)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
     last = "NVMe files (last run)" if a.nvme else "pushes, refused (last run)"

@@ -6,14 +6,12 @@
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace tree_server {
@@ -28,7 +26,6 @@ struct Node {
 
 inline std::vector<Node> g_nodes;  // index = inode - 1
 inline double g_timeout = 86400.0;
-inline double g_lookup_latency_s = 0;  // each lookup waits this long (a metadata server's round trip)
 
 // Loads the tree under `p` (inode 1 is its root); with_data also reads every regular file into RAM.
 inline fuse_ino_t load(const std::filesystem::path& p, bool with_data) {
@@ -60,7 +57,6 @@ inline void entry_for(fuse_ino_t ino, fuse_entry_param* e) {
 }
 
 inline void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  if (g_lookup_latency_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(g_lookup_latency_s));
   auto& kids = g_nodes[parent - 1].children;
   auto it = kids.find(name);
   if (it == kids.end()) return (void)fuse_reply_err(req, ENOENT);

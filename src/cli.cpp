@@ -36,7 +36,6 @@
 #include "control/metrics.hpp"
 #include "daemon.hpp"
 #include "fuse/frontend.hpp"
-#include "fuse/introducer.hpp"
 #include "fuse/mount.hpp"
 #include "fuse/open_watch.hpp"
 #include "fuse/page_cache.hpp"
@@ -341,18 +340,15 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
   // kernel chooses, and a file's inode comes with its reader's lookup).
   constexpr size_t kListWithInodes = size_t{1} << 20;
   const bool staging = d.staged || d.learning;
-  const bool pushes = staging && o.pagecache > 0;
   const FrontendConfig frontend_config{o.entry_timeout,
                                        o.attr_timeout,
                                        staging && !o.progress_from_opens,
                                        o.default_permissions,
-                                       pushes && d.manifest->size() <= kListWithInodes,
-                                       [&pc = d.page_cache](EntryId id, pid_t by) { pc.introduce(id, by); }};
+                                       staging && o.pagecache > 0 && d.manifest->size() <= kListWithInodes,
+                                       [&pc = d.page_cache](EntryId id) { pc.introduce(id); }};
   Frontend frontend(*d.manifest, *d.serving, control, d.source->root_fd(), frontend_config);
-  // Declared before the session, which goes first: the watch's mark and the introducer's lookups may
-  // wait for the session to answer.
+  // Declared before the session, which goes first: the watch's mark may wait for the session to answer.
   std::optional<OpenWatch> watch;
-  std::optional<Introducer> introducer;
   std::optional<MountedSession> session;
   std::string failure;
   try {
@@ -382,13 +378,6 @@ int mount_and_serve(const Options& o, MpiWorld* world, Daemon& d, StartupReport&
            " samples)");
   warn_of_another_mount(o, world);
   if (watching) watch.emplace(o.mountpoint_abs, *d.manifest, *d.serving, frontend, [&report] { report.done(); });
-  // Files the kernel holds no inode for (listed before their attributes were read, or never listed) are
-  // looked up by the daemon ahead of their readers, so that they can be pushed (fuse/introducer.hpp).
-  if (pushes && Introducer::possible()) {
-    introducer.emplace(o.mountpoint_abs, *d.manifest,
-                       [&pc = d.page_cache](EntryId id, bool held) { pc.tried(id, held); });
-    d.page_cache.introduce_by(&*introducer);
-  }
   const LogReopener reopener;  // SIGHUP, for log rotation; never an end
   const int rc = session->serve(ending, [&d] { d.serving->low_on_memory(); });
   // The attributes' fill ends first (stopped if still at it): its thread, below the others in priority,

@@ -121,7 +121,7 @@ struct EngineStats {
   } plan;
   struct PageCache {
     uint64_t budget = 0, used = 0, pushes = 0, push_failures = 0, drops = 0, asked = 0, left_to_kernel = 0;
-    uint64_t taken_back = 0, looked_up = 0;
+    uint64_t taken_back = 0;
   } pagecache;
   struct Progress {
     std::string from;  // "opens", "reads" or "watched opens"

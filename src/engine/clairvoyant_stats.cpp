@@ -64,7 +64,6 @@ EngineStats ClairvoyantEngine::stats() const {
   s.demand = {demand_.allowance().limit(),      demand_.allowance().used(),    counters_.piecewise_files.load(),
               counters_.left_to_readers.load(), counters_.demand_waits.load(), counters_.demand_waits_given_up.load()};
   s.pagecache.budget = config_.page_cache ? config_.pagecache : 0;
-  s.pagecache.looked_up = config_.page_cache ? config_.page_cache->looked_up() : 0;
   const bool inferred = config_.no_open && !watched_.load(std::memory_order_acquire);
   s.progress.from = !config_.no_open ? "opens" : inferred ? "reads" : "watched opens";
   s.idle.after_seconds = std::chrono::duration_cast<std::chrono::seconds>(config_.idle).count();

@@ -289,7 +289,6 @@ struct StagingCore final : Admission {
   }
   void dropped(const std::vector<EntryId>& ids) REQUIRES(mutex_) { window.dropped(ids); }
   bool drops_waiting() const REQUIRES(mutex_) { return window.drops_waiting(); }
-  bool waiting_for_inode() const REQUIRES(mutex_) { return window.waiting_for_inode(); }
   // The next file whose pages to push (none now, or no page window); push_done once pushed (rc < 0: not).
   std::optional<PageWindow::Push> next_push(std::chrono::steady_clock::time_point now,
                                             const std::function<bool(EntryId)>& knows) REQUIRES(mutex_) {

@@ -156,8 +156,7 @@ nlohmann::json staging_json(const EngineStats& s) {
                     {"drops", s.pagecache.drops},
                     {"asked", s.pagecache.asked},
                     {"left_to_kernel", s.pagecache.left_to_kernel},
-                    {"taken_back", s.pagecache.taken_back},
-                    {"looked_up", s.pagecache.looked_up}};
+                    {"taken_back", s.pagecache.taken_back}};
   j["progress"] = {{"from", s.progress.from},
                    {"beacon_every", s.progress.beacon_every},
                    {"opens_seen", s.progress.opens_seen},

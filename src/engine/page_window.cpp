@@ -19,9 +19,6 @@ constexpr auto kPushRetry = std::chrono::milliseconds(50);
 // 14.2 M files, before any was looked up, it walked the whole plan each kPushRetry (40 s of a stager
 // held there after the mount, the opens waiting on the lock).
 constexpr uint64_t kMaxStepsPerCall = 4096;
-// Files ahead of one whose inode the walk waits for that are looked up meanwhile, at most: lookups go
-// on while the first is answered, and the walk finds the next ones known.
-constexpr uint64_t kAskAhead = 1024;
 // Drops waiting for the cursor (no-open mode) at most: beyond, the oldest go at once (readers off the
 // plan evict files from RAM while the cursor stands still).
 constexpr size_t kMaxLateDrops = 1 << 16;
@@ -177,7 +174,6 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now,
     push_key_ = planner_.cursor();
     unknown_stepped_over_ = false;
   }
-  waiting_for_inode_ = false;
   const uint64_t end = planner_.planned_end();
   for (uint64_t steps = 0; push_key_ < end; ++push_key_) {
     if (++steps > kMaxStepsPerCall) return std::nullopt;  // (the rest at the next call)
@@ -208,19 +204,7 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now,
     // it may be far ahead of the readers): the beacon would be read from these pages, unheard.
     if (config_.no_open && before_a_beacon(*item, push_key_)) continue;
     if (!knows(*item)) {  // no inode in the kernel yet: its reads reach us, served from RAM
-      // Not staged yet: the walk waits here, as for a file the kernel knows (stepped over, it would not
-      // be looked up below once staged).
-      if (!ram_.contains(*item)) break;
-      // Staged (its attributes read): the daemon looks it up, if it can, and the walk waits here for the
-      // inode (pushes stay in the plan's order), the next files' lookups asked for meanwhile. Not without
-      // opens: there the walk presumes the uses it pushes read, and pushing all ahead of a reader known
-      // by its reads alone would have it presumed far ahead of where it is.
-      if (config_.kernel && !config_.no_open && config_.kernel->want_known(*item)) {
-        ask_ahead(push_key_ + 1, knows);
-        waiting_for_inode_ = true;
-        return std::nullopt;
-      }
-      unknown_stepped_over_ = true;  // (pushed once it has one: introduced())
+      unknown_stepped_over_ = true;
       continue;
     }
     break;
@@ -236,16 +220,6 @@ std::optional<PageWindow::Push> PageWindow::next_push(Clock::time_point now,
   kernel_bytes_ += size;
   ++push_key_;
   return Push{id, key, std::move(data)};
-}
-
-void PageWindow::ask_ahead(uint64_t from, const std::function<bool(EntryId)>& knows) {
-  const uint64_t end = std::min(planner_.planned_end(), from + kAskAhead);
-  for (uint64_t key = std::max(from, asked_ahead_to_); key < end; asked_ahead_to_ = ++key) {
-    const auto item = planner_.item(key);
-    if (!item || !manifest_.known(*item) || manifest_.entry(*item).size == 0 || knows(*item)) continue;
-    if (!ram_.contains(*item)) break;  // (asked once staged, from here)
-    config_.kernel->want_known(*item);
-  }
 }
 
 bool PageWindow::before_a_beacon(EntryId id, uint64_t key) const {

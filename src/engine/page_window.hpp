@@ -113,13 +113,9 @@ class PageWindow {
     uint64_t key;
     FileBytes data;
   };
-  // `knows`: whether the kernel has the file's inode. A staged file it has none for is looked up by the
-  // daemon where it can (PageCache::want_known): the walk waits there for the inode (waiting_for_inode),
-  // the next files looked up meanwhile. Where it cannot, such files are stepped over (a push would be
+  // `knows`: whether the kernel has the file's inode; files it has not are stepped over (a push would be
   // refused) until introduced() says new ones came.
   std::optional<Push> next_push(Clock::time_point now, const std::function<bool(EntryId)>& knows);
-  // The last next_push stopped at a file whose inode is on its way: the next is worth making soon.
-  bool waiting_for_inode() const { return waiting_for_inode_; }
   // The push was done with result `rc` (0 or -errno).
   void push_done(const Push& push, int rc, Clock::time_point now);
   // The kernel was given inodes (a lookup, a listing): files stepped over may take their pushes now.
@@ -145,9 +141,6 @@ class PageWindow {
     kHeld = 5,
     kAskingAgain = 6
   };
-  // Asks for the inodes of the staged files the kernel does not know from key `from` on (kAskAhead at
-  // most, each once: asked_ahead_to_), stopping at the first not staged.
-  void ask_ahead(uint64_t from, const std::function<bool(EntryId)>& knows);
   // A use left unpushed in no-open mode, so that its read tells where the reader is.
   bool beacon(uint64_t key) const;
   // A use of `id` before `key` (from the cursor on) is a beacon not read yet.
@@ -171,8 +164,6 @@ class PageWindow {
   uint64_t push_key_ = 0;                             // next key whose file may be pushed
   std::optional<Clock::time_point> push_retry_at_;    // when refused pushes are tried again
   bool unknown_stepped_over_ = false;                 // files the kernel had no inode for, since the walk began
-  bool waiting_for_inode_ = false;                    // at the last next_push
-  uint64_t asked_ahead_to_ = 0;                       // keys before it asked about by ask_ahead
   std::vector<EntryId> drops_;                        // for the stager
   std::unordered_map<EntryId, uint32_t> open_count_;  // handles open per file: their pages are dropped
   std::unordered_set<EntryId> drop_on_release_;       // once the last is released, not while being read

@@ -109,7 +109,7 @@ bool Stager::turn() {
   if (state_.short_of_memory.exchange(false)) give_back_memory(0);
   if (raise_budget_at_ && Clock::now() >= *raise_budget_at_) raise_ram_budget();
   run_drops();
-  const bool more_pushes = push_ahead();
+  push_ahead();
   ask_kernel();
   std::vector<Pick> picks;
   auto adopted = demand_.take_adopted();
@@ -134,10 +134,9 @@ bool Stager::turn() {
     know_first_ = walk.know_first;
     to_know_ = std::move(walk.to_know);
     picks = choose_stores(walk.picks);
-    if (picks.empty() && writes == 0 && io_.idle() && !stores_.copies_held() && !know_first_ && !more_pushes) {
+    if (picks.empty() && writes == 0 && io_.idle() && !stores_.copies_held() && !know_first_) {
       // Woken by opens only once the readers have moved some way (or read-ahead is queued).
-      // (A lookup answered in well under a millisecond: the walk waiting for it looks again soon.)
-      Clock::duration wait = state_.drops_waiting() || state_.waiting_for_inode() ? kDropWait : kIdleWait;
+      Clock::duration wait = state_.drops_waiting() ? kDropWait : kIdleWait;
       if (raise_budget_at_) wait = std::clamp<Clock::duration>(*raise_budget_at_ - Clock::now(), {}, wait);
       state_.stager_sleep(turn, wait);
       return true;
@@ -200,7 +199,7 @@ void Stager::run_drops() {
   state_.dropped(drops);
 }
 
-bool Stager::push_ahead() {
+void Stager::push_ahead() {
   const std::function<bool(EntryId)> knows = [this](EntryId id) { return kernel_->knows(id); };
   if (const uint64_t n = kernel_ ? kernel_->introductions() : 0; n != introductions_seen_) {
     introductions_seen_ = n;
@@ -213,14 +212,13 @@ bool Stager::push_ahead() {
       StagingCore::Turn turn(state_);
       push = state_.next_push(state_.now(), knows);
     }
-    if (!push) return false;
+    if (!push) return;
     const int rc =
         in_kernel(push->data->size(), [&] { return kernel_->push(push->id, push->data->data(), push->data->size()); });
     (rc < 0 ? counters_.push_failures : counters_.pushes)++;
     StagingCore::Turn turn(state_);
     state_.push_done(*push, rc < 0 ? rc : 0, state_.now());
   }
-  return true;  // (the turn's share done: more may wait)
 }
 
 int Stager::in_kernel(uint64_t bytes, const std::function<int()>& call) {

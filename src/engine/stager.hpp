@@ -82,8 +82,7 @@ class Stager {
   // the next read, which ends the idle state: StagingCore::place).
   void give_back_if_idle() REQUIRES(state_.lock());
   void run_drops();
-  // Pushes up to kPushesPerTurn files: whether it did that many (more may wait).
-  bool push_ahead();
+  void push_ahead();
   // Asks the kernel whether it still holds the files the staging walk comes to next whose pages the
   // readers read (StagingCore::questions); the walk leaves those it holds to it.
   void ask_kernel();

@@ -191,8 +191,7 @@ struct Handlers {
       return;
     }
     fill_entry(fe, child, &ep);
-    const pid_t asker = caller->pid;  // (the request is freed by its reply)
-    if (fuse_reply_entry(req, &ep) == 0 && fe.config_.introduced) fe.config_.introduced(child, asker);
+    if (fuse_reply_entry(req, &ep) == 0 && fe.config_.introduced) fe.config_.introduced(child);
   }
 
   static void forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
@@ -318,11 +317,9 @@ struct Handlers {
       used += need;
       if (plus && p >= 2 && fe.manifest_.known(id) && fe.config_.introduced) given.push_back(id);
     }
-    // Told once the kernel has the entries: a push before would be refused. (The request is freed by its
-    // reply: its caller read before.)
-    const pid_t asker = fuse_req_ctx(req)->pid;
+    // Told once the kernel has the entries: a push before would be refused.
     if (fuse_reply_buf(req, buf.data(), used) == 0)
-      for (EntryId id : given) fe.config_.introduced(id, asker);
+      for (EntryId id : given) fe.config_.introduced(id);
   }
 
   static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {

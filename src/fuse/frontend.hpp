@@ -33,9 +33,9 @@ struct FrontendConfig {
   // Listings always give full entries (READDIRPLUS for every part of a directory, not only its start
   // as the kernel chooses by itself): a job's listing (ImageFolder's) gives the kernel every file's inode.
   bool list_with_inodes = false;
-  // Called with each file the kernel is given an inode for (a lookup's reply, a listing's full entry)
-  // and the thread that asked: the page cache can take its pages from then on. May be empty.
-  std::function<void(EntryId, pid_t)> introduced;
+  // Called with each file the kernel is given an inode for (a lookup's reply, a listing's full entry):
+  // the page cache can take its pages from then on. May be empty.
+  std::function<void(EntryId)> introduced;
 };
 
 class Frontend {

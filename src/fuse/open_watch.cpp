@@ -1,9 +1,12 @@
 #include "fuse/open_watch.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/fanotify.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,7 +20,6 @@
 #include <string_view>
 #include <system_error>
 
-#include "fuse/own_mount.hpp"
 #include "util/log.hpp"
 #include "util/mounts.hpp"
 
@@ -42,6 +44,18 @@ constexpr size_t kMaxPending = 1 << 20;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+// A detached copy of the clairfs mount at `mountpoint_abs` (made by this user), or none: root may clone a
+// mount (open_tree), a user may not. Descriptors opened through the copy hold it, not the user's mount, so
+// an unmount meanwhile succeeds (the file system then lives until the copy is closed). The original is held
+// for three system calls and no FUSE request: the session need not be answering yet.
+UniqueFd clone_of_mount(const std::string& mountpoint_abs) {
+  if (::geteuid() != 0) return UniqueFd();
+  const int root = open_own_clairfs_mount(mountpoint_abs);
+  if (root < 0) return UniqueFd();
+  const UniqueFd held(root);
+  return UniqueFd(::open_tree(root, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH));
+}
+
 }  // namespace
 
 OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest, Engine& engine,
@@ -52,7 +66,7 @@ OpenWatch::OpenWatch(const std::string& mountpoint_abs, const Manifest& manifest
       frontend_(frontend),
       self_(::getpid()),
       started_(std::move(started)),
-      clone_(clone_of_own_mount(mountpoint_abs)),
+      clone_(clone_of_mount(mountpoint_abs)),
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!stop_) {
     clone_ = UniqueFd();  // (held, the copy would keep the file system alive after the user's unmount)
@@ -112,8 +126,8 @@ std::string OpenWatch::watch() {
   for (unsigned k = 0; k < markers; ++k) {
     try {
       threads.emplace_back([&, k] {
-        why[k] = own_descriptor_table() ? mark(group, holds_dirs, k, markers)
-                                        : "a descriptor table of its own: " + errno_text(errno);
+        why[k] = own_descriptors() ? mark(group, holds_dirs, k, markers)
+                                   : "a descriptor table of its own: " + errno_text(errno);
       });
     } catch (const std::system_error& e) {
       failed = std::string("a thread to mark the directories: ") + e.what();
@@ -172,6 +186,26 @@ void OpenWatch::list_parents(int root, const std::vector<bool>& holds_dirs, unsi
     while (::syscall(SYS_getdents64, fd, buf, sizeof(buf)) > 0) {
     }
   }
+}
+
+bool OpenWatch::own_descriptors() {
+  if (::unshare(CLONE_FILES) != 0) return false;
+  DIR* fds = ::opendir("/proc/thread-self/fd");
+  if (!fds) return false;
+  std::vector<int> fuse;
+  char target[32];
+  while (const dirent* d = ::readdir(fds)) {
+    const int fd = std::atoi(d->d_name);
+    if (d->d_name[0] == '.' || fd == ::dirfd(fds)) continue;
+    const std::string link = "/proc/thread-self/fd/" + std::string(d->d_name);
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::string_view(target, static_cast<size_t>(n)) == "/dev/fuse") fuse.push_back(fd);
+  }
+  ::closedir(fds);
+  // Closed in this table only; through the system call itself, since ThreadSanitizer (which knows one
+  // table per process) takes close() here for a race with the session's reads of the same number.
+  for (int fd : fuse) ::syscall(SYS_close, fd);
+  return true;
 }
 
 void OpenWatch::run() {

@@ -61,6 +61,8 @@ class OpenWatch {
 
  private:
   void run();
+  // Gives the calling thread a table of descriptors of its own, without /dev/fuse's; false if it cannot.
+  static bool own_descriptors();
   // Marks the mount's directories number `part`, `part + parts`, ... in `group` (on a thread with its own
   // descriptors); `holds_dirs`: by entry, whether it holds directories. "" or why not.
   std::string mark(int group, const std::vector<bool>& holds_dirs, unsigned part, unsigned parts);

@@ -16,8 +16,6 @@ void FusePageCache::detach() {
   {
     WriterLock lock(mutex_);
     session_ = nullptr;
-    if (introducer_) looked_up_before_ = introducer_->looked_up();
-    introducer_ = nullptr;
   }
   // No reply comes any more: the files are taken as not held (staged as usual, if still needed).
   std::unordered_map<fuse_ino_t, Probe> waiting;
@@ -90,68 +88,22 @@ int FusePageCache::probe(EntryId id, uint64_t size, std::function<void(int64_t)>
 void FusePageCache::track(size_t entries) {
   known_words_ = (entries + 63) / 64;
   known_ = std::make_unique<std::atomic<uint64_t>[]>(known_words_);
-  asked_ = std::make_unique<std::atomic<uint64_t>[]>(known_words_);
-  tried_ = std::make_unique<std::atomic<uint64_t>[]>(known_words_);
 }
 
-void FusePageCache::introduce_by(Introducer* introducer) {
-  WriterLock lock(mutex_);
-  if (introducer_) looked_up_before_ = introducer_->looked_up();
-  introducer_ = introducer;
-  introducer_thread_.store(introducer ? introducer->thread_id() : 0, std::memory_order_relaxed);
-}
-
-bool FusePageCache::want_known(EntryId id) {
-  if (id / 64 >= known_words_) return false;
-  ReaderLock lock(mutex_);
-  if (!introducer_ || !session_) return false;
-  const uint64_t bit = uint64_t{1} << (id % 64);
-  // Looked up, and still no inode (gone from SOURCE, or the lookup failed): left to its reader's lookup.
-  if (tried_[id / 64].load(std::memory_order_relaxed) & bit) return false;
-  if ((asked_[id / 64].fetch_or(bit, std::memory_order_relaxed) & bit) != 0) return true;
-  if (introducer_->ask(id)) return true;
-  // (A full queue: asked again when the window comes to the file again.)
-  asked_[id / 64].fetch_and(~bit, std::memory_order_relaxed);
-  return false;
-}
-
-void FusePageCache::tried(EntryId id, bool held) {
+void FusePageCache::introduce(EntryId id) {
   if (id / 64 >= known_words_) return;
-  const uint64_t bit = uint64_t{1} << (id % 64);
-  tried_[id / 64].fetch_or(bit, std::memory_order_relaxed);
-  asked_[id / 64].fetch_and(~bit, std::memory_order_relaxed);
-  if (held) introduce(id);
-}
-
-uint64_t FusePageCache::looked_up() const {
-  ReaderLock lock(mutex_);
-  return introducer_ ? introducer_->looked_up() : looked_up_before_;
-}
-
-void FusePageCache::introduce(EntryId id, pid_t by) {
-  if (id / 64 >= known_words_) return;
-  if (by != 0 && by == introducer_thread_.load(std::memory_order_relaxed)) return;
   const uint64_t bit = uint64_t{1} << (id % 64);
   if ((known_[id / 64].fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
     introductions_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void FusePageCache::forgot(EntryId id) {
-  if (id / 64 >= known_words_) return;
-  known_[id / 64].fetch_and(~(uint64_t{1} << (id % 64)), std::memory_order_relaxed);
-  // (To be looked up again.)
-  asked_[id / 64].fetch_and(~(uint64_t{1} << (id % 64)), std::memory_order_relaxed);
-  tried_[id / 64].fetch_and(~(uint64_t{1} << (id % 64)), std::memory_order_relaxed);
+  if (id / 64 < known_words_) known_[id / 64].fetch_and(~(uint64_t{1} << (id % 64)), std::memory_order_relaxed);
 }
 
 bool FusePageCache::knows(EntryId id) const {
   if (id / 64 >= known_words_) return true;
-  // Not while the introducer looks the file up: a listing may have given the inode meanwhile, which the
-  // kernel makes just after the listing's reply (a push then would be refused); once the lookup has
-  // returned, the inode is there.
-  const uint64_t bit = uint64_t{1} << (id % 64);
-  return (known_[id / 64].load(std::memory_order_relaxed) & bit) &&
-         !(asked_[id / 64].load(std::memory_order_relaxed) & bit);
+  return (known_[id / 64].load(std::memory_order_relaxed) >> (id % 64)) & 1;
 }
 
 void FusePageCache::retrieved(void* cookie, fuse_ino_t ino, size_t bytes) {

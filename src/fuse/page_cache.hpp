@@ -10,7 +10,6 @@
 #include <memory>
 #include <unordered_map>
 
-#include "fuse/introducer.hpp"
 #include "tiers/page_cache.hpp"
 #include "util/thread_annotations.hpp"
 
@@ -29,22 +28,13 @@ class FusePageCache final : public PageCache {
   static void retrieved(void* cookie, fuse_ino_t ino, size_t bytes);
 
   // Which files the kernel knows the inodes of: sized for the manifest's `entries` once, before any
-  // thread calls knows() (until then, every file is taken as known). introduce(): the front-end gave the
-  // kernel an entry with a lookup count (a lookup's reply, a listing's full entry), asked for by thread
-  // `by`. A push refused with ENOENT says the kernel forgot it. (The kernel makes the inode once the
-  // reply has woken the asker: a push in between is refused. The introducer's own lookups count once
-  // they have returned: tried(), which the walk waiting for them would otherwise race.)
+  // thread calls knows() (until then, every file is taken as known). introduce(): the front-end gave the kernel an
+  // entry with a lookup count (a lookup's reply, a listing's full entry). A push refused with ENOENT
+  // says the kernel forgot it.
   void track(size_t entries);
-  void introduce(EntryId id, pid_t by = 0);
+  void introduce(EntryId id);
   bool knows(EntryId id) const override;
   uint64_t introductions() const override { return introductions_.load(std::memory_order_relaxed); }
-  // Files the kernel holds no inode for, looked up by `introducer` when the window wants them
-  // (want_known); nullptr: none are (a user's daemon). Set once the session answers; detach() unsets it.
-  // tried(): the introducer's lookup of the file is done; `held`: it worked (the kernel holds the inode).
-  void introduce_by(Introducer* introducer);
-  bool want_known(EntryId id) override;
-  void tried(EntryId id, bool held);
-  uint64_t looked_up() const override;
 
  private:
   // 32 pages, what the kernel retrieves at most by default (max_pages): larger files are judged by them.
@@ -60,15 +50,10 @@ class FusePageCache final : public PageCache {
   void forgot(EntryId id);
 
   std::unique_ptr<std::atomic<uint64_t>[]> known_;  // a bit per entry; set once before the session starts
-  std::unique_ptr<std::atomic<uint64_t>[]> asked_;  // a bit per entry: given to the introducer, not tried yet
-  std::unique_ptr<std::atomic<uint64_t>[]> tried_;  // a bit per entry: looked up by it
   size_t known_words_ = 0;
   std::atomic<uint64_t> introductions_{0};
-  std::atomic<pid_t> introducer_thread_{0};  // its lookups count at tried()
-  mutable SharedMutex mutex_;                // shared by pushes, drops, probes and asks, exclusive to attach/detach
+  SharedMutex mutex_;  // shared by pushes, drops and probes, exclusive to attach/detach
   fuse_session* session_ GUARDED_BY(mutex_) = nullptr;
-  Introducer* introducer_ GUARDED_BY(mutex_) = nullptr;
-  uint64_t looked_up_before_ GUARDED_BY(mutex_) = 0;  // by the introducer let go
   Mutex probes_mutex_ ACQUIRED_AFTER(mutex_);
   std::unordered_map<fuse_ino_t, Probe> probes_ GUARDED_BY(probes_mutex_);  // waiting for the kernel
 };

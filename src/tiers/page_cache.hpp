@@ -33,14 +33,6 @@ class PageCache {
   // How many files the kernel has been given the inodes of so far: a change says that files skipped as
   // unknown may take their pushes now.
   virtual uint64_t introductions() const { return 0; }
-  // A staged file the window would push next whose inode the kernel does not hold: has one made, if this
-  // page cache can (the daemon looks the file up itself, fuse/introducer.hpp). True while that lookup is
-  // on its way; false if it cannot be made (none can, too many are queued) or was made and the kernel
-  // still has no inode (the file gone): the window then steps over the file. Looked up once per file
-  // until the kernel forgets it again. Same threading rule; never blocks.
-  virtual bool want_known(EntryId /*id*/) { return false; }
-  // Files looked up for the kernel so far (want_known).
-  virtual uint64_t looked_up() const { return 0; }
 };
 
 }  // namespace clairfs

@@ -48,8 +48,6 @@ class StagedRam {
   virtual void insert(EntryId id, FileBytes data) = 0;
   // The held file, or nullptr (always, in a simulation).
   virtual FileBytes get(EntryId id) const = 0;
-  // Whether the file is held (without a copy of a small one).
-  virtual bool contains(EntryId id) const { return get(id) != nullptr; }
   // Drops a held file; returns the bytes freed (0 if it was not held).
   virtual uint64_t erase(EntryId id) = 0;
   virtual uint64_t used() const = 0;  // held + reserved (+ what is still to be freed)
@@ -80,7 +78,7 @@ class RamTier final : public StagedRam {
   void insert(EntryId id, FileBytes data) override EXCLUDES(mutex_);
   FileBytes get(EntryId id) const override EXCLUDES(mutex_);
   uint64_t erase(EntryId id) override EXCLUDES(mutex_);
-  bool contains(EntryId id) const override EXCLUDES(mutex_);
+  bool contains(EntryId id) const EXCLUDES(mutex_);
 
   uint64_t budget() const EXCLUDES(mutex_);
   // The budget comes down to `less` bytes below what is held now (reserved and lingering bytes

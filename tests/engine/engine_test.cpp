@@ -539,13 +539,10 @@ TEST(Engine, AFileItsKeeperHasNotReadYetIsAskedAgainNotReadFromSource) {
 class TenPushed : public ::testing::Test {
  protected:
   TenPushed() : TenPushed(false) {}
-  // `known_only`: the kernel (a double) takes pushes only for files given an inode (introduce()); with
-  // `look_up`, it gives one to each file the window wants known (as the daemon's own lookup does).
-  explicit TenPushed(bool known_only, bool look_up = false)
-      : e(tree.manifest, streams, source, with_kernel(known_only, look_up)) {}
-  EngineConfig with_kernel(bool known_only, bool look_up) {
+  // `known_only`: the kernel (a double) takes pushes only for files given an inode (introduce()).
+  explicit TenPushed(bool known_only) : e(tree.manifest, streams, source, with_kernel(known_only)) {}
+  EngineConfig with_kernel(bool known_only) {
     kernel.only_known(known_only);
-    kernel.look_up(look_up);
     EngineConfig c = config(1 << 20);
     c.pagecache = 10 * 1000;
     c.page_cache = &kernel;
@@ -588,34 +585,6 @@ TEST_F(TenPushedToKnownInodes, AFileIsPushedOnceTheKernelHasItsInodeAndNoPushIsR
   const std::vector<EntryId> order = streams(0)[0];
   for (size_t k = 0; k < 5; ++k) kernel.introduce(order[k]);
   EXPECT_TRUE(wait_for(e, [](const EngineStats& s) { return s.pagecache.pushes == 5u; })) << to_json(e.stats()).dump(2);
-  EXPECT_EQ(kernel.refused(), 0u);
-  EXPECT_EQ(stats(e).pagecache.push_failures, 0u);
-}
-
-// The same, with the daemon looking up the files the kernel has no inode for.
-class TenPushedToLookedUpInodes : public TenPushed {
- protected:
-  TenPushedToLookedUpInodes() : TenPushed(true, true) {}
-};
-
-TEST_F(TenPushedToKnownInodes, AStagedFileTheKernelHasNoInodeForIsWantedKnown) {
-  // A file listed before the mount had read its attributes (or never listed) has no inode in the kernel:
-  // the window asks for one once the file is staged (PageCache::want_known; the daemon looks it up).
-  // Before, such a file waited for its reader's own lookup, just before its read. Not looked up here:
-  // nothing is pushed.
-  ASSERT_TRUE(wait_for(e, [](const EngineStats& s) { return s.ram.files == 100u; })) << to_json(e.stats()).dump(2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(kernel.wanted().size(), 100u);  // every staged file the walk stepped over
-  EXPECT_EQ(kernel.pushes(), 0u);
-}
-
-TEST_F(TenPushedToLookedUpInodes, AStagedFileLookedUpIsPushed) {
-  EXPECT_TRUE(wait_for(e, [](const EngineStats& s) { return s.pagecache.pushes == 10u; }))
-      << to_json(e.stats()).dump(2);
-  const std::vector<EntryId> order = streams(0)[0];
-  // The window's ten, in the plan's order: the walk waited for each file's inode, it did not push
-  // later ones meanwhile (their epoch-1 uses, which would hold the budget for an epoch).
-  for (size_t k = 0; k < 10; ++k) EXPECT_TRUE(kernel.holds(order[k])) << k;
   EXPECT_EQ(kernel.refused(), 0u);
   EXPECT_EQ(stats(e).pagecache.push_failures, 0u);
 }
@@ -1673,34 +1642,19 @@ TEST(Manifest, TheFillReadsTheAttributesAskedForFirst) {
   for (EntryId id : last) EXPECT_TRUE(disk.manifest.known(id)) << id;
 }
 
-// One rank's plan of one epoch, for the page window alone.
-Planner one_epoch_plan(const MemoryTree& tree, const StreamSource& source) {
+TEST(PageWindow, PassesOverAFewThousandStepsACallAndGoesOnAtTheNext) {
+  // 20,000 files none of which the kernel knows (none looked up yet: nothing to push): one call of
+  // next_push, under the engine's lock, asks about 4,096 of them at most and the next goes on from there
+  // (it walked the whole plan each call: 40 s of a stager held so after a mount of 14.2 M files).
+  const MemoryTree tree(sizes(20000, 10, 20));
+  const StreamSource source = one_rank(tree);
   PlannerConfig pc;
   pc.ranks = 1;
   pc.entries = tree.manifest.size();
   pc.tolerance = 16;
   pc.end_epoch = 1;
-  return Planner(pc, source);
-}
-
-// The file held in `ram` (its bytes zero), as staging holds it: false if over the budget.
-bool stage_in(RamTier& ram, const MemoryTree& tree, EntryId id) {
-  const uint64_t size = tree.manifest.entry(id).size;
-  if (!ram.reserve(size)) return false;
-  ram.insert(id, std::make_shared<const Bytes>(size));
-  return true;
-}
-
-TEST(PageWindow, PassesOverAFewThousandStepsACallAndGoesOnAtTheNext) {
-  // 20,000 files, all staged, none of which the kernel knows (none looked up yet: nothing to push): one
-  // call of next_push, under the engine's lock, asks about 4,096 of them at most and the next goes on
-  // from there (it walked the whole plan each call: 40 s of a stager held so after a mount of 14.2 M
-  // files).
-  const MemoryTree tree(sizes(20000, 10, 20));
-  const StreamSource source = one_rank(tree);
-  Planner planner = one_epoch_plan(tree, source);
-  RamTier ram(64 << 20);
-  for (EntryId id : tree.manifest.samples()) ASSERT_TRUE(stage_in(ram, tree, id));
+  Planner planner(pc, source);
+  const RamTier ram(1 << 20);
   PageWindow window(tree.manifest, planner, ram, WindowConfig{.budget = 1 << 30, .mean_size = 15});
   std::set<EntryId> asked;
   uint64_t calls = 0;
@@ -1717,26 +1671,6 @@ TEST(PageWindow, PassesOverAFewThousandStepsACallAndGoesOnAtTheNext) {
   }
   EXPECT_EQ(asked.size(), tree.files());  // every file passed over once, call after call
   EXPECT_EQ(calls, tree.files());
-}
-
-TEST(PageWindow, WaitsAtAFileTheKernelDoesNotKnowUntilItIsStaged) {
-  // The walk does not step over a file it cannot push yet because it is not staged, known to the kernel
-  // or not: once staged, a file the kernel does not know is asked for (want_known) and later pushed.
-  const MemoryTree tree(sizes(20, 10, 20));
-  const StreamSource source = one_rank(tree);
-  Planner planner = one_epoch_plan(tree, source);
-  RamTier ram(1 << 20);
-  fakes::PageCacheDouble kernel;
-  PageWindow window(tree.manifest, planner, ram, WindowConfig{.budget = 1 << 30, .kernel = &kernel, .mean_size = 15});
-  const std::function<bool(EntryId)> knows = [](EntryId) { return false; };
-  const std::vector<EntryId> order = source(0)[0];
-  EXPECT_FALSE(window.next_push(PageWindow::Clock::now(), knows));
-  EXPECT_EQ(window.push_key(), 0u);  // at the first file, not staged
-  EXPECT_TRUE(kernel.wanted().empty());
-  for (size_t k = 0; k < 3; ++k) ASSERT_TRUE(stage_in(ram, tree, order[k]));
-  EXPECT_FALSE(window.next_push(PageWindow::Clock::now(), knows));
-  EXPECT_EQ(window.push_key(), 3u);  // past the three staged, at the fourth
-  EXPECT_EQ(kernel.wanted(), std::set<EntryId>(order.begin(), order.begin() + 3));
 }
 
 TEST(Replan, WaitsWhileTheReadersOfThePlanAreThere) {

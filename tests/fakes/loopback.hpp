@@ -172,22 +172,6 @@ class PageCacheDouble final : public PageCache {
     std::lock_guard<std::mutex> lock(mutex_);
     return !only_known_ || known_.count(id);
   }
-  // With look_up(true), a file the window wants known is given its inode, as the daemon's own lookup
-  // gives it (fuse/introducer.hpp); the files wanted are counted either way.
-  void look_up(bool on) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    look_up_ = on;
-  }
-  bool want_known(EntryId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    wanted_.insert(id);
-    if (look_up_ && known_.insert(id).second) introductions_++;
-    return look_up_;
-  }
-  std::set<EntryId> wanted() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return wanted_;
-  }
   uint64_t introductions() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     return introductions_;
@@ -270,8 +254,7 @@ class PageCacheDouble final : public PageCache {
 
   mutable std::mutex mutex_;
   bool only_known_ = false;
-  bool look_up_ = false;
-  std::set<EntryId> known_, wanted_;
+  std::set<EntryId> known_;
   uint64_t introductions_ = 0;
   uint64_t refused_ = 0;
   std::condition_variable unlocked_;

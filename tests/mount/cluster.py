@@ -197,15 +197,13 @@ SLOWFS = os.path.join(os.environ.get("CLAIRFS_BUILD", os.path.join(os.path.dirna
 
 
 class SlowSource:
-    """SOURCE behind bench/slowfs: 1 ms per open, 200 MB/s unless told (and `lookup_ms` a file's first
-    stat); counts what it served."""
+    """SOURCE behind bench/slowfs: 1 ms per open, 200 MB/s unless told; counts what it served."""
 
-    def __init__(self, data, where, open_ms=1, mb_per_s=200, lookup_ms=0):
+    def __init__(self, data, where, open_ms=1, mb_per_s=200):
         self.mnt, self.stats_file = where, where + ".json"
         os.makedirs(where, exist_ok=True)
         self.proc = subprocess.Popen([SLOWFS, data, where, "--open-latency-ms", str(open_ms), "--bandwidth-mbps", str(mb_per_s),
-                                      "--max-inflight", "16", "--stats", self.stats_file,
-                                      "--lookup-latency-ms", str(lookup_ms)],
+                                      "--max-inflight", "16", "--stats", self.stats_file],
                                      stdout=subprocess.PIPE, text=True)
         self.proc.stdout.readline()
         deadline = time.monotonic() + 10
