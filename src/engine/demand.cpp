@@ -185,7 +185,7 @@ ssize_t DemandReader::copy(EntryId id, const FileBytes& data, char* buf, size_t 
   const size_t n = piece_of(data, buf, size, offset, held);
   // At the file's last piece RecentLoads need not hold it any longer (a RAM copy held there after RAM
   // evicted it would count against the RAM budget until it went).
-  if (std::min(data->size(), static_cast<size_t>(offset)) + n == data->size()) recent_.forget(id);
+  if (static_cast<uint64_t>(offset) + n >= data->size()) recent_.forget(id);
   return static_cast<ssize_t>(n);
 }
 
